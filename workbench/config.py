@@ -1,0 +1,63 @@
+"""Frozen configuration of an engine: which model, how large a batch, how much KV cache.
+
+`EngineConfig` is built once from keyword arguments (`LLM(**kwargs)`, `workbench serve` flags)
+and never changes; invalid values raise `ValidationError` naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.errors import ValidationError
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to know before it loads a model.
+
+    >>> EngineConfig(model="smollm2-135m-instruct").block_size
+    16
+    """
+
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0
+    max_model_len: int | None = None  # None: the model's own limit
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"  # fcfs | priority
+    max_logprobs: int = 20  # -1: no limit
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValidationError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}.",
+                                  parameter="dtype", value=self.dtype)
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValidationError(f"device must be auto, cpu or cuda, got {self.device!r}.",
+                                  parameter="device", value=self.device)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValidationError(f"{name} must be at least 1, got {getattr(self, name)}.",
+                                      parameter=name, value=getattr(self, name))
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValidationError(f"max_model_len must be at least 2, got {self.max_model_len}.",
+                                  parameter="max_model_len", value=self.max_model_len)
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValidationError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}.",
+                                  parameter="num_kv_blocks", value=self.num_kv_blocks)
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValidationError(
+                f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}.",
+                parameter="scheduling_policy", value=self.scheduling_policy)
+        if self.max_logprobs < -1:
+            raise ValidationError(f"max_logprobs must be -1 or at least 0, got {self.max_logprobs}.",
+                                  parameter="max_logprobs", value=self.max_logprobs)

@@ -1,0 +1,42 @@
+"""Errors the engine and the serving layer raise for input they cannot honour.
+
+`ValidationError` is a `ValueError` that names the offending parameter and its value, like
+vLLM's `VLLMValidationError`: its `str()` ends with ``(parameter=NAME, value=VALUE)`` and the
+serving layer turns it into a 400 `BadRequestError` whose `param` is `NAME`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ValidationError(ValueError):
+    """A request value the engine can't honour.
+
+    >>> str(ValidationError("top_p must be in (0, 1], got 2.0.", parameter="top_p", value=2.0))
+    'top_p must be in (0, 1], got 2.0. (parameter=top_p, value=2.0)'
+    """
+
+    def __init__(self, message: str, *, parameter: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.message = message
+        self.parameter = parameter
+        self.value = value
+
+    def __str__(self) -> str:
+        if self.parameter is None:
+            return self.message
+        return f"{self.message} (parameter={self.parameter}, value={self.value})"
+
+
+class NotFoundError(LookupError):
+    """A named thing (model, adapter) that does not exist: 404 over HTTP."""
+
+    def __init__(self, message: str, *, parameter: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.parameter = parameter
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an unrecoverable error; no request can be served."""

@@ -1,0 +1,241 @@
+"""How to sample one request: vLLM's `SamplingParams` and `BeamSearchParams`, with validation.
+
+Field names, defaults and error messages follow vLLM 0.32 so code moves between the two.
+Validation happens in two steps: `__post_init__` checks what the parameters alone decide
+(ranges, types); `verify(vocab_size, max_logprobs, max_model_len)` checks what depends on the
+model. Both raise `ValidationError` (a `ValueError`) naming the parameter and the value.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import ValidationError
+
+MAX_N_SEQUENCES = 16384
+MAX_LOGPROB_TOKEN_IDS = 128
+_SAMPLING_EPS = 1e-5
+_MIN_TEMPERATURE = 0.01
+
+
+class RequestOutputKind(enum.Enum):
+    """What each `RequestOutput` of a running request carries."""
+
+    CUMULATIVE = 0  # everything generated so far
+    DELTA = 1  # only what is new since the previous output
+    FINAL_ONLY = 2  # a single output when the request finishes
+
+
+def _fail(message: str, parameter: str, value: Any) -> None:
+    raise ValidationError(message, parameter=parameter, value=value)
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters for one request, as vLLM's.
+
+    >>> SamplingParams(temperature=0, max_tokens=8).greedy
+    True
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict[str, Any] | None = None
+    # filled by the engine: token-id sequences of `bad_words`, the model's extra EOS ids
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
+    _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words = list(self.bad_words or [])
+        if self.seed == -1:
+            self.seed = None
+        if self.logit_bias is not None:
+            self.logit_bias = self._parse_logit_bias(self.logit_bias)
+        self._verify_args()
+        if 0 < self.temperature < _MIN_TEMPERATURE:
+            self.temperature = _MIN_TEMPERATURE
+        if self.temperature < _SAMPLING_EPS:
+            # greedy: the truncation knobs mean nothing
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self._all_stop_token_ids = set(self.stop_token_ids)
+
+    @staticmethod
+    def _parse_logit_bias(bias: dict) -> dict[int, float]:
+        parsed, bad = {}, []
+        for key, value in bias.items():
+            try:
+                token_id = int(key)
+            except (TypeError, ValueError):
+                bad.append(key)
+                continue
+            parsed[token_id] = min(100.0, max(-100.0, float(value)))
+        if bad:
+            _fail(
+                f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad}",
+                "logit_bias", bad,
+            )
+        return parsed
+
+    def _verify_args(self) -> None:
+        if not isinstance(self.n, int) or isinstance(self.n, bool):
+            _fail(f"n must be an int, but is of type {type(self.n).__name__}", "n", self.n)
+        if self.n < 1:
+            _fail(f"n must be at least 1, got {self.n}.", "n", self.n)
+        if self.n > MAX_N_SEQUENCES:
+            _fail(
+                f"n must be at most {MAX_N_SEQUENCES}, got {self.n}. To increase this limit, "
+                "set the VLLM_MAX_N_SEQUENCES environment variable.", "n", self.n,
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (-2.0 <= value <= 2.0):
+                _fail(f"{name} must be in [-2, 2], got {value}.", name, value)
+        if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
+            _fail(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.",
+                "repetition_penalty", self.repetition_penalty,
+            )
+        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+            _fail(
+                f"temperature must be non-negative, got {self.temperature}.",
+                "temperature", self.temperature,
+            )
+        if not (0.0 < self.top_p <= 1.0):
+            _fail(f"top_p must be in (0, 1], got {self.top_p}.", "top_p", self.top_p)
+        if self.top_k == -1:
+            self.top_k = 0
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            _fail(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.", "top_k", self.top_k)
+        if not (0.0 <= self.min_p <= 1.0):
+            _fail(f"min_p must be in [0, 1], got {self.min_p}.", "min_p", self.min_p)
+        if self.max_tokens is not None and self.max_tokens < 1:
+            _fail(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens", self.max_tokens)
+        if self.min_tokens < 0:
+            _fail(
+                f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.",
+                "min_tokens", self.min_tokens,
+            )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            _fail(
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                f"got {self.min_tokens}.", "min_tokens", self.min_tokens,
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < -1:
+                _fail(f"{name} must be non-negative or -1, got {value}.", name, value)
+        if self.truncate_prompt_tokens is not None and (
+            self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1
+        ):
+            _fail(
+                f"truncate_prompt_tokens must be >= 1 or -1, got {self.truncate_prompt_tokens}",
+                "truncate_prompt_tokens", self.truncate_prompt_tokens,
+            )
+        if any(not s for s in self.stop):
+            _fail("stop cannot contain an empty string.", "stop", self.stop)
+        if any(not w for w in self.bad_words):
+            _fail(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}",
+                  "bad_words", self.bad_words)
+        if self.greedy and self.n > 1:
+            _fail(f"n must be 1 when using greedy sampling, got {self.n}.", "n", self.n)
+        if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
+            _fail("allowed_token_ids is not None and empty!", "allowed_token_ids", self.allowed_token_ids)
+
+    def verify(self, vocab_size: int, max_logprobs: int) -> None:
+        """Checks what depends on the model: vocabulary ids and the logprob cap (-1 = none)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            requested = vocab_size if value == -1 else value
+            if value is not None and max_logprobs != -1 and requested > max_logprobs:
+                kind = "sample" if name == "logprobs" else "prompt"
+                _fail(
+                    f"Requested {kind} logprobs of {requested}, which is greater than max "
+                    f"allowed: {max_logprobs}", name, value,
+                )
+        for name, ids in (
+            ("stop_token_ids", self.stop_token_ids),
+            ("logit_bias", list(self.logit_bias or {})),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                _fail(
+                    f"token_id(s) {bad} in {name} contain out-of-vocab token ids. "
+                    f"Vocabulary size: {vocab_size}", name, bad,
+                )
+        if self.allowed_token_ids is not None and any(
+            not 0 <= t < vocab_size for t in self.allowed_token_ids
+        ):
+            _fail("allowed_token_ids contains out-of-vocab token id!",
+                  "allowed_token_ids", self.allowed_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _SAMPLING_EPS
+
+    def num_logprobs(self, vocab_size: int) -> int | None:
+        """Top-k logprobs per generated position, resolving -1 to the whole vocabulary."""
+        return vocab_size if self.logprobs == -1 else self.logprobs
+
+    def num_prompt_logprobs(self, vocab_size: int) -> int | None:
+        return vocab_size if self.prompt_logprobs == -1 else self.prompt_logprobs
+
+    def clone(self) -> "SamplingParams":
+        return copy.deepcopy(self)
+
+
+@dataclass
+class BeamSearchParams:
+    """Beam search parameters, as vLLM's (`beam_width` beams, scored with `length_penalty`)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or self.beam_width < 1:
+            _fail(f"beam_width must be at least 1, got {self.beam_width}.", "n", self.beam_width)
+        if self.beam_width > MAX_N_SEQUENCES:
+            _fail(f"n must be at most {MAX_N_SEQUENCES}, got {self.beam_width}.", "n", self.beam_width)
+        if self.max_tokens is None or self.max_tokens < 1:
+            _fail(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens", self.max_tokens)
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            _fail(f"temperature must be non-negative, got {self.temperature}.",
+                  "temperature", self.temperature)
+        if not math.isfinite(self.length_penalty):
+            _fail(f"length_penalty must be finite, got {self.length_penalty}.",
+                  "length_penalty", self.length_penalty)
