@@ -1,0 +1,147 @@
+"""`AsyncLLMEngine`: the engine for servers and notebooks, stepped by a background thread.
+
+`generate(prompt, params, request_id)` is an async generator of `RequestOutput`s; `abort`
+stops a request. The step loop runs in its own daemon thread, never on the event loop, so it
+works under uvicorn and inside a running Jupyter kernel alike; outputs travel back to the
+caller's loop with `call_soon_threadsafe`. Each instance owns its thread: several engines (and
+a synchronous `LLM` sharing the same `LLMEngine`) coexist in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from workbench.config import EngineConfig
+from workbench.engine.engine import EngineStats, LLMEngine
+from workbench.engine.input_processor import PromptInput
+from workbench.engine.outputs import RequestOutput
+from workbench.errors import EngineDeadError
+from workbench.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncLLMEngine:
+    """Async front of an `LLMEngine` (see the module docstring)."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._wake = threading.Event()
+        self._stopped = False
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="workbench-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, loaded: Any = None) -> "AsyncLLMEngine":
+        return cls(LLMEngine(config, loaded))
+
+    @classmethod
+    def from_llm(cls, llm) -> "AsyncLLMEngine":
+        """Serves the same engine as a synchronous `workbench.LLM`."""
+        return cls(llm.llm_engine)
+
+    # -- what the serving layer reads -------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def served_model_name(self) -> str:
+        return self.engine.served_model_name
+
+    @property
+    def model_path(self) -> str:
+        return str(getattr(self.engine.loaded, "path", None) or self.engine.config.model)
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        return dict(self.engine.generation_defaults)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def check_health(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"The engine loop stopped: {self._dead!r}")
+
+    # -- requests ---------------------------------------------------------------------------
+    async def generate(self, prompt: PromptInput, sampling_params: SamplingParams,
+                       request_id: str, priority: int = 0, **kwargs: Any
+                       ) -> AsyncIterator[RequestOutput]:
+        """Yields the request's outputs as the engine produces them; aborts if cancelled."""
+        self.check_health()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def deliver(item: RequestOutput | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        # off the event loop: adding waits for the engine lock while a step runs
+        await asyncio.to_thread(self.engine.add_request, request_id, prompt, sampling_params,
+                                priority=priority, on_output=deliver, **kwargs)
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._abort_soon(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.to_thread(self.engine.abort_request, request_id)
+        self._wake.set()
+
+    def _abort_soon(self, request_id: str) -> None:
+        """Aborts from a `finally` that may run during cancellation: never blocks the loop."""
+        threading.Thread(target=self.engine.abort_request, args=(request_id,), daemon=True).start()
+        self._wake.set()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopped:
+            if not self.engine.has_unfinished_requests() and not self.engine._finished_outside_step:
+                self._wake.wait(timeout=0.05)
+                self._wake.clear()
+                continue
+            try:
+                self.engine.step()
+            except BaseException as exc:  # a bug, not a model failure: nothing can be served
+                logger.exception("engine loop died")
+                self._dead = exc
+                self._fail_all(exc)
+                return
+
+    def _fail_all(self, exc: BaseException) -> None:
+        dead = EngineDeadError(f"The engine loop stopped: {exc!r}")
+        with self.engine.lock:
+            listeners = list(self.engine._listeners.values())
+            self.engine._listeners.clear()
+        for deliver in listeners:
+            deliver(dead)
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,85 @@
+"""Paged attention for transformers' own decoder layers, over our block-table KV cache.
+
+`paged_attention` is registered with transformers' `AttentionInterface`, so a stock
+`LlamaDecoderLayer` (or Qwen2, Mistral) calls it in place of SDPA. Every step packs all scheduled
+tokens of all sequences into one ragged row (`[1, T, hidden]`, no padding in the linear layers);
+the step's `AttentionContext`, built once and passed down as a keyword argument, says where each
+token's K/V goes (`slot_mapping`) and which cached slots each query reads.
+
+Decode tokens (one query per sequence) are attended in one batched SDPA call over their gathered
+contexts, padded to the longest; each prefill chunk gets its own causal SDPA call. Called
+without a context, it is plain SDPA, so the same model object still works with `generate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = "workbench_paged"
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # first of its query tokens in the packed row
+    num_tokens: int  # query tokens this step
+    slots: torch.Tensor  # [L] cache slots of its whole context (cached prefix + this chunk)
+    mask: torch.Tensor | None  # [num_tokens, L] bool, None when plainly causal (no prefix)
+
+
+@dataclass
+class AttentionContext:
+    """Where the step's tokens' K/V go and what each query attends to (built once per step)."""
+
+    slot_mapping: torch.Tensor  # [T] cache slot of each packed token
+    num_decode: int  # the first num_decode tokens are single-token decodes
+    decode_slots: torch.Tensor | None  # [B, Lmax] cache slots of each decode's context
+    decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] bool, True = attend
+    prefills: list[PrefillChunk]
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: ([S, Hkv, D], [S, Hkv, D])
+
+
+def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                    wb_ctx: AttentionContext | None = None, **kwargs):
+    """query: [1, Hq, T, D]; key/value: [1, Hkv, T, D] -> ([1, T, Hq, D], None).
+
+    Without a context (the model called by `generate` or a plain forward) it is transformers' SDPA.
+    """
+    if wb_ctx is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      scaling=scaling, dropout=dropout, **kwargs)
+    ctx = wb_ctx
+    k_cache, v_cache = ctx.kv_caches[module.layer_idx]
+    # write this step's K/V first, so that gathers below see them
+    k_cache.index_copy_(0, ctx.slot_mapping, key[0].transpose(0, 1))  # [T, Hkv, D]
+    v_cache.index_copy_(0, ctx.slot_mapping, value[0].transpose(0, 1))
+    q = query[0]  # [Hq, T, D]
+    out = torch.empty_like(q.transpose(0, 1))  # [T, Hq, D]
+    nd = ctx.num_decode
+    if nd:
+        k = k_cache[ctx.decode_slots].transpose(1, 2)  # [B, Hkv, Lmax, D]
+        v = v_cache[ctx.decode_slots].transpose(1, 2)
+        qd = q[:, :nd].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=ctx.decode_mask, scale=scaling,
+                                           enable_gqa=True)  # [B, Hq, 1, D]
+        out[:nd] = o.squeeze(2)
+    for chunk in ctx.prefills:
+        s, n = chunk.start, chunk.num_tokens
+        k = k_cache[chunk.slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        v = v_cache[chunk.slots].transpose(0, 1).unsqueeze(0)
+        qp = q[:, s:s + n].unsqueeze(0)  # [1, Hq, n, D]
+        o = F.scaled_dot_product_attention(qp, k, v, attn_mask=chunk.mask, scale=scaling,
+                                           is_causal=chunk.mask is None, enable_gqa=True)
+        out[s:s + n] = o[0].transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    """Makes `paged_attention` available to transformers under `ATTENTION_NAME` (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)

@@ -1,0 +1,304 @@
+"""The synchronous engine: `add_request`, `step`, `abort_request`, `has_unfinished_requests`.
+
+One `step()` is: schedule -> run the model on the scheduled tokens -> record prompt logprobs ->
+fork the siblings of `n > 1` requests whose prompt just finished -> sample -> append tokens,
+detokenize, check stops -> free finished sequences -> return the outputs of this step.
+The engine is not thread-safe by itself; `lock` serializes callers (the async engine's thread,
+a notebook calling `LLM.generate`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from workbench.config import EngineConfig
+from workbench.engine.block_manager import BlockManager
+from workbench.engine.input_processor import InputProcessor, PromptInput
+from workbench.engine.output_processor import OutputProcessor
+from workbench.engine.outputs import RequestOutput
+from workbench.engine.request import Request, Sequence
+from workbench.engine.runner import ModelRunner, kv_bytes_per_token
+from workbench.engine.sampler import Sampler, SamplingRow
+from workbench.engine.scheduler import Scheduler
+from workbench.errors import ValidationError
+from workbench.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    prefix_cache_hit_rate: float
+    num_preemptions: int
+
+
+def _seed_for(seed: int, index: int) -> int:
+    """Distinct, reproducible generator seeds for the n samples of one seeded request."""
+    return (seed * 0x9E3779B97F4A7C15 + index) % (2**63)
+
+
+class LLMEngine:
+    """Continuous-batching engine over one causal LM (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, loaded: Any = None):
+        from workbench.models import load_model
+
+        self.config = config
+        if loaded is None:
+            loaded = load_model(config.model, dtype=config.dtype, device=config.device)
+        self.loaded = loaded
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        hf = self.model.config
+        self.vocab_size = hf.vocab_size
+        self.max_model_len = self._max_model_len(hf)
+        self.served_model_name = config.served_model_name or loaded.served_name
+        gen = getattr(self.model, "generation_config", None)
+        self.generation_defaults = self._generation_defaults(gen)
+        eos = self.tokenizer.eos_token_id
+        extra = getattr(gen, "eos_token_id", None)
+        extra = set(extra if isinstance(extra, list) else [extra] if extra is not None else [])
+        extra.discard(eos)
+        dtype = next(self.model.parameters()).dtype
+        num_blocks = self._num_blocks(hf, dtype)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
+                                   config.max_num_batched_tokens, config.enable_chunked_prefill,
+                                   config.scheduling_policy)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        self.sampler = Sampler(config.seed, self.vocab_size)
+        self.inputs = InputProcessor(self.tokenizer, self.vocab_size, self.max_model_len,
+                                     config.max_logprobs, eos, extra)
+        self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len, self.vocab_size)
+        self.requests: dict[str, Request] = {}
+        self._finished_outside_step: list[Request] = []
+        self._listeners: dict[str, Callable[[RequestOutput], None]] = {}
+        self.lock = threading.RLock()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _max_model_len(self, hf) -> int:
+        limit = getattr(hf, "max_position_embeddings", None) or 2048
+        window = getattr(hf, "sliding_window", None)
+        if window and getattr(hf, "use_sliding_window", True):
+            limit = min(limit, window)  # contexts never outgrow the window: no window masks
+        wanted = self.config.max_model_len
+        if wanted is not None and wanted > limit:
+            raise ValidationError(
+                f"max_model_len={wanted} is greater than the model's limit of {limit}.",
+                parameter="max_model_len", value=wanted)
+        return wanted or limit
+
+    def _num_blocks(self, hf, dtype: torch.dtype) -> int:
+        bs = self.config.block_size
+        if self.config.num_kv_blocks is not None:
+            num = self.config.num_kv_blocks
+        else:
+            per_block = kv_bytes_per_token(hf, dtype) * bs
+            num = int(self.config.kv_cache_memory_gb * 2**30 // per_block)
+        if num * bs < self.max_model_len:
+            raise ValidationError(
+                f"The KV cache holds {num * bs} tokens, fewer than max_model_len="
+                f"{self.max_model_len}. Give it more memory or lower max_model_len.",
+                parameter="kv_cache_memory_gb", value=self.config.kv_cache_memory_gb)
+        return num
+
+    @staticmethod
+    def _generation_defaults(gen) -> dict[str, Any]:
+        """The sampling defaults a model's generation_config.json sets (as vLLM's)."""
+        if gen is None:
+            return {}
+        diff = gen.to_diff_dict()
+        keys = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                "max_new_tokens": "max_tokens"}
+        return {ours: diff[theirs] for theirs, ours in keys.items() if theirs in diff}
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
+                    priority: int = 0, arrival_time: float | None = None,
+                    cache_salt: str | None = None, lora_request: Any = None,
+                    on_output: Callable[[RequestOutput], None] | None = None) -> Request:
+        """Validates and queues a request; raises `ValidationError` for what can't be served.
+
+        `on_output`, when given, receives each of the request's outputs from whichever thread
+        steps the engine (those outputs are then not returned by `step`).
+        """
+        if lora_request is not None:
+            raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
+                                  parameter="lora_request", value=lora_request)
+        kwargs = {"priority": priority, "cache_salt": cache_salt, "lora_request": lora_request}
+        if arrival_time is not None:
+            kwargs["arrival_time"] = arrival_time
+        req = self.inputs.process(request_id, prompt, params, **kwargs)
+        with self.lock:
+            if request_id in self.requests:
+                raise ValidationError(f"Request id {request_id} is already running.",
+                                      parameter="request_id", value=request_id)
+            seq = Sequence(req, 0, req.prompt_token_ids, len(req.prompt_token_ids))
+            req.sequences.append(seq)
+            self._start(seq)
+            self.requests[request_id] = req
+            if on_output is not None:
+                self._listeners[request_id] = on_output
+            self.scheduler.add(seq)
+            self.prompt_tokens_total += len(req.prompt_token_ids)
+        return req
+
+    def _start(self, seq: Sequence) -> None:
+        self.outputs.start(seq)
+        seed = seq.request.params.seed
+        if seed is not None:
+            seq.generator = torch.Generator().manual_seed(_seed_for(seed, seq.index))
+        else:
+            seq.generator = None
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """Stops requests now and frees their blocks; they end with finish_reason 'abort'."""
+        ids = [request_id] if isinstance(request_id, str) else request_id
+        with self.lock:
+            for rid in ids:
+                req = self.requests.get(rid)
+                if req is not None:
+                    self._finish_all(req, "abort")
+                    self._finished_outside_step.append(req)
+
+    def _finish_all(self, req: Request, reason: str) -> None:
+        for seq in req.sequences:
+            if not seq.is_finished:
+                seq.finish_reason = reason
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        with self.lock:
+            touched = self._finished_outside_step
+            self._finished_outside_step = []
+            out = self.scheduler.schedule()
+            if out.scheduled:
+                touched += self._run(out)
+            return self._collect(touched)
+
+    def _run(self, out) -> list[Request]:
+        now = time.time()
+        for s in out.scheduled:
+            m = s.seq.request.metrics
+            m.first_scheduled_time = m.first_scheduled_time or now
+        try:
+            rows = self.runner.execute(out)
+        except Exception:  # the model failed: these requests end with 'error', others go on
+            failed = {id(s.seq.request): s.seq.request for s in out.scheduled}
+            for req in failed.values():
+                req.errored = True
+                self._finish_all(req, "error")
+            return list(failed.values())
+        to_sample: list[tuple[Sequence, int]] = []
+        for s in out.scheduled:
+            seq, req = s.seq, s.seq.request
+            seq.num_computed_tokens += s.num_tokens
+            self.block_manager.commit(seq)
+            if id(seq) in rows.prompt_rows:
+                first_row, count, first_pos = rows.prompt_rows[id(seq)]
+                self.outputs.record_prompt_logprobs(
+                    req, first_pos, rows.logits[first_row:first_row + count])
+            if id(seq) in rows.last_row:
+                row = rows.last_row[id(seq)]
+                to_sample.append((seq, row))
+                if req.params.n > 1 and not req.forked:
+                    to_sample += [(child, row) for child in self._fork(seq)]
+        self._sample(to_sample, rows.logits)
+        return list({id(s.request): s.request for s, _ in to_sample}.values())
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """The n - 1 siblings of a sequence whose prompt was just computed."""
+        req = parent.request
+        req.forked = True
+        children = []
+        for index in range(1, req.params.n):
+            child = parent.fork(index)
+            self.block_manager.fork(parent, child)
+            self._start(child)
+            req.sequences.append(child)
+            self.scheduler.add_running(child)
+            children.append(child)
+        return children
+
+    def _sample(self, to_sample: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+        if not to_sample:
+            return
+        rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, s.output_token_ids,
+                            s.generator, self._stop_ids(s)) for s, _ in to_sample]
+        result = self.sampler(logits[[r for _, r in to_sample]], rows)
+        tokens = result.tokens.tolist()
+        lps = result.token_logprobs.tolist() if result.token_logprobs is not None else None
+        ranks = result.ranks.tolist() if result.ranks is not None else None
+        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
+        top_lps = result.top_logprobs.tolist() if result.top_logprobs is not None else None
+        now = time.time()
+        for i, (seq, _) in enumerate(to_sample):
+            m = seq.request.metrics
+            m.first_token_time = m.first_token_time or now
+            m.last_token_time = now
+            self.outputs.append_token(
+                seq, tokens[i], lps[i] if lps else None, ranks[i] if ranks else None,
+                top_ids[i] if top_ids else None, top_lps[i] if top_lps else None)
+            self.generation_tokens_total += 1
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+
+    def _stop_ids(self, seq: Sequence) -> set[int]:
+        ids = set(seq.request.params._all_stop_token_ids)
+        if self.outputs.eos_token_id is not None:
+            ids.add(self.outputs.eos_token_id)
+        return ids
+
+    def _collect(self, touched: list[Request]) -> list[RequestOutput]:
+        results, seen = [], set()
+        for req in touched:
+            if id(req) in seen:
+                continue
+            seen.add(id(req))
+            out = self.outputs.make_output(req)
+            listener = self._listeners.get(req.request_id)
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+                self._listeners.pop(req.request_id, None)
+            if out is None:
+                continue
+            if listener is not None:
+                listener(out)
+            else:
+                results.append(out)
+        return results
+
+    # -- introspection ----------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=bm.usage,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            prefix_cache_hit_rate=bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    def reset_prefix_cache(self) -> None:
+        with self.lock:
+            self.block_manager.reset_prefix_cache()

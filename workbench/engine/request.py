@@ -1,0 +1,114 @@
+"""One request and its sequences, as the scheduler and the block manager see them.
+
+A `Request` holds what the user asked (prompt, `SamplingParams`); each of its `n` samples is a
+`Sequence` with its own tokens, block table and status. A request with `n > 1` starts with one
+sequence; when its prompt is computed the engine forks the other `n - 1` from it, sharing the
+prompt's KV blocks. Torch-free: plain Python, unit-tested without a model.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.engine.outputs import Logprob, RequestMetrics
+from workbench.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """What the user asked for, plus its per-request state shared by its sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.time)
+    cache_salt: str | None = None
+    lora_request: Any = None
+    sequences: list["Sequence"] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None
+    forked: bool = False  # the n - 1 siblings exist
+    prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
+    aborted: bool = False
+    errored: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences)
+
+
+class Sequence:
+    """One sample of a request: its tokens, how many are in the KV cache, its blocks."""
+
+    def __init__(self, request: Request, index: int, token_ids: list[int], num_prompt_tokens: int):
+        self.request = request
+        self.index = index  # 0..n-1: the `CompletionOutput.index`
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.cumulative_logprob = 0.0
+        self.logprobs: list[dict[int, Logprob]] | None = (
+            [] if request.params.logprobs is not None else None
+        )
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.detok: Any = None  # the engine's incremental detokenizer state
+        self.generator: Any = None  # torch.Generator of a seeded request
+        self.num_preemptions = 0
+        self.num_sent_tokens = 0  # DELTA outputs: output tokens already handed out
+        self.final_sent = False  # DELTA outputs: the finishing output went out
+
+    @property
+    def seq_id(self) -> str:
+        return f"{self.request.request_id}#{self.index}"
+
+    @property
+    def priority(self) -> tuple[int, float]:
+        return (self.request.priority, self.request.arrival_time)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def fork(self, index: int) -> "Sequence":
+        """A sibling with the same tokens and computed state; blocks are shared by the caller."""
+        child = Sequence(self.request, index, self.token_ids, self.num_prompt_tokens)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.block_table = list(self.block_table)
+        child.status = self.status
+        return child
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.seq_id}, tokens={len(self.token_ids)}, "
+                f"computed={self.num_computed_tokens}, status={self.status.value})")

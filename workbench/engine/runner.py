@@ -1,0 +1,162 @@
+"""Runs one scheduled step through the model: packed tokens in, logits of the rows needed out.
+
+The runner owns the KV cache tensors (one flat `[num_blocks * block_size, Hkv, D]` pair per
+layer) and calls transformers' own modules (embedding, rotary embedding, decoder layers, norm,
+LM head) on a single ragged row of every scheduled token; attention goes through
+`workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
+them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workbench.engine import attention
+from workbench.engine.attention import AttentionContext, PrefillChunk
+from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
+
+
+@dataclass
+class LogitRows:
+    """Which logits rows belong to which scheduled sequence."""
+
+    logits: torch.Tensor  # [R, V] float32
+    last_row: dict[int, int]  # id(seq) -> row of the logits of its last computed token
+    prompt_rows: dict[int, tuple[int, int, int]]  # id(seq) -> (first row, count, first position)
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
+
+
+class ModelRunner:
+    """Executes `SchedulerOutput`s on a causal LM from transformers; see the module docstring."""
+
+    def __init__(self, model, num_blocks: int, block_size: int):
+        attention.register()
+        model.set_attn_implementation(attention.ATTENTION_NAME)
+        self.model = model
+        self.base = model.model
+        self.config = model.config
+        self.block_size = block_size
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shape = (num_blocks * block_size, cfg.num_key_value_heads, head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self._arange_block = torch.arange(block_size, device=self.device)
+
+    # -- inputs -----------------------------------------------------------------------------
+    def _slots(self, block_table: list[int], start: int, stop: int) -> torch.Tensor:
+        """Cache slots of positions [start, stop) of a sequence."""
+        bs = self.block_size
+        first, last = start // bs, (stop - 1) // bs + 1
+        bt = torch.tensor(block_table[first:last], device=self.device)
+        slots = (bt.unsqueeze(1) * bs + self._arange_block).flatten()  # [(last - first) * bs]
+        offset = start - first * bs
+        return slots[offset:offset + stop - start]
+
+    def _decode_context(self, decodes: list[ScheduledSequence]):
+        """Padded slot table [B, Lmax] and mask [B, 1, 1, Lmax] of the decode sequences."""
+        bs = self.block_size
+        lengths = [s.seq.num_computed_tokens + 1 for s in decodes]
+        max_blocks = -(-max(lengths) // bs)
+        table = torch.zeros((len(decodes), max_blocks), dtype=torch.long)
+        for i, s in enumerate(decodes):
+            bt = s.seq.block_table[:max_blocks]
+            table[i, :len(bt)] = torch.tensor(bt)
+        table = table.to(self.device)
+        slots = (table.unsqueeze(2) * bs + self._arange_block).view(len(decodes), -1)
+        lmax = max(lengths)
+        slots = slots[:, :lmax]
+        lens = torch.tensor(lengths, device=self.device)
+        mask = torch.arange(lmax, device=self.device).unsqueeze(0) < lens.unsqueeze(1)
+        return slots, mask.view(len(decodes), 1, 1, lmax)
+
+    def _prepare(self, scheduled: list[ScheduledSequence]):
+        decodes = [s for s in scheduled if s.num_tokens == 1]
+        prefills = [s for s in scheduled if s.num_tokens > 1]
+        ordered = decodes + prefills
+        ids, positions, slot_parts, chunks = [], [], [], []
+        start = 0
+        for s in ordered:
+            seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
+            ids.extend(seq.token_ids[c:c + n])
+            positions.append(torch.arange(c, c + n))
+            if n > 1:
+                ctx_slots = self._slots(seq.block_table, 0, c + n)
+                slot_parts.append(ctx_slots[c:])
+                mask = None
+                if c > 0:  # query i sits at position c + i and sees keys 0 .. c + i
+                    q_pos = torch.arange(c, c + n, device=self.device).unsqueeze(1)
+                    mask = torch.arange(c + n, device=self.device).unsqueeze(0) <= q_pos
+                chunks.append(PrefillChunk(start, n, ctx_slots, mask))
+            else:
+                slot_parts.append(self._slots(seq.block_table, c, c + 1))
+            start += n
+        decode_slots = decode_mask = None
+        if decodes:
+            decode_slots, decode_mask = self._decode_context(decodes)
+        ctx = AttentionContext(
+            slot_mapping=torch.cat(slot_parts),
+            num_decode=len(decodes),
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            prefills=chunks,
+            kv_caches=self.kv_caches,
+        )
+        input_ids = torch.tensor(ids, device=self.device)
+        pos = torch.cat(positions).to(self.device)
+        return ordered, input_ids, pos, ctx
+
+    # -- execution --------------------------------------------------------------------------
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        bs = self.block_size
+        for src, dst in copies:
+            for k, v in self.kv_caches:
+                k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
+                v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> LogitRows:
+        self.copy_blocks(out.block_copies)
+        ordered, input_ids, pos, ctx = self._prepare(out.scheduled)
+        hidden = self.base.embed_tokens(input_ids.unsqueeze(0))  # [1, T, H]
+        pos = pos.unsqueeze(0)  # [1, T]
+        rope = self.base.rotary_emb(hidden, position_ids=pos)
+        for layer in self.base.layers:
+            hidden = layer(hidden, attention_mask=None, position_ids=pos,
+                           position_embeddings=rope, wb_ctx=ctx)
+        rows, last_row, prompt_rows = self._select_rows(ordered)
+        hidden = self.base.norm(hidden[0, rows])  # [R, H]
+        logits = self.model.lm_head(hidden).float()  # [R, V]
+        return LogitRows(logits, last_row, prompt_rows)
+
+    @staticmethod
+    def _select_rows(ordered: list[ScheduledSequence]):
+        rows: list[int] = []
+        last_row: dict[int, int] = {}
+        prompt_rows: dict[int, tuple[int, int, int]] = {}
+        start = 0
+        for s in ordered:
+            seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
+            wants_prompt = (seq.request.params.prompt_logprobs is not None
+                            and seq.index == 0 and c < seq.num_prompt_tokens - 1)
+            if wants_prompt:  # positions c .. predict prompt tokens c + 1 ..
+                count = min(c + n, seq.num_prompt_tokens - 1) - c
+                prompt_rows[id(seq)] = (len(rows), count, c)
+                rows.extend(range(start, start + count))
+            if s.completes_tokens:
+                last_row[id(seq)] = len(rows)
+                rows.append(start + n - 1)
+            start += n
+        return rows, last_row, prompt_rows

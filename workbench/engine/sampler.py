@@ -1,0 +1,154 @@
+"""Turns logits into tokens, as a chain of pure functions over tensors.
+
+Order as vLLM v1: logprobs are taken from the raw logits (`--logprobs-mode raw_logprobs`);
+then allowed-token masks, bad words, min_tokens, logit bias and the repetition / presence /
+frequency penalties edit the logits; greedy rows take the argmax; the others go through
+temperature, min_p, top-k and top-p and are sampled with the exponential race
+(`argmax(p / q)`, `q ~ Exp(1)`). A row whose request has a seed draws its noise from its own
+`torch.Generator`, so its samples do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workbench.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one row of logits."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator | None
+    stop_ids: set[int]  # EOS and stop_token_ids, banned while output is shorter than min_tokens
+
+
+@dataclass
+class SampleResult:
+    tokens: torch.Tensor  # [R] sampled ids
+    token_logprobs: torch.Tensor | None  # [R] raw logprob of the sampled token
+    ranks: torch.Tensor | None  # [R] rank of the sampled token (1 = most likely)
+    top_ids: torch.Tensor | None  # [R, K] top-K ids by raw logprob
+    top_logprobs: torch.Tensor | None  # [R, K]
+
+
+def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Allowed ids, bad words, min_tokens and logit bias, row by row (rarely used, cheap)."""
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.allowed_token_ids is not None:
+            keep = torch.full_like(logits[i], float("-inf"))
+            keep[p.allowed_token_ids] = 0.0
+            logits[i] += keep
+        for words in p._bad_words_token_ids:
+            prefix = words[:-1]
+            if not prefix or row.output_ids[-len(prefix):] == prefix:
+                logits[i, words[-1]] = float("-inf")
+        if len(row.output_ids) < p.min_tokens and row.stop_ids:
+            logits[i, list(row.stop_ids)] = float("-inf")
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=logits.device)
+            logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
+    return logits
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Repetition (prompt + output, HF-style), presence and frequency (output) penalties."""
+    idx = [i for i, r in enumerate(rows)
+           if r.params.repetition_penalty != 1.0 or r.params.presence_penalty
+           or r.params.frequency_penalty]
+    vocab = logits.shape[1]
+    for i in idx:
+        p, row = rows[i].params, rows[i]
+        out = torch.tensor(row.output_ids, dtype=torch.long, device=logits.device)
+        counts = torch.zeros(vocab, device=logits.device).index_add_(
+            0, out, torch.ones(len(out), device=logits.device))  # [V]
+        if p.repetition_penalty != 1.0:
+            seen = counts > 0
+            seen[torch.tensor(row.prompt_ids, dtype=torch.long, device=logits.device)] = True
+            penalised = torch.where(logits[i] > 0, logits[i] / p.repetition_penalty,
+                                    logits[i] * p.repetition_penalty)
+            logits[i] = torch.where(seen, penalised, logits[i])
+        logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+    return logits
+
+
+def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+             min_p: torch.Tensor) -> torch.Tensor:
+    """Masks to -inf what top-k [R], top-p [R] and min-p [R] exclude (0 / 1 / 0 = off)."""
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(-1)
+        cutoff = probs.max(-1, keepdim=True).values * min_p.unsqueeze(1)
+        logits = logits.masked_fill(probs < cutoff, float("-inf"))
+    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+        sorted_logits, order = logits.sort(-1, descending=True)  # [R, V]
+        ranks = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
+        k = torch.where(top_k > 0, top_k, logits.shape[1]).unsqueeze(1)
+        drop = ranks >= k
+        sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
+        drop |= (before > top_p.unsqueeze(1)) & (ranks > 0)
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
+
+
+def sample(probs: torch.Tensor, generators: list[torch.Generator | None],
+           default: torch.Generator) -> torch.Tensor:
+    """Exponential-race sampling from probs [R, V]; seeded rows use their own generator."""
+    q = torch.empty_like(probs)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if unseeded:
+        q[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_(
+            generator=default)
+    for i, g in enumerate(generators):
+        if g is not None:
+            q[i].exponential_(generator=g)
+    return (probs / q).argmax(-1)
+
+
+def compute_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int):
+    """Raw logprobs of the sampled tokens, their ranks, and the top-k of each row."""
+    logprobs = raw.log_softmax(-1)  # [R, V]
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [R]
+    ranks = (logprobs > chosen.unsqueeze(1)).sum(-1) + 1  # [R]
+    top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (None, None)
+    return chosen, ranks, top_ids, top_lp
+
+
+class Sampler:
+    """Applies the chain above to a batch of rows, with one default generator per engine."""
+
+    def __init__(self, seed: int, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+        """logits: [R, V] float32 raw logits, one row per `rows` entry."""
+        logits = logits[:, :self.vocab_size]
+        raw = logits
+        logits = apply_penalties(apply_token_masks(logits.clone(), rows), rows)
+        greedy = torch.tensor([r.params.greedy for r in rows])
+        tokens = logits.argmax(-1)  # [R]
+        sampled = (~greedy).nonzero().flatten().tolist()
+        if sampled:
+            sub = logits[sampled]
+            temp = torch.tensor([rows[i].params.temperature for i in sampled]).unsqueeze(1)
+            sub = truncate(
+                sub / temp,
+                torch.tensor([rows[i].params.top_k for i in sampled]),
+                torch.tensor([rows[i].params.top_p for i in sampled]),
+                torch.tensor([rows[i].params.min_p for i in sampled]),
+            )
+            gens = [rows[i].generator for i in sampled]
+            tokens[sampled] = sample(sub.softmax(-1), gens, self.generator).to(tokens.dtype)
+        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        if not want:
+            return SampleResult(tokens, None, None, None, None)
+        k = max(rows[i].params.num_logprobs(self.vocab_size) for i in want)
+        chosen, ranks, top_ids, top_lp = compute_logprobs(raw, tokens, k)
+        return SampleResult(tokens, chosen, ranks, top_ids, top_lp)

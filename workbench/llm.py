@@ -1,0 +1,119 @@
+"""`LLM`: the offline, synchronous API with vLLM's names (`generate`, `chat`).
+
+>>> from workbench import LLM, SamplingParams                        # doctest: +SKIP
+>>> llm = LLM(model="smollm2-135m-instruct", dtype="float32")        # doctest: +SKIP
+>>> llm.generate(["Once upon a time"], SamplingParams(max_tokens=8))[0].outputs[0].text  # doctest: +SKIP
+
+Prompts are submitted together and the engine steps until all are done, so a list of prompts
+is one continuously batched run. Outputs come back in the order of the prompts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from workbench.config import EngineConfig
+from workbench.engine.engine import LLMEngine
+from workbench.engine.outputs import RequestOutput
+from workbench.sampling_params import RequestOutputKind, SamplingParams
+
+_CONFIG_FIELDS = set(EngineConfig.__dataclass_fields__)
+
+
+class LLM:
+    """An engine on one model, driven synchronously (see the module docstring)."""
+
+    def __init__(self, model: Any = "smollm2-135m-instruct", **kwargs: Any):
+        unknown = set(kwargs) - _CONFIG_FIELDS
+        if unknown:
+            raise TypeError(f"LLM() got unexpected keyword arguments: {sorted(unknown)}; "
+                            f"known: {sorted(_CONFIG_FIELDS)}")
+        loaded = None
+        if not isinstance(model, str):  # an already loaded model (workbench.models.LoadedModel)
+            loaded, model = model, getattr(model, "served_name", "model")
+        self.config = EngineConfig(model=model, **kwargs)
+        self.llm_engine = LLMEngine(self.config, loaded)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
+        """Generates for one prompt or a list (text, token ids, or {"prompt_token_ids": [...]})."""
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"Got {len(params)} sampling params for {len(prompts)} prompts.")
+        return self._run(prompts, params, priority or [0] * len(prompts), use_tqdm)
+
+    def _run(self, prompts, params, priorities, use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        ids: list[str] = []
+        finals: dict[str, RequestOutput] = {}
+        bar = _progress(len(prompts), use_tqdm)
+
+        def collect(out: RequestOutput) -> None:
+            if out.finished:
+                finals[out.request_id] = out
+                bar.update(1)
+
+        try:
+            for prompt, p, prio in zip(prompts, params, priorities):
+                p = p.clone()
+                p.output_kind = RequestOutputKind.FINAL_ONLY
+                rid = f"llm-{next(self._ids)}"
+                engine.add_request(rid, prompt, p, priority=prio, on_output=collect)
+                ids.append(rid)
+            while len(finals) < len(ids):
+                engine.step()  # another thread (serve_in_kernel) may be stepping too: fine
+        except BaseException:
+            engine.abort_request(ids)
+            engine.step()
+            raise
+        finally:
+            bar.close()
+        return [finals[rid] for rid in ids]
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | None = None, use_tqdm: bool = False,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
+        """Applies the chat template to one conversation or a list of them, then generates."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.")
+        tok = self.get_tokenizer()
+        prompts = []
+        for conv in conversations:
+            ids = tok.apply_chat_template(
+                conv, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tools=tools, tokenize=True,
+                return_dict=False, **(chat_template_kwargs or {}))
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts")
