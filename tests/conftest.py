@@ -1,0 +1,43 @@
+"""Fixtures shared by every test folder: the real default model and a tiny random llama.
+
+Both are session-scoped and shared: treat them as read-only (build your own with
+`load_model` / `tiny_model` to change weights). Tests never reach a model hub.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """SmolLM2-135M-Instruct in float32 on the CPU (a `LoadedModel`), for tests comparing numbers."""
+    from workbench.models import load_model
+
+    return load_model("smollm2-135m-instruct", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """A 2-layer random llama with the real SmolLM2 tokenizer, float32, seed 0 (a `LoadedModel`)."""
+    from workbench.models import tiny_model
+
+    return tiny_model("llama", seed=0, dtype="float32")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip tests marked `gpu` on machines without a CUDA GPU."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in gpu_items:
+            item.add_marker(skip)

@@ -1,0 +1,44 @@
+"""workbench: vLLM's OpenAI server and offline API, reimplemented on torch + transformers.
+
+>>> import workbench
+>>> workbench.__version__
+'0.1.0'
+
+The public names load lazily, so `import workbench` stays fast and does not import torch:
+`LLM`, `SamplingParams`, `BeamSearchParams`, `RequestOutputKind`, `serve_in_kernel`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from workbench.http.kernel_server import serve_in_kernel
+    from workbench.llm import LLM
+    from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+
+_LAZY = {
+    "LLM": "workbench.llm",
+    "SamplingParams": "workbench.sampling_params",
+    "BeamSearchParams": "workbench.sampling_params",
+    "RequestOutputKind": "workbench.sampling_params",
+    "serve_in_kernel": "workbench.http.kernel_server",
+}
+
+__all__ = ["BeamSearchParams", "LLM", "RequestOutputKind", "SamplingParams", "__version__",
+           "serve_in_kernel"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,123 @@
+"""A model ready to run: weights in eval mode on a device, its tokenizer and config.
+
+`load_model(name)` resolves the name (alias, directory, .gguf file, cached hub id), loads the
+weights with transformers from local files only, and returns a `LoadedModel`. Generative models
+load as `AutoModelForCausalLM`, embedding models as `AutoModel` plus their pooling settings
+(from the sentence-transformers files when the directory has them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.models.devices import resolve_device, resolve_dtype
+from workbench.models.registry import ENCODER_TYPES, resolve_model
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A loaded model and what the engine needs beside it.
+
+    `model` is in eval mode with gradients off; `kind` is "generate" or "embed"; `path` is the
+    directory it came from (None for a model built in memory). `pooling` ("mean" | "cls" |
+    "last") and `normalize` say how an embedding model turns hidden states into one vector.
+    """
+
+    model: torch.nn.Module
+    tokenizer: Any
+    config: Any
+    path: Path | None
+    served_name: str
+    kind: str
+    dtype: torch.dtype
+    device: str
+    max_model_len: int | None = None
+    pooling: str | None = None
+    normalize: bool = False
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every token id that ends a generation: the generation config's, then the tokenizer's."""
+        ids = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def num_parameters(self) -> int:
+        """The number of distinct parameters (tied weights count once)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def __repr__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"LoadedModel({self.served_name!r}, kind={self.kind!r}, dtype={dtype}, "
+                f"device={self.device!r}, params={self.num_parameters / 1e6:.1f}M)")
+
+
+def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: str = "auto",
+               kind: str | None = None, served_name: str | None = None) -> LoadedModel:
+    """Load a model by alias, directory, .gguf file or cached hub id.
+
+    `dtype` and `device` accept "auto" (see `resolve_dtype`, `resolve_device`).
+    """
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    spec = resolve_model(model, kind=kind, served_name=served_name)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    auto_class = AutoModelForCausalLM if spec.kind == "generate" else AutoModel
+    net = auto_class.from_pretrained(spec.path, dtype=torch_dtype, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
+    net = prepare_for_inference(net, device)
+    pooling, normalize = pooling_of(spec.path, net.config) if spec.kind == "embed" else (None, False)
+    return LoadedModel(model=net, tokenizer=tokenizer, config=net.config, path=spec.path,
+                       served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,
+                       device=device, max_model_len=max_model_len_of(spec.path, net.config),
+                       pooling=pooling, normalize=normalize)
+
+
+def prepare_for_inference(net: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Move to `device`, switch to eval mode, turn gradients off."""
+    net = net.to(device).eval()
+    net.requires_grad_(False)
+    return net
+
+
+def max_model_len_of(path: Path | None, config: Any) -> int | None:
+    """The longest sequence the model takes: sentence-transformers' limit, else the config's."""
+    st_config = _read_json(path, "sentence_bert_config.json") if path else None
+    if st_config and st_config.get("max_seq_length"):
+        return int(st_config["max_seq_length"])
+    return getattr(config, "max_position_embeddings", None)
+
+
+def pooling_of(path: Path | None, config: Any) -> tuple[str, bool]:
+    """(pooling, normalize) from a sentence-transformers directory, else a default by model."""
+    modules = (_read_json(path, "modules.json") or []) if path else []
+    for module in modules:
+        if module.get("type", "").endswith("Pooling"):
+            pooling_config = _read_json(path / module.get("path", ""), "config.json") or {}
+            normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
+            return _pooling_mode(pooling_config), normalize
+    return ("cls" if getattr(config, "model_type", None) in ENCODER_TYPES else "last"), True
+
+
+def _pooling_mode(pooling_config: dict) -> str:
+    for key, mode in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
+                      ("pooling_mode_lasttoken", "last"), ("pooling_mode_max_tokens", "max")):
+        if pooling_config.get(key):
+            return mode
+    return "mean"
+
+
+def _read_json(path: Path, filename: str) -> Any:
+    try:
+        return json.loads((Path(path) / filename).read_text())
+    except (OSError, ValueError):
+        return None
