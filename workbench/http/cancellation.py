@@ -1,0 +1,38 @@
+"""Client disconnects cancel the handler, which aborts its engine requests.
+
+`with_cancellation` runs a handler coroutine while watching the connection; when the client
+goes first, the handler task is cancelled (its engine streams then abort their requests) and
+None is returned. Streaming responses are covered by Starlette, which cancels the stream on
+disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from fastapi import Request
+
+T = TypeVar("T")
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def with_cancellation(request: Request, handler: Awaitable[T]) -> T | None:
+    handler_task = asyncio.ensure_future(handler)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({handler_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not handler_task.done():
+            handler_task.cancel()  # the client left (or this server is shutting down)
+    if handler_task.cancelled():
+        return None
+    return handler_task.result()

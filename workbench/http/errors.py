@@ -1,0 +1,110 @@
+"""HTTP error handling: every failure leaves as the OpenAI error envelope, never a 422.
+
+Schema and JSON errors (FastAPI's `RequestValidationError`) become 400 with type "Bad Request"
+(as vLLM) and a readable message: the check's own sentence when a request check refused it,
+otherwise one `location: problem` line per error (at most 10, inputs cut to 200 characters).
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from workbench.errors import ValidationError
+from workbench.serving.errors import error_response, make_error, validation_message
+
+logger = logging.getLogger("workbench.http")
+
+UNSUPPORTED_MEDIA_TYPE = "Unsupported Media Type: Only 'application/json' is allowed"
+_MAX_ERRORS = 10
+_MAX_INPUT_CHARS = 200
+_INTERNAL_LOC = {"function-wrap", "function-after", "function-before", "function-plain",
+                 "json-or-python", "lax-or-strict", "chain", "default", "nullable",
+                 "tagged-union", "union", "str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def clean_loc(loc: tuple) -> str:
+    """`('body', 'list[int]', 'prompt')` -> "body.prompt": pydantic's internal markers dropped."""
+    parts = [str(p) for p in loc
+             if not any(c in str(p) for c in "[](){}") and str(p).lower() not in _INTERNAL_LOC]
+    return ".".join(parts) if parts else ".".join(str(p) for p in loc)
+
+
+def _summarize(value: Any) -> str:
+    if isinstance(value, (list, tuple, dict, set)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = repr(value)
+    return text if len(text) <= _MAX_INPUT_CHARS else text[:_MAX_INPUT_CHARS] + "...[truncated]"
+
+
+def _line(err: Any) -> str:
+    if not isinstance(err, dict):
+        return str(err)
+    check = (err.get("ctx") or {}).get("error")
+    if isinstance(check, ValidationError):
+        return validation_message(check)
+    line = f"{clean_loc(tuple(err.get('loc', ())))}: {err.get('msg', '')}"
+    if isinstance(check, str):
+        line += f" ({check})"
+    elif err.get("type") not in ("missing", "json_invalid") and "input" in err:
+        line += f" (input: {_summarize(err['input'])})"
+    return line
+
+
+def validation_error_body(errors: list[Any]) -> dict[str, Any]:
+    """The error envelope for a list of pydantic / FastAPI validation errors."""
+    param = None
+    for err in errors:
+        check = (err.get("ctx") or {}).get("error") if isinstance(err, dict) else None
+        if isinstance(check, ValidationError):
+            param = check.parameter
+            break
+    if param is None and errors and isinstance(errors[0], dict) and errors[0].get("loc"):
+        param = clean_loc(tuple(errors[0]["loc"]))
+    checks = [e for e in errors if isinstance(e, dict) and isinstance(
+        (e.get("ctx") or {}).get("error"), ValidationError)]
+    if len(errors) == 1 and checks:
+        message = _line(errors[0])
+    elif errors:
+        label = "error" if len(errors) == 1 else "errors"
+        lines = [f"  {_line(e)}" for e in errors[:_MAX_ERRORS]]
+        if len(errors) > _MAX_ERRORS:
+            lines.append(f"  ...and {len(errors) - _MAX_ERRORS} more {label}")
+        message = f"{len(errors)} validation {label}:\n" + "\n".join(lines)
+    else:
+        message = "Validation error"
+    body = make_error(message, HTTPStatus.BAD_REQUEST.phrase, HTTPStatus.BAD_REQUEST, param)
+    return body.model_dump()
+
+
+async def request_validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse(validation_error_body(list(exc.errors())), status_code=400)
+
+
+async def http_exception_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    phrase = HTTPStatus(exc.status_code).phrase
+    body = make_error(str(exc.detail), phrase, HTTPStatus(exc.status_code))
+    return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    return error_json(exc, log_stack=True)
+
+
+def error_json(exc: BaseException, *, log_stack: bool = False) -> JSONResponse:
+    """Any exception a route caught, as the error envelope with its status."""
+    body = error_response(exc, log_stack=log_stack)
+    return JSONResponse(body.model_dump(), status_code=body.error.code)
+
+
+def validate_json_request(request: Request) -> None:
+    """Route dependency: only `application/json` bodies (400, vLLM's exact message)."""
+    media_type = request.headers.get("content-type", "").lower().split(";", 1)[0].strip()
+    if media_type != "application/json":
+        raise RequestValidationError(errors=[UNSUPPORTED_MEDIA_TYPE])

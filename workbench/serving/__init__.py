@@ -1,0 +1,47 @@
+"""OpenAI-compatible semantics, free of any transport.
+
+Each endpoint family has a serving object (`CompletionServing`, `ChatServing`,
+`TokenizeServing`, `ModelsServing`) that takes a parsed request model (`protocol`) and a
+`RequestMeta` (headers) and returns a response model or an async iterator of JSON chunks;
+failures raise, and `errors.error_response` maps them to the OpenAI error envelope.
+`workbench.http` puts them behind FastAPI; a notebook can call them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.serving.base import RequestMeta
+from workbench.serving.chat import ChatServing
+from workbench.serving.completions import CompletionServing
+from workbench.serving.config import ServerConfig
+from workbench.serving.errors import ServingError, error_response
+from workbench.serving.metrics import ServingMetrics
+from workbench.serving.models import ModelsServing
+from workbench.serving.tokenize import TokenizeServing
+
+
+@dataclass
+class Servings:
+    """The serving objects of one server, sharing one engine and one configuration."""
+
+    completions: CompletionServing
+    chat: ChatServing
+    tokenize: TokenizeServing
+    models: ModelsServing
+
+    @classmethod
+    def build(cls, engine: Any, config: ServerConfig | None = None,
+              metrics: ServingMetrics | None = None) -> "Servings":
+        config = config or ServerConfig()
+        return cls(completions=CompletionServing(engine, config, metrics),
+                   chat=ChatServing(engine, config, metrics),
+                   tokenize=TokenizeServing(engine, config),
+                   models=ModelsServing(engine, config))
+
+
+__all__ = [
+    "ChatServing", "CompletionServing", "ModelsServing", "RequestMeta", "ServerConfig",
+    "ServingError", "ServingMetrics", "Servings", "TokenizeServing", "error_response",
+]

@@ -1,0 +1,249 @@
+"""The serving pipeline every generation endpoint runs, as explicit stages.
+
+    1. check model      `check_model`: unknown name -> 404 NotFoundError (param "model")
+    2. validate request  `validate` (endpoint hook): refused fields, template trust, ...
+    3. preprocess        `preprocess` (endpoint hook): render / tokenize, context-length rules;
+                         then `sampling_params` per prompt (defaults chain, max-tokens rule)
+    4. prepare generators one engine request per prompt, merged into one output stream
+    5. collect           non-streaming: merge each choice's deltas (`collect`);
+                         streaming: `prime` waits for the first output, then the endpoint
+                         turns outputs into chunks
+    6. build response    endpoint-specific (`completions.py`, `chat.py`)
+
+Any stage ends the request by raising; `errors.error_response` turns the exception into the
+error envelope. Request ids come from `X-Request-Id` (else the body's `request_id`, else a
+uuid); `X-data-parallel-rank` and `X-Vllm-Priority` are parsed from headers (invalid values
+ignored); trace headers are noted (tracing is off: a one-time warning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import NotFoundError
+from workbench.sampling_params import SamplingParams
+from workbench.serving.config import ServerConfig
+from workbench.serving.errors import GenerationError
+from workbench.serving.metrics import ServingMetrics
+from workbench.serving.prompts import EnginePrompt, PromptTokenizer
+from workbench.serving.request_logger import RequestLogger
+from workbench.serving.sampling import server_defaults
+from workbench.serving.streaming import ChoiceDelta, choice_deltas, merge_async_iterators, merge_deltas
+
+logger = logging.getLogger("workbench.serving")
+_TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    """What the transport knows about a request besides its body (header names lower-case)."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    def int_header(self, name: str) -> int | None:
+        """An integer header; a missing or malformed one is ignored (None)."""
+        try:
+            return int(self.headers[name.lower()])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass
+class Generation:
+    """One request between stage 4 and its response: prompts, params, the merged outputs."""
+
+    request: Any
+    request_id: str  # the response id, "cmpl-..." / "chatcmpl-..."
+    model_name: str
+    prompts: list[EnginePrompt]
+    params: list[SamplingParams]
+    outputs: AsyncIterator[tuple[int, Any]] | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    prompt_logprobs: dict[int, list | None] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.params[0].n
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p.token_ids) for p in self.prompts)
+
+
+class OpenAIServing:
+    """What every endpoint needs: the engine, the served names, ids, headers, logging."""
+
+    def __init__(self, engine: Any, config: ServerConfig | None = None,
+                 metrics: ServingMetrics | None = None):
+        self.engine = engine
+        self.config = config or ServerConfig()
+        self.served_model_names = self.config.served_model_names or (engine.served_model_name,)
+        self.model_name = self.served_model_names[0]
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len, engine.vocab_size)
+        self.defaults = server_defaults(getattr(engine, "generation_defaults", None))
+        self.metrics = metrics
+        self.request_logger = (RequestLogger(self.config.max_log_len)
+                               if self.config.enable_log_requests else None)
+        self._warned_trace = False
+
+    def check_model(self, model: str | None) -> None:
+        """Stage 1. Null means the first served name; LoRA names will join the list."""
+        if not model or model in self.served_model_names:
+            return
+        raise NotFoundError(f"The model `{model}` does not exist. Valid aliases: "
+                            f"{', '.join(self.served_model_names)}.", parameter="model")
+
+    def base_request_id(self, meta: RequestMeta, body_id: str | None) -> str:
+        return meta.header("x-request-id") or body_id or uuid.uuid4().hex
+
+    def check_headers(self, meta: RequestMeta) -> None:
+        """Data-parallel rank (one rank here) and trace headers."""
+        rank = meta.int_header("x-data-parallel-rank")
+        if rank is not None and rank != 0:
+            raise ValueError(f"data_parallel_rank {rank} is out of range [0, 1).")
+        if not self._warned_trace and any(meta.header(h) for h in _TRACE_HEADERS):
+            self._warned_trace = True
+            logger.warning("Received a request with trace context but tracing is disabled; "
+                           "the traceparent/tracestate headers are not propagated.")
+
+    def as_token_ids(self, request: Any) -> bool:
+        value = getattr(request, "return_tokens_as_token_ids", None)
+        return self.config.return_tokens_as_token_ids if value is None else value
+
+
+class GenerationServing(OpenAIServing):
+    """Stages 1-5 for generating endpoints; subclasses supply the hooks and stage 6."""
+
+    id_prefix = "cmpl"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._aborts: set[asyncio.Task] = set()
+
+    def validate(self, request: Any) -> None:
+        """Stage 2 hook: refuse what this endpoint cannot honour."""
+
+    def preprocess(self, request: Any) -> list[EnginePrompt]:
+        """Stage 3 hook: the prompts, tokenized and length-checked."""
+        raise NotImplementedError
+
+    def sampling_params(self, request: Any, prompt: EnginePrompt) -> SamplingParams:
+        """Stage 3 hook: sampling parameters for one prompt."""
+        raise NotImplementedError
+
+    def engine_request_id(self, request_id: str, index: int) -> str:
+        return f"{request_id}-{index}"
+
+    def prepare(self, request: Any, meta: RequestMeta) -> Generation:
+        """Stages 1-4; raises to end the request with an error."""
+        self.check_model(request.model)
+        self.check_headers(meta)
+        self.validate(request)
+        prompts = self.preprocess(request)
+        params = [self.sampling_params(request, prompt) for prompt in prompts]
+        for p in params:
+            p.verify(self.engine.vocab_size, self.engine.config.max_logprobs)
+        gen = Generation(request=request, model_name=self.model_name, prompts=prompts,
+                         params=params, request_id=f"{self.id_prefix}-"
+                         f"{self.base_request_id(meta, getattr(request, 'request_id', None))}")
+        priority = meta.int_header("x-vllm-priority")
+        priority = request.priority if priority is None else priority
+        streams = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            engine_id = self.engine_request_id(gen.request_id, i)
+            if self.request_logger is not None:
+                self.request_logger.log_inputs(engine_id, prompt.text, prompt.token_ids, p)
+            streams.append(self._engine_stream(prompt, p, engine_id, priority))
+        gen.outputs = self._timed(gen, merge_async_iterators(*streams))
+        return gen
+
+    async def _engine_stream(self, prompt: EnginePrompt, params: SamplingParams,
+                             request_id: str, priority: int) -> AsyncIterator[Any]:
+        """One engine request; aborted if its consumer goes away before it finishes."""
+        finished = False
+        stream = self.engine.generate(prompt.as_engine_input(), params, request_id,
+                                      priority=priority)
+        try:
+            async for output in stream:
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self._abort_in_background(request_id, stream)
+
+    def _abort_in_background(self, request_id: str, stream: Any) -> None:
+        """Aborts from a fresh task: the caller may sit in a cancelled scope, where any await
+        would be cancelled again. The task is referenced until it ends."""
+        async def abort() -> None:
+            try:
+                await self.engine.abort(request_id)
+            finally:
+                await stream.aclose()
+
+        try:
+            task = asyncio.get_running_loop().create_task(abort())
+        except RuntimeError:  # no running loop: the process is shutting down
+            return
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _timed(self, gen: Generation, outputs: AsyncIterator[tuple[int, Any]]):
+        async for index, output in outputs:
+            if gen.first_token_at is None and any(o.token_ids for o in output.outputs):
+                gen.first_token_at = time.perf_counter()
+                if self.metrics is not None:
+                    self.metrics.first_token(gen.first_token_at - gen.started)
+            if output.prompt_logprobs is not None and index not in gen.prompt_logprobs:
+                gen.prompt_logprobs[index] = list(output.prompt_logprobs)
+            yield index, output
+
+    async def collect(self, gen: Generation) -> list[ChoiceDelta]:
+        """Stage 5 (non-streaming): every choice's deltas merged, in choice order."""
+        deltas: dict[int, list[ChoiceDelta]] = {}
+        async for index, output in gen.outputs:
+            for delta in choice_deltas(output, index, gen.n):
+                if delta.finish_reason == "error":
+                    raise GenerationError()
+                deltas.setdefault(delta.index, []).append(delta)
+        choices = [merge_deltas(i, deltas.get(i, [])) for i in range(len(gen.prompts) * gen.n)]
+        self.finished(gen, choices)
+        return choices
+
+    async def prime(self, gen: Generation) -> None:
+        """Stage 5 (streaming): wait for the first output so engine refusals are still 4xx."""
+        outputs = gen.outputs
+        try:
+            first = await anext(outputs)
+        except StopAsyncIteration:
+            first = None
+
+        async def chained():
+            if first is not None:
+                yield first
+                async for item in outputs:
+                    yield item
+
+        gen.outputs = chained()
+
+    def finished(self, gen: Generation, choices: list[ChoiceDelta]) -> None:
+        """Metrics and the request log, once per request."""
+        if self.metrics is not None:
+            self.metrics.finished(time.perf_counter() - gen.started, gen.num_prompt_tokens,
+                                  sum(len(c.token_ids) for c in choices),
+                                  [c.finish_reason for c in choices])
+        if self.request_logger is not None:
+            self.request_logger.log_outputs(gen.request_id, [c.text for c in choices],
+                                            [c.finish_reason for c in choices])

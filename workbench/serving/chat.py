@@ -1,0 +1,199 @@
+"""`/v1/chat/completions`: messages -> the chat template -> one generated assistant message.
+
+Stages 1-5 come from `GenerationServing`; this module supplies the hooks and stage 6. One
+function, `choice_parts`, turns a `ChoiceDelta` into content, logprobs and token ids for both
+the non-streaming message and each streamed delta. Streams follow the reference: a role chunk
+per choice first, then one chunk per engine step, the finish reason on the last one, an
+optional usage chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from workbench.sampling_params import SamplingParams
+from workbench.serving import unsupported
+from workbench.serving.base import Generation, GenerationServing, RequestMeta
+from workbench.serving.chat_template import ChatRenderer, content_text
+from workbench.serving.errors import GenerationError, error_response
+from workbench.serving.logprobs import chat_logprobs, prompt_logprobs_json
+from workbench.serving.prompts import EnginePrompt
+from workbench.serving.protocol.chat import (
+    ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
+    ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse, ChatMessage, DeltaMessage,
+)
+from workbench.serving.protocol.common import UsageInfo
+from workbench.serving.sampling import build_sampling_params, resolve_max_tokens
+from workbench.serving.streaming import (
+    ChoiceDelta, choice_deltas, chunk_json, error_json, usage_chunk_json,
+)
+
+
+class ChatServing(GenerationServing):
+    id_prefix = "chatcmpl"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.renderer = ChatRenderer(
+            self.tokenizer, chat_template=self.config.chat_template,
+            trust_request_chat_template=self.config.trust_request_chat_template,
+            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+
+    def engine_request_id(self, request_id: str, index: int) -> str:
+        return request_id
+
+    def validate(self, request: ChatCompletionRequest) -> None:
+        unsupported.check_chat(request)
+
+    def preprocess(self, request: ChatCompletionRequest) -> list[EnginePrompt]:
+        tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
+        rendered = self.renderer.render(
+            request.messages, add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs,
+            tools=tools, documents=request.documents, reasoning_effort=request.reasoning_effort)
+        prompt = self.prompts.from_text(rendered.prompt,
+                                        add_special_tokens=request.add_special_tokens,
+                                        truncate=request.truncate_prompt_tokens,
+                                        side=request.truncation_side)
+        prompt.text = rendered.prompt
+        return [prompt]
+
+    def sampling_params(self, request: ChatCompletionRequest, prompt: EnginePrompt) -> SamplingParams:
+        if request.max_completion_tokens is not None:
+            requested, parameter = request.max_completion_tokens, "max_completion_tokens"
+        else:
+            requested, parameter = request.max_tokens, "max_tokens"
+        max_tokens = resolve_max_tokens(requested, parameter, len(prompt.token_ids),
+                                        self.max_model_len, self.defaults)
+        prompt_logprobs = request.prompt_logprobs
+        if prompt_logprobs is None and request.echo:
+            prompt_logprobs = request.top_logprobs
+        return build_sampling_params(
+            request, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs,
+            logprobs=request.top_logprobs if request.logprobs else None, defaults=self.defaults)
+
+    def response_role(self, request: ChatCompletionRequest) -> str:
+        if request.add_generation_prompt:
+            return self.config.response_role
+        return request.messages[-1].role
+
+    def echo_text(self, request: ChatCompletionRequest) -> str:
+        """With `echo`, the last message's content when it has the response's role."""
+        last = request.messages[-1] if request.messages else None
+        if not request.echo or last is None or last.role != self.response_role(request):
+            return ""
+        return content_text(last.content) or ""
+
+    def choice_parts(self, gen: Generation, delta: ChoiceDelta
+                     ) -> tuple[str, ChatCompletionLogProbs | None, list[int] | None]:
+        """Content, logprobs and token ids of a delta (or of a whole merged choice)."""
+        request: ChatCompletionRequest = gen.request
+        logprobs = None
+        if request.logprobs and request.top_logprobs is not None:
+            num_top = self.engine.vocab_size if request.top_logprobs == -1 else request.top_logprobs
+            logprobs = chat_logprobs(delta.token_ids, delta.logprobs or [None] * len(delta.token_ids),
+                                     num_top, self.tokenizer, as_token_ids=self.as_token_ids(request))
+        return delta.text, logprobs, delta.token_ids if request.return_token_ids else None
+
+    # stage 6 -------------------------------------------------------------------------------
+
+    async def create(self, request: ChatCompletionRequest, meta: RequestMeta
+                     ) -> ChatCompletionResponse:
+        gen = self.prepare(request, meta)
+        deltas = await self.collect(gen)
+        role, echo = self.response_role(request), self.echo_text(request)
+        choices = []
+        for delta in deltas:
+            text, logprobs, token_ids = self.choice_parts(gen, delta)
+            choices.append(ChatCompletionResponseChoice(
+                index=delta.index, message=ChatMessage(role=role, content=echo + text),
+                logprobs=logprobs, finish_reason=delta.finish_reason or "stop",
+                stop_reason=delta.stop_reason, token_ids=token_ids))
+        prompt = gen.prompts[0]
+        return ChatCompletionResponse(
+            id=gen.request_id, created=gen.created, model=gen.model_name, choices=choices,
+            usage=_usage(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)),
+            prompt_logprobs=prompt_logprobs_json(gen.prompt_logprobs.get(0)),
+            prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
+            prompt_text=prompt.text if request.return_prompt_text else None)
+
+    async def create_stream(self, request: ChatCompletionRequest, meta: RequestMeta
+                            ) -> AsyncIterator[str]:
+        gen = self.prepare(request, meta)
+        await self.prime(gen)
+        return self._stream(gen)
+
+    def _chunk(self, gen: Generation, choices: list[ChatCompletionResponseStreamChoice],
+               **fields: Any) -> ChatCompletionStreamResponse:
+        return ChatCompletionStreamResponse(id=gen.request_id, object="chat.completion.chunk",
+                                            created=gen.created, model=gen.model_name,
+                                            choices=choices, **fields)
+
+    def _opening(self, gen: Generation, continuous: bool) -> list[str]:
+        """The role chunk of every choice, then the echoed content if any."""
+        request: ChatCompletionRequest = gen.request
+        prompt = gen.prompts[0]
+        events = []
+        for i in range(gen.n):
+            chunk = self._chunk(gen, [ChatCompletionResponseStreamChoice(
+                index=i, delta=DeltaMessage(role=self.response_role(request), content=""),
+                logprobs=None, finish_reason=None)],
+                prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
+                prompt_text=prompt.text if request.return_prompt_text else None)
+            if continuous:
+                chunk.usage = _usage(len(prompt.token_ids), 0)
+            events.append(chunk_json(chunk))
+        echo = self.echo_text(request)
+        for i in range(gen.n if echo else 0):
+            events.append(chunk_json(self._chunk(gen, [ChatCompletionResponseStreamChoice(
+                index=i, delta=DeltaMessage(content=echo), logprobs=None, finish_reason=None)])))
+        return events
+
+    async def _stream(self, gen: Generation) -> AsyncIterator[str]:
+        request: ChatCompletionRequest = gen.request
+        options = request.stream_options
+        force = self.config.enable_force_include_usage
+        include_usage = force or bool(options and options.include_usage)
+        continuous = include_usage and (force or bool(options and options.continuous_usage_stats))
+        num_prompt = len(gen.prompts[0].token_ids)
+        merged: dict[int, ChoiceDelta] = {}
+        try:
+            opened = False
+            async for _, output in gen.outputs:
+                if not opened:
+                    opened = True
+                    for event in self._opening(gen, continuous):
+                        yield event
+                for delta in choice_deltas(output, 0, gen.n):
+                    if delta.finish_reason == "error":
+                        raise GenerationError()
+                    so_far = merged.setdefault(delta.index, ChoiceDelta(index=delta.index))
+                    if not (delta.text or delta.token_ids or delta.finish_reason or so_far.token_ids):
+                        continue  # nothing generated yet (a prefill step)
+                    so_far.extend(delta)
+                    text, logprobs, token_ids = self.choice_parts(gen, delta)
+                    choice = ChatCompletionResponseStreamChoice(
+                        index=delta.index, delta=DeltaMessage(content=text), logprobs=logprobs,
+                        finish_reason=delta.finish_reason, token_ids=token_ids)
+                    if delta.finish_reason is not None:
+                        choice.stop_reason = delta.stop_reason
+                    chunk = self._chunk(gen, [choice])
+                    if continuous:
+                        chunk.usage = _usage(num_prompt, len(so_far.token_ids))
+                    yield chunk_json(chunk)
+        except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
+            yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
+            return
+        choices = [merged.get(i, ChoiceDelta(index=i)) for i in range(gen.n)]
+        self.finished(gen, choices)
+        if include_usage:
+            yield usage_chunk_json(self._chunk(
+                gen, [], usage=_usage(num_prompt, sum(len(c.token_ids) for c in choices))))
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)

@@ -1,0 +1,160 @@
+"""`/v1/completions`: prompts (text, ids, or lists of either) -> text completions.
+
+Stages 1-5 come from `GenerationServing`; this module supplies the hooks and stage 6. One
+function, `completion_choice`, builds a choice from a `ChoiceDelta`: the non-streaming path
+calls it once per choice with the merged deltas, the streaming path once per delta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.sampling_params import SamplingParams
+from workbench.serving import unsupported
+from workbench.serving.base import Generation, GenerationServing, RequestMeta
+from workbench.serving.errors import GenerationError, error_response
+from workbench.serving.logprobs import completion_logprobs, prompt_logprobs_json
+from workbench.serving.prompts import EnginePrompt
+from workbench.serving.protocol.common import UsageInfo
+from workbench.serving.protocol.completion import (
+    CompletionRequest, CompletionResponse, CompletionResponseChoice,
+    CompletionResponseStreamChoice, CompletionStreamResponse,
+)
+from workbench.serving.sampling import build_sampling_params, resolve_max_tokens
+from workbench.serving.streaming import (
+    ChoiceDelta, choice_deltas, chunk_json, error_json, usage_chunk_json,
+)
+
+
+@dataclass
+class ChoiceCursor:
+    """Where a choice stands in a stream: echoed yet, text offset, tokens so far."""
+
+    echoed: bool = False
+    text_offset: int = 0
+    num_tokens: int = 0
+
+
+class CompletionServing(GenerationServing):
+    id_prefix = "cmpl"
+
+    def validate(self, request: CompletionRequest) -> None:
+        unsupported.check_completion(request)
+
+    def preprocess(self, request: CompletionRequest) -> list[EnginePrompt]:
+        return self.prompts.completion_prompts(
+            request.prompt, add_special_tokens=request.add_special_tokens,
+            truncate=request.truncate_prompt_tokens, side=request.truncation_side)
+
+    def sampling_params(self, request: CompletionRequest, prompt: EnginePrompt) -> SamplingParams:
+        max_tokens = resolve_max_tokens(request.max_tokens, "max_tokens", len(prompt.token_ids),
+                                        self.max_model_len, self.defaults)
+        if request.echo and request.max_tokens == 0:
+            max_tokens = 1  # echo only: generate one token, then drop it (as vLLM)
+        prompt_logprobs = request.prompt_logprobs
+        if prompt_logprobs is None and request.echo:
+            prompt_logprobs = request.logprobs
+        return build_sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
+                                     prompt_logprobs=prompt_logprobs, defaults=self.defaults)
+
+    # stage 6 -------------------------------------------------------------------------------
+
+    async def create(self, request: CompletionRequest, meta: RequestMeta) -> CompletionResponse:
+        gen = self.prepare(request, meta)
+        choices = await self.collect(gen)
+        built = [self.completion_choice(gen, c, ChoiceCursor(), final=True) for c in choices]
+        return CompletionResponse(
+            id=gen.request_id, created=gen.created, model=gen.model_name,
+            choices=[CompletionResponseChoice(**fields) for fields in built],
+            usage=self.usage(gen, choices))
+
+    async def create_stream(self, request: CompletionRequest, meta: RequestMeta
+                            ) -> AsyncIterator[str]:
+        gen = self.prepare(request, meta)
+        await self.prime(gen)
+        return self._stream(gen)
+
+    async def _stream(self, gen: Generation) -> AsyncIterator[str]:
+        request: CompletionRequest = gen.request
+        options = request.stream_options
+        include_usage = self.config.enable_force_include_usage or bool(
+            options and options.include_usage)
+        continuous = include_usage and (self.config.enable_force_include_usage or bool(
+            options and options.continuous_usage_stats))
+        cursors: dict[int, ChoiceCursor] = {}
+        merged: dict[int, ChoiceDelta] = {}
+        try:
+            async for index, output in gen.outputs:
+                for delta in choice_deltas(output, index, gen.n):
+                    if delta.finish_reason == "error":
+                        raise GenerationError()
+                    cursor = cursors.setdefault(delta.index, ChoiceCursor())
+                    merged.setdefault(delta.index, ChoiceDelta(index=delta.index)).extend(delta)
+                    if not (delta.text or delta.token_ids or delta.finish_reason
+                            or cursor.num_tokens or request.echo):
+                        continue  # nothing generated yet (a prefill step)
+                    fields = self.completion_choice(gen, delta, cursor, final=False)
+                    chunk = CompletionStreamResponse(
+                        id=gen.request_id, object="text_completion", created=gen.created,
+                        model=gen.model_name,
+                        choices=[CompletionResponseStreamChoice(**fields)])
+                    if continuous:
+                        chunk.usage = _usage(len(gen.prompts[index].token_ids), cursor.num_tokens)
+                    yield chunk_json(chunk)
+        except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
+            yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
+            return
+        choices = [merged.get(i, ChoiceDelta(index=i)) for i in range(len(gen.prompts) * gen.n)]
+        self.finished(gen, choices)
+        if include_usage:
+            yield usage_chunk_json(CompletionStreamResponse(
+                id=gen.request_id, created=gen.created, model=gen.model_name, choices=[],
+                usage=self.usage(gen, choices)))
+
+    def completion_choice(self, gen: Generation, delta: ChoiceDelta, cursor: ChoiceCursor, *,
+                          final: bool) -> dict[str, Any]:
+        """The fields of one choice (or one streamed piece of it) from a delta."""
+        request: CompletionRequest = gen.request
+        prompt_index = delta.index // gen.n
+        prompt = gen.prompts[prompt_index]
+        echo_only = request.echo and request.max_tokens == 0
+        text, token_ids, logprobs = delta.text, delta.token_ids, delta.logprobs
+        num_generated = len(token_ids)
+        if echo_only:
+            text, token_ids, logprobs = "", [], []
+        prompt_ids = None
+        if request.echo and not cursor.echoed:
+            cursor.echoed = True
+            prompt_ids = prompt.token_ids
+            prompt_lps = gen.prompt_logprobs.get(prompt_index)
+            text = self.prompts.prompt_text(prompt) + text
+            token_ids = prompt.token_ids + token_ids
+            if request.logprobs is not None:
+                logprobs = (prompt_lps or [None] * len(prompt.token_ids)) + (logprobs or [])
+        lp_object = None
+        if request.logprobs is not None:
+            num_top = self.engine.vocab_size if request.logprobs == -1 else request.logprobs
+            lp_object, cursor.text_offset = completion_logprobs(
+                token_ids, logprobs or [None] * len(token_ids), num_top, self.tokenizer,
+                initial_offset=cursor.text_offset, as_token_ids=self.as_token_ids(request))
+        cursor.num_tokens += 0 if echo_only else num_generated
+        fields = {"index": delta.index, "text": text, "logprobs": lp_object,
+                  "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason,
+                  "token_ids": token_ids if request.return_token_ids else None,
+                  "prompt_token_ids": (prompt.token_ids if final else prompt_ids)
+                  if request.return_token_ids else None}
+        if final:
+            fields["prompt_logprobs"] = prompt_logprobs_json(gen.prompt_logprobs.get(prompt_index))
+        return fields
+
+    def usage(self, gen: Generation, choices: list[ChoiceDelta]) -> UsageInfo:
+        echo_only = gen.request.echo and gen.request.max_tokens == 0
+        generated = 0 if echo_only else sum(len(c.token_ids) for c in choices)
+        return _usage(gen.num_prompt_tokens, generated)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)

@@ -1,0 +1,47 @@
+"""How the OpenAI-compatible layer behaves: `ServerConfig`, frozen, built once per server.
+
+It holds what the serving layer decides on its own, apart from the engine: the names the
+model is served under, the chat template and its trust rule, logging, the API key. The CLI
+(`workbench serve`) and `serve_in_kernel` build one; the serving objects only read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import ValidationError
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one OpenAI-compatible server.
+
+    >>> ServerConfig(served_model_names=("smollm2",)).response_role
+    'assistant'
+    """
+
+    served_model_names: tuple[str, ...] = ()  # empty: the engine's served name
+    api_keys: tuple[str, ...] = ()  # empty: no authentication
+    chat_template: str | None = None  # jinja text (a path is read by the CLI)
+    trust_request_chat_template: bool = False
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    response_role: str = "assistant"
+    return_tokens_as_token_ids: bool = False
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
+    log_error_stack: bool = False
+    enable_request_id_headers: bool = False
+    enable_force_include_usage: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.served_model_names, str):
+            object.__setattr__(self, "served_model_names", (self.served_model_names,))
+        if isinstance(self.api_keys, str):
+            object.__setattr__(self, "api_keys", (self.api_keys,))
+        if any(not name for name in self.served_model_names):
+            raise ValidationError("served model names must be non-empty strings.",
+                                  parameter="served_model_names", value=self.served_model_names)
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ValidationError(f"max_log_len must be non-negative, got {self.max_log_len}.",
+                                  parameter="max_log_len", value=self.max_log_len)

@@ -1,0 +1,100 @@
+"""Models shared by every endpoint: the base model, the error envelope, usage, model cards.
+
+`OpenAIBaseModel` accepts unknown fields, as vLLM's does (OpenAI clients send fields a server
+may not know), and logs them at WARNING so nothing is dropped without a trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+logger = logging.getLogger("workbench.serving")
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of every request and response model; unknown request fields are logged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def model_post_init(self, context: Any, /) -> None:
+        if self.model_extra:
+            logger.warning("%s: ignoring unknown fields %s", type(self).__name__,
+                           sorted(self.model_extra))
+
+
+class ErrorInfo(OpenAIBaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(OpenAIBaseModel):
+    """`{"error": {"message", "type", "param", "code"}}`; the HTTP status equals `code`."""
+
+    error: ErrorInfo
+
+
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    cached_tokens: int | None = None
+
+
+class UsageInfo(OpenAIBaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class PromptLogprob(OpenAIBaseModel):
+    """One entry of `prompt_logprobs[pos][token_id]`."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
+class ModelPermission(OpenAIBaseModel):
+    id: str
+    object: str = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "workbench"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=list)
+
+
+class ModelList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = Field(default_factory=list)

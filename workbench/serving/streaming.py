@@ -1,0 +1,113 @@
+"""From engine outputs to choices: the pieces streaming and non-streaming responses share.
+
+Both paths run the engine in DELTA mode. Each engine output becomes `ChoiceDelta`s (new text,
+token ids and logprobs of one choice); a streaming response turns every delta into a chunk,
+a non-streaming one merges a choice's deltas (`merge_deltas`) and builds its choice with the
+same function. So streamed text equals non-streamed text by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from workbench.serving.protocol.common import ErrorResponse
+
+
+@dataclass
+class ChoiceDelta:
+    """What one engine step added to one choice (or, merged, the whole choice)."""
+
+    index: int  # choice index in the response: prompt_index * n + output.index
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Any]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def extend(self, delta: "ChoiceDelta") -> None:
+        """Appends a later delta of the same choice; its finish/stop reason wins."""
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+def choice_deltas(output: Any, prompt_index: int, n: int) -> list[ChoiceDelta]:
+    """The deltas carried by one DELTA-mode `RequestOutput`."""
+    return [
+        ChoiceDelta(index=prompt_index * n + o.index, text=o.text or "",
+                    token_ids=list(o.token_ids or []),
+                    logprobs=None if o.logprobs is None else list(o.logprobs),
+                    finish_reason=o.finish_reason, stop_reason=o.stop_reason)
+        for o in output.outputs
+    ]
+
+
+def merge_deltas(index: int, deltas: list[ChoiceDelta]) -> ChoiceDelta:
+    """Concatenates a choice's deltas into one; the last finish/stop reason wins."""
+    merged = ChoiceDelta(index=index)
+    for delta in deltas:
+        merged.extend(delta)
+    return merged
+
+
+async def merge_async_iterators(*iterators: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
+    """Yields `(i, item)` from several async iterators as items arrive.
+
+    Closing the merged iterator (or cancelling its consumer) cancels every producer, so each
+    source's own cleanup (aborting its engine request) runs.
+    """
+    if len(iterators) == 1:
+        async for item in iterators[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def drain(i: int, iterator: AsyncIterator[Any]) -> None:
+        try:
+            async for item in iterator:
+                await queue.put((i, item, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, None, exc))
+        finally:
+            await queue.put((i, done, None))
+
+    tasks = [asyncio.ensure_future(drain(i, it)) for i, it in enumerate(iterators)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if item is done:
+                remaining -= 1
+                continue
+            yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def chunk_json(chunk: BaseModel) -> str:
+    """A stream chunk as vLLM writes it: fields never assigned are left out."""
+    return chunk.model_dump_json(exclude_unset=True)
+
+
+def usage_chunk_json(chunk: BaseModel) -> str:
+    """The trailing usage chunk: `choices: []`, nulls dropped."""
+    return chunk.model_dump_json(exclude_unset=False, exclude_none=True)
+
+
+def error_json(response: ErrorResponse) -> str:
+    """An error after the 200 header went out: `{"error": {...}}` as one event."""
+    return response.model_dump_json()

@@ -1,0 +1,43 @@
+"""`/tokenize` and `/detokenize`: the model's tokenizer, over the API.
+
+`/tokenize` takes a prompt, or chat messages rendered with the same template rules as chat
+completions; it reports the count and `max_model_len` but does not enforce it (as vLLM).
+"""
+
+from __future__ import annotations
+
+from workbench.serving.base import OpenAIServing
+from workbench.serving.chat_template import ChatRenderer
+from workbench.serving.protocol.tokenize import (
+    DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest, TokenizeRequest, TokenizeResponse,
+)
+
+
+class TokenizeServing(OpenAIServing):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.renderer = ChatRenderer(
+            self.tokenizer, chat_template=self.config.chat_template,
+            trust_request_chat_template=self.config.trust_request_chat_template,
+            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+
+    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        self.check_model(request.model)
+        if isinstance(request, TokenizeChatRequest):
+            tools = ([t.model_dump(exclude_none=True) for t in request.tools]
+                     if request.tools else None)
+            text = self.renderer.render(
+                request.messages, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template=request.chat_template,
+                chat_template_kwargs=request.chat_template_kwargs, tools=tools).prompt
+        else:
+            text = request.prompt
+        ids = list(self.tokenizer(text, add_special_tokens=request.add_special_tokens).input_ids)
+        strs = self.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids,
+                                token_strs=strs)
+
+    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(request.model)
+        return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))

@@ -1,0 +1,84 @@
+"""Request fields this server parses but cannot honour yet: each one is refused, by name.
+
+A field that would change the output is never dropped silently (vLLM, for example, ignores the
+removed `guided_*` fields and returns unconstrained text; we answer 400 instead). Fields that
+change nothing about the output are listed in `IGNORED_FIELDS` and accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.errors import ValidationError
+
+IGNORED_FIELDS = {
+    "user": "identifies the end user to OpenAI; no effect on generation",
+    "session_id": "session affinity for routers; single engine here",
+    "length_penalty": "beam search only (as in vLLM); beam search requests are refused",
+    "parallel_tool_calls": "only meaningful with a tool parser",
+    "include_reasoning": "only meaningful with a reasoning parser; all text is content",
+}
+
+_NOT_YET = "is not supported by this server yet"
+_REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+            "guided_decoding_backend", "guided_whitespace_pattern")
+
+
+def _refuse(message: str, parameter: str, value: Any = None) -> None:
+    raise ValidationError(message, parameter=parameter, value=value)
+
+
+def check_common(request: Any) -> None:
+    """Refusals shared by completions and chat completions."""
+    if request.use_beam_search:
+        _refuse(f"Beam search (`use_beam_search`) {_NOT_YET}.", "use_beam_search")
+    if request.logprob_token_ids is not None:
+        _refuse(f"`logprob_token_ids` {_NOT_YET}.", "logprob_token_ids")
+    response_format = request.response_format or {}
+    if response_format.get("type", "text") != "text":
+        _refuse(f"response_format type '{response_format.get('type')}' {_NOT_YET} "
+                "(no structured-output backend).", "response_format")
+    for name in ("structured_outputs", "cache_salt", "kv_transfer_params", "vllm_xargs",
+                 "repetition_detection", "stream_interval"):
+        if getattr(request, name) is not None:
+            _refuse(f"`{name}` {_NOT_YET}.", name)
+    if request.watermarking:
+        _refuse(f"`watermarking` {_NOT_YET}.", "watermarking")
+    if request.thinking_token_budget not in (None, -1):
+        _refuse("`thinking_token_budget` requires a reasoning parser, which this server does "
+                "not have yet.", "thinking_token_budget")
+    extra = request.model_extra or {}
+    for name in _REMOVED:
+        if extra.get(name) is not None:
+            _refuse(f"`{name}` was removed from the API (vLLM ignores it and returns "
+                    "unconstrained text); structured outputs are not supported yet.", name)
+    if extra.get("best_of") not in (None, 1):
+        _refuse("`best_of` was removed from the API and is not supported.", "best_of",
+                extra.get("best_of"))
+
+
+def check_completion(request: Any) -> None:
+    """vLLM's completion-only checks, in its order, then the common refusals."""
+    if request.echo and request.suffix is not None:
+        _refuse("Echo is unsupported with suffix.", "echo")
+    if request.echo and request.prompt_embeds is not None:
+        _refuse("Echo is unsupported with prompt embeds.", "echo")
+    if request.prompt_embeds is not None:
+        _refuse("You must set `--enable-prompt-embeds` to input `prompt_embeds`.", "prompt_embeds")
+    if request.suffix is not None:
+        _refuse("suffix is only supported for models with FIM completion rendering", "suffix")
+    check_common(request)
+
+
+def check_chat(request: Any, *, tool_parser: str | None = None) -> None:
+    """Chat-only refusals (tools without a parser, multimodal kwargs), then the common ones."""
+    choice = request.tool_choice
+    if request.tools and choice == "auto" and tool_parser is None:
+        _refuse('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set", "tool_choice")
+    if request.tools and (choice == "required" or isinstance(choice, dict)) and tool_parser is None:
+        _refuse('tool_choice="required" requires --tool-call-parser to be set', "tool_choice")
+    for name in ("media_io_kwargs", "mm_processor_kwargs"):
+        if getattr(request, name):
+            _refuse(f"`{name}` is not supported: the served model is text-only.", name)
+    check_common(request)
