@@ -1,0 +1,150 @@
+"""`workbench`: the command line. `serve` runs the OpenAI-compatible server, `bench` the benchmark.
+
+Flags follow `vllm serve` (interface.md lists them). Flags for features not built yet (tool
+parsers, reasoning parsers, LoRA) stop the command at start-up with a clear message rather
+than being accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+NOT_BUILT = {
+    "enable_auto_tool_choice": "--enable-auto-tool-choice: tool calling is not built yet",
+    "tool_call_parser": "--tool-call-parser: tool parsers are not built yet",
+    "reasoning_parser": "--reasoning-parser: reasoning parsers are not built yet",
+    "enable_lora": "--enable-lora: LoRA serving is not built yet",
+    "lora_modules": "--lora-modules: LoRA serving is not built yet",
+    "max_loras": "--max-loras: LoRA serving is not built yet",
+    "max_lora_rank": "--max-lora-rank: LoRA serving is not built yet",
+}
+
+
+def _json_dict(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def _serve_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible API")
+    p.add_argument("model_tag", nargs="?", default=None, help="model (same as --model)")
+    p.add_argument("--model", default=None, help="alias or local model directory "
+                   "(default: smollm2-135m-instruct)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="names the API accepts; the first is reported (default: the alias or "
+                   "directory name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-logprobs", type=int, default=20)
+    p.add_argument("--api-key", nargs="+", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1 routes")
+    p.add_argument("--chat-template", default=None, help="jinja file path or inline template")
+    p.add_argument("--default-chat-template-kwargs", type=_json_dict, default=None)
+    p.add_argument("--trust-request-chat-template", action="store_true")
+    p.add_argument("--response-role", default="assistant")
+    p.add_argument("--return-tokens-as-token-ids", action="store_true")
+    p.add_argument("--enable-force-include-usage", action="store_true")
+    p.add_argument("--enable-log-requests", action="store_true")
+    p.add_argument("--max-log-len", type=int, default=None)
+    p.add_argument("--log-error-stack", action="store_true")
+    p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--tool-call-parser", default=None)
+    p.add_argument("--reasoning-parser", default=None)
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH")
+    p.add_argument("--max-loras", type=int, default=None)
+    p.add_argument("--max-lora-rank", type=int, default=None)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    bench = sub.add_parser("bench", help="engine vs transformers (see `workbench bench --help`)",
+                           add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """A path is read; text with jinja markup is the template; anything else is an error."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            template = f.read()
+    elif any(mark in value for mark in ("{{", "{%")):
+        template = value
+    else:
+        raise ValueError(f"The supplied chat template ({value}) looks like a file path, but it "
+                         "failed to be opened.")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    return template
+
+
+def configs_from_args(args: argparse.Namespace):
+    """(EngineConfig, ServerConfig) from parsed `serve` flags; raises ValueError on bad ones."""
+    from workbench.config import EngineConfig
+    from workbench.models import DEFAULT_MODEL, resolve_model
+    from workbench.serving.config import ServerConfig
+
+    for name, message in NOT_BUILT.items():
+        if getattr(args, name) not in (None, False):
+            raise ValueError(message)
+    model = args.model or args.model_tag or DEFAULT_MODEL
+    names = tuple(args.served_model_name or (resolve_model(model, prepare=False).served_name,))
+    engine_kwargs = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    engine = EngineConfig(model=model, dtype=args.dtype, device=args.device, seed=args.seed,
+                          max_model_len=args.max_model_len, max_logprobs=args.max_logprobs,
+                          served_model_name=names[0], **engine_kwargs)
+    server = ServerConfig(
+        served_model_names=names, api_keys=tuple(args.api_key or ()),
+        chat_template=read_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
+        default_chat_template_kwargs=args.default_chat_template_kwargs or {},
+        response_role=args.response_role,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
+        log_error_stack=args.log_error_stack,
+        enable_force_include_usage=args.enable_force_include_usage)
+    return engine, server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "bench":
+        from workbench import bench
+
+        return bench.main(args.bench_args) or 0
+    try:
+        engine_config, server_config = configs_from_args(args)
+    except (ValueError, OSError) as exc:
+        parser.exit(2, f"workbench serve: error: {exc}\n")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from workbench.http.server import run_server
+
+    run_server(engine_config, server_config, host=args.host, port=args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
