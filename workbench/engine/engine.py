@@ -60,6 +60,13 @@ class LLMEngine:
         hf = self.model.config
         self.vocab_size = hf.vocab_size
         self.max_model_len = self._max_model_len(hf)
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            # a sequence longer than one step's budget could never be scheduled: it would wait forever
+            raise ValidationError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with chunked prefill disabled. Please "
+                "increase max_num_batched_tokens, decrease max_model_len or enable chunked prefill.",
+                parameter="max_num_batched_tokens", value=config.max_num_batched_tokens)
         self.served_model_name = config.served_model_name or loaded.served_name
         gen = getattr(self.model, "generation_config", None)
         self.generation_defaults = self._generation_defaults(gen)
@@ -136,6 +143,10 @@ class LLMEngine:
         if lora_request is not None:
             raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
                                   parameter="lora_request", value=lora_request)
+        if params.n > self.config.max_num_seqs:  # its samples could never all run: stuck forever
+            raise ValidationError(
+                f"n={params.n} is greater than max_num_seqs={self.config.max_num_seqs}.",
+                parameter="n", value=params.n)
         kwargs = {"priority": priority, "cache_salt": cache_salt, "lora_request": lora_request}
         if arrival_time is not None:
             kwargs["arrival_time"] = arrival_time
