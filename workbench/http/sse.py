@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi.responses import StreamingResponse
 
 
 async def sse_events(payloads: AsyncIterator[str]) -> AsyncIterator[str]:
     """Frames each JSON payload; `[DONE]` closes every stream that ran to its end."""
-    async for payload in payloads:
-        yield f"data: {payload}\n\n"
+    async with aclosing(payloads):
+        async for payload in payloads:
+            yield f"data: {payload}\n\n"
     yield "data: [DONE]\n\n"
 
 

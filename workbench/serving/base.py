@@ -23,6 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from workbench.serving.metrics import ServingMetrics
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer
 from workbench.serving.request_logger import RequestLogger
 from workbench.serving.sampling import server_defaults
-from workbench.serving.streaming import ChoiceDelta, choice_deltas, merge_async_iterators, merge_deltas
+from workbench.serving.streaming import ChoiceDelta, choice_deltas, merge_async_iterators
 
 logger = logging.getLogger("workbench.serving")
 _TRACE_HEADERS = ("traceparent", "tracestate")
@@ -201,24 +202,32 @@ class GenerationServing(OpenAIServing):
         task.add_done_callback(self._aborts.discard)
 
     async def _timed(self, gen: Generation, outputs: AsyncIterator[tuple[int, Any]]):
-        async for index, output in outputs:
-            if gen.first_token_at is None and any(o.token_ids for o in output.outputs):
-                gen.first_token_at = time.perf_counter()
-                if self.metrics is not None:
-                    self.metrics.first_token(gen.first_token_at - gen.started)
-            if output.prompt_logprobs is not None and index not in gen.prompt_logprobs:
-                gen.prompt_logprobs[index] = list(output.prompt_logprobs)
-            yield index, output
+        async with aclosing(outputs):
+            async for index, output in outputs:
+                if gen.first_token_at is None and any(o.token_ids for o in output.outputs):
+                    gen.first_token_at = time.perf_counter()
+                    if self.metrics is not None:
+                        self.metrics.first_token(gen.first_token_at - gen.started)
+                if output.prompt_logprobs is not None and index not in gen.prompt_logprobs:
+                    gen.prompt_logprobs[index] = list(output.prompt_logprobs)
+                yield index, output
+
+    async def stream_deltas(self, gen: Generation) -> AsyncIterator[ChoiceDelta]:
+        """Stage 5: every choice's deltas as the engine produces them; an engine error raises."""
+        async with aclosing(gen.outputs) as outputs:
+            async for index, output in outputs:
+                for delta in choice_deltas(output, index, gen.n):
+                    if delta.finish_reason == "error":
+                        raise GenerationError()
+                    yield delta
 
     async def collect(self, gen: Generation) -> list[ChoiceDelta]:
         """Stage 5 (non-streaming): every choice's deltas merged, in choice order."""
-        deltas: dict[int, list[ChoiceDelta]] = {}
-        async for index, output in gen.outputs:
-            for delta in choice_deltas(output, index, gen.n):
-                if delta.finish_reason == "error":
-                    raise GenerationError()
-                deltas.setdefault(delta.index, []).append(delta)
-        choices = [merge_deltas(i, deltas.get(i, [])) for i in range(len(gen.prompts) * gen.n)]
+        merged = {i: ChoiceDelta(index=i) for i in range(len(gen.prompts) * gen.n)}
+        async with aclosing(self.stream_deltas(gen)) as deltas:
+            async for delta in deltas:
+                merged[delta.index].extend(delta)
+        choices = list(merged.values())
         self.finished(gen, choices)
         return choices
 
@@ -229,12 +238,16 @@ class GenerationServing(OpenAIServing):
             first = await anext(outputs)
         except StopAsyncIteration:
             first = None
+        except BaseException:
+            await outputs.aclose()
+            raise
 
         async def chained():
-            if first is not None:
-                yield first
-                async for item in outputs:
-                    yield item
+            async with aclosing(outputs):
+                if first is not None:
+                    yield first
+                    async for item in outputs:
+                        yield item
 
         gen.outputs = chained()
 

@@ -10,13 +10,14 @@ optional usage chunk.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from workbench.sampling_params import SamplingParams
 from workbench.serving import unsupported
 from workbench.serving.base import Generation, GenerationServing, RequestMeta
 from workbench.serving.chat_template import ChatRenderer, content_text
-from workbench.serving.errors import GenerationError, error_response
+from workbench.serving.errors import error_response
 from workbench.serving.logprobs import chat_logprobs, prompt_logprobs_json
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import (
@@ -24,10 +25,9 @@ from workbench.serving.protocol.chat import (
     ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse, ChatMessage, DeltaMessage,
 )
-from workbench.serving.protocol.common import UsageInfo
 from workbench.serving.sampling import build_sampling_params, resolve_max_tokens
 from workbench.serving.streaming import (
-    ChoiceDelta, choice_deltas, chunk_json, error_json, usage_chunk_json,
+    ChoiceDelta, chunk_json, error_json, usage_chunk_json, usage_info, usage_options,
 )
 
 
@@ -115,7 +115,7 @@ class ChatServing(GenerationServing):
         prompt = gen.prompts[0]
         return ChatCompletionResponse(
             id=gen.request_id, created=gen.created, model=gen.model_name, choices=choices,
-            usage=_usage(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)),
+            usage=usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)),
             prompt_logprobs=prompt_logprobs_json(gen.prompt_logprobs.get(0)),
             prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
             prompt_text=prompt.text if request.return_prompt_text else None)
@@ -144,7 +144,7 @@ class ChatServing(GenerationServing):
                 prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
                 prompt_text=prompt.text if request.return_prompt_text else None)
             if continuous:
-                chunk.usage = _usage(len(prompt.token_ids), 0)
+                chunk.usage = usage_info(len(prompt.token_ids), 0)
             events.append(chunk_json(chunk))
         echo = self.echo_text(request)
         for i in range(gen.n if echo else 0):
@@ -154,23 +154,16 @@ class ChatServing(GenerationServing):
 
     async def _stream(self, gen: Generation) -> AsyncIterator[str]:
         request: ChatCompletionRequest = gen.request
-        options = request.stream_options
-        force = self.config.enable_force_include_usage
-        include_usage = force or bool(options and options.include_usage)
-        continuous = include_usage and (force or bool(options and options.continuous_usage_stats))
+        include_usage, continuous = usage_options(request.stream_options,
+                                                  self.config.enable_force_include_usage)
         num_prompt = len(gen.prompts[0].token_ids)
-        merged: dict[int, ChoiceDelta] = {}
+        merged = {i: ChoiceDelta(index=i) for i in range(gen.n)}
+        for event in self._opening(gen, continuous):  # prime() saw the first output
+            yield event
         try:
-            opened = False
-            async for _, output in gen.outputs:
-                if not opened:
-                    opened = True
-                    for event in self._opening(gen, continuous):
-                        yield event
-                for delta in choice_deltas(output, 0, gen.n):
-                    if delta.finish_reason == "error":
-                        raise GenerationError()
-                    so_far = merged.setdefault(delta.index, ChoiceDelta(index=delta.index))
+            async with aclosing(self.stream_deltas(gen)) as deltas:
+                async for delta in deltas:
+                    so_far = merged[delta.index]
                     if not (delta.text or delta.token_ids or delta.finish_reason or so_far.token_ids):
                         continue  # nothing generated yet (a prefill step)
                     so_far.extend(delta)
@@ -182,18 +175,13 @@ class ChatServing(GenerationServing):
                         choice.stop_reason = delta.stop_reason
                     chunk = self._chunk(gen, [choice])
                     if continuous:
-                        chunk.usage = _usage(num_prompt, len(so_far.token_ids))
+                        chunk.usage = usage_info(num_prompt, len(so_far.token_ids))
                     yield chunk_json(chunk)
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
             yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
             return
-        choices = [merged.get(i, ChoiceDelta(index=i)) for i in range(gen.n)]
+        choices = list(merged.values())
         self.finished(gen, choices)
         if include_usage:
             yield usage_chunk_json(self._chunk(
-                gen, [], usage=_usage(num_prompt, sum(len(c.token_ids) for c in choices))))
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+                gen, [], usage=usage_info(num_prompt, sum(len(c.token_ids) for c in choices))))

@@ -8,13 +8,14 @@ calls it once per choice with the merged deltas, the streaming path once per del
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from workbench.sampling_params import SamplingParams
 from workbench.serving import unsupported
 from workbench.serving.base import Generation, GenerationServing, RequestMeta
-from workbench.serving.errors import GenerationError, error_response
+from workbench.serving.errors import error_response
 from workbench.serving.logprobs import completion_logprobs, prompt_logprobs_json
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.common import UsageInfo
@@ -24,7 +25,7 @@ from workbench.serving.protocol.completion import (
 )
 from workbench.serving.sampling import build_sampling_params, resolve_max_tokens
 from workbench.serving.streaming import (
-    ChoiceDelta, choice_deltas, chunk_json, error_json, usage_chunk_json,
+    ChoiceDelta, chunk_json, error_json, usage_chunk_json, usage_info, usage_options,
 )
 
 
@@ -78,35 +79,30 @@ class CompletionServing(GenerationServing):
 
     async def _stream(self, gen: Generation) -> AsyncIterator[str]:
         request: CompletionRequest = gen.request
-        options = request.stream_options
-        include_usage = self.config.enable_force_include_usage or bool(
-            options and options.include_usage)
-        continuous = include_usage and (self.config.enable_force_include_usage or bool(
-            options and options.continuous_usage_stats))
-        cursors: dict[int, ChoiceCursor] = {}
-        merged: dict[int, ChoiceDelta] = {}
+        include_usage, continuous = usage_options(request.stream_options,
+                                                  self.config.enable_force_include_usage)
+        cursors = {i: ChoiceCursor() for i in range(len(gen.prompts) * gen.n)}
+        merged = {i: ChoiceDelta(index=i) for i in cursors}
         try:
-            async for index, output in gen.outputs:
-                for delta in choice_deltas(output, index, gen.n):
-                    if delta.finish_reason == "error":
-                        raise GenerationError()
-                    cursor = cursors.setdefault(delta.index, ChoiceCursor())
-                    merged.setdefault(delta.index, ChoiceDelta(index=delta.index)).extend(delta)
+            async with aclosing(self.stream_deltas(gen)) as deltas:
+                async for delta in deltas:
+                    cursor = cursors[delta.index]
+                    merged[delta.index].extend(delta)
                     if not (delta.text or delta.token_ids or delta.finish_reason
                             or cursor.num_tokens or request.echo):
                         continue  # nothing generated yet (a prefill step)
-                    fields = self.completion_choice(gen, delta, cursor, final=False)
                     chunk = CompletionStreamResponse(
                         id=gen.request_id, object="text_completion", created=gen.created,
-                        model=gen.model_name,
-                        choices=[CompletionResponseStreamChoice(**fields)])
+                        model=gen.model_name, choices=[CompletionResponseStreamChoice(
+                            **self.completion_choice(gen, delta, cursor, final=False))])
                     if continuous:
-                        chunk.usage = _usage(len(gen.prompts[index].token_ids), cursor.num_tokens)
+                        prompt_len = len(gen.prompts[delta.index // gen.n].token_ids)
+                        chunk.usage = usage_info(prompt_len, cursor.num_tokens)
                     yield chunk_json(chunk)
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
             yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
             return
-        choices = [merged.get(i, ChoiceDelta(index=i)) for i in range(len(gen.prompts) * gen.n)]
+        choices = list(merged.values())
         self.finished(gen, choices)
         if include_usage:
             yield usage_chunk_json(CompletionStreamResponse(
@@ -152,9 +148,5 @@ class CompletionServing(GenerationServing):
     def usage(self, gen: Generation, choices: list[ChoiceDelta]) -> UsageInfo:
         echo_only = gen.request.echo and gen.request.max_tokens == 0
         generated = 0 if echo_only else sum(len(c.token_ids) for c in choices)
-        return _usage(gen.num_prompt_tokens, generated)
+        return usage_info(gen.num_prompt_tokens, generated)
 
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)

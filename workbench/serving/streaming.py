@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
-from workbench.serving.protocol.common import ErrorResponse
+from workbench.serving.protocol.common import ErrorResponse, UsageInfo
 
 
 @dataclass
@@ -67,8 +68,9 @@ async def merge_async_iterators(*iterators: AsyncIterator[Any]) -> AsyncIterator
     source's own cleanup (aborting its engine request) runs.
     """
     if len(iterators) == 1:
-        async for item in iterators[0]:
-            yield 0, item
+        async with aclosing(iterators[0]) as only:
+            async for item in only:
+                yield 0, item
         return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
@@ -111,3 +113,16 @@ def usage_chunk_json(chunk: BaseModel) -> str:
 def error_json(response: ErrorResponse) -> str:
     """An error after the 200 header went out: `{"error": {...}}` as one event."""
     return response.model_dump_json()
+
+
+def usage_info(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
+
+
+def usage_options(stream_options: Any, force: bool) -> tuple[bool, bool]:
+    """(include a usage chunk, put usage on every chunk), from `stream_options` and the
+    server's `--enable-force-include-usage`."""
+    include = force or bool(stream_options and stream_options.include_usage)
+    continuous = include and (force or bool(stream_options and stream_options.continuous_usage_stats))
+    return include, continuous
