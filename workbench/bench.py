@@ -1,0 +1,185 @@
+"""`workbench bench`: our engine against transformers' `generate`, same model, one process.
+
+Each benchmark is a function `(Contenders, BenchConfig) -> dict` of figures; `BENCHMARKS` lists
+them in order and `main` runs them all, then adds the peak RSS. Both sides get the same prompt
+token ids, generate exactly the same number of tokens (`ignore_eos` / `min_new_tokens`), are
+warmed up first, and are timed end to end (prefill included); each figure is the best of
+`repeats` runs, since these shared machines only ever make a run slower. Ratios are ours over
+transformers' from the same run. `--json` prints one JSON object on the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from workbench.models.registry import DEFAULT_MODEL
+
+PROMPT = "Once upon a time, in a small village at the edge of a great forest,"
+TOPICS = ("the sea", "a robot who learns to paint", "the moon", "a library at midnight", "winter",
+          "a dragon and a very small knight", "a city", "a garden that grows in the dark",
+          "the desert", "a train", "music heard from far away", "a lighthouse", "mountains",
+          "a market on the last day of summer", "the rain", "a clock that runs backwards")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """How long and how often to run; `quick()` for a fast smoke run."""
+
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    threads: int = 2
+    tokens: int = 64
+    repeats: int = 3
+    concurrency: int = 16
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **kwargs: Any) -> "BenchConfig":
+        return cls(**{"tokens": 16, "repeats": 1, **kwargs})
+
+
+class Contenders:
+    """The two sides, loaded on first use: our `LLM` and a separate transformers copy."""
+
+    def __init__(self, config: BenchConfig):
+        self.config = config
+
+    @cached_property
+    def theirs(self):
+        """A `LoadedModel` for `model.generate` (a copy of its own: our engine may patch its model)."""
+        from workbench.models import load_model
+
+        return load_model(self.config.model, dtype=self.config.dtype)
+
+    @cached_property
+    def ours(self):
+        from workbench import LLM
+
+        return LLM(model=self.config.model, dtype=self.config.dtype, seed=self.config.seed)
+
+    def prompt_ids(self, count: int) -> list[list[int]]:
+        """`count` prompts' token ids: the story prompt, then one per topic."""
+        tokenizer = self.theirs.tokenizer
+        texts = [PROMPT] if count == 1 else [f"Write a short story about {TOPICS[i % len(TOPICS)]}."
+                                              for i in range(count)]
+        return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+
+
+# -- the two sides of one measurement: each returns the number of tokens it generated -------
+
+def hf_generate(lm, prompts: list[list[int]], tokens: int, *, sample: bool, seed: int = 0) -> int:
+    """transformers' `generate` on a left-padded batch; exactly `tokens` new tokens per prompt."""
+    import torch
+
+    tokenizer = lm.tokenizer
+    batch = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left",
+                          return_tensors="pt").to(lm.device)
+    sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else \
+        dict(do_sample=False)
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = lm.model.generate(**batch, max_new_tokens=tokens, min_new_tokens=tokens,
+                                pad_token_id=tokenizer.pad_token_id, **sampling)  # [B, T + tokens]
+    return (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
+
+
+def ours_generate(llm, prompts: list[list[int]], tokens: int, *, sample: bool, seed: int = 0) -> int:
+    """Our engine with every prompt submitted at once; exactly `tokens` new tokens per prompt."""
+    from workbench import SamplingParams
+
+    params = [SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0 if sample else 0.0,
+                             seed=seed + i if sample else None) for i in range(len(prompts))]
+    outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+    return sum(len(out.outputs[0].token_ids) for out in outs)
+
+
+def best_rate(run: Callable[[], int], repeats: int) -> float:
+    """The best tokens per second over `repeats` calls of `run` (which returns a token count)."""
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        count = run()
+        rates.append(count / (time.perf_counter() - start))
+    return max(rates)
+
+
+def compare(name: str, side: Contenders, config: BenchConfig, prompts: list[list[int]],
+            sample: bool) -> dict[str, float]:
+    """`NAME_tok_s`, `hf_NAME_tok_s` and `NAME_ratio` for one workload, both sides warmed up."""
+    ours = lambda tokens: ours_generate(side.ours, prompts, tokens, sample=sample, seed=config.seed)
+    theirs = lambda tokens: hf_generate(side.theirs, prompts, tokens, sample=sample, seed=config.seed)
+    ours(4), theirs(4)  # warm-up: first-call allocations, lazy initialisation
+    ours_rate = best_rate(lambda: ours(config.tokens), config.repeats)
+    theirs_rate = best_rate(lambda: theirs(config.tokens), config.repeats)
+    return {f"{name}_tok_s": round(ours_rate, 2), f"hf_{name}_tok_s": round(theirs_rate, 2),
+            f"{name}_ratio": round(ours_rate / theirs_rate, 3)}
+
+
+# -- the benchmarks ------------------------------------------------------------------------
+
+def bench_single_stream(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """One prompt, greedy, `tokens` tokens."""
+    return compare("single_stream", side, config, side.prompt_ids(1), sample=False)
+
+
+def bench_concurrent16(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """16 prompts sampled at temperature 1 (seeded), all submitted at once / one padded batch."""
+    return compare("concurrent16", side, config, side.prompt_ids(config.concurrency), sample=True)
+
+
+BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, float]], ...] = (
+    bench_single_stream, bench_concurrent16)
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process so far, in MB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+
+
+def format_table(results: dict[str, float]) -> str:
+    """The figures as an aligned two-column table."""
+    width = max(map(len, results))
+    return "\n".join(f"{key:<{width}}  {value:>10}" for key, value in results.items())
+
+
+def run(config: BenchConfig, benchmarks=None, log=None) -> dict[str, float]:
+    """Run `benchmarks` (default `BENCHMARKS`) in order; every figure plus `peak_rss_mb`."""
+    import torch
+
+    torch.set_num_threads(config.threads)
+    side, results = Contenders(config), {}
+    for benchmark in BENCHMARKS if benchmarks is None else benchmarks:
+        if log:
+            log(f"running {benchmark.__name__} ...")
+        results.update(benchmark(side, config))
+    results["peak_rss_mb"] = peak_rss_mb()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`workbench bench [--json] [--quick]`: print the figures (a table, or one JSON line)."""
+    parser = argparse.ArgumentParser(prog="workbench bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object, last line")
+    parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    args = parser.parse_args(argv)
+    settings = dict(model=args.model, dtype=args.dtype, threads=args.threads)
+    config = BenchConfig.quick(**settings) if args.quick else BenchConfig(**settings)
+    results = run(config, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(results) if args.json else format_table(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
