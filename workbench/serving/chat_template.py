@@ -31,7 +31,8 @@ class RenderedChat:
 
 
 def content_text(content: str | list[dict[str, Any]] | None) -> str | None:
-    """Joins text content parts with newlines (vLLM's "string" content format)."""
+    """Joins text content parts with newlines (vLLM's "string" content format); a null
+    content renders as the empty string."""
     if content is None or isinstance(content, str):
         return content
     texts = []
@@ -66,7 +67,7 @@ def to_conversation(messages: list[Any], template: str) -> list[dict[str, Any]]:
     conversation = []
     knows_developer = "developer" in template
     for message in messages:
-        item: dict[str, Any] = {"role": message.role, "content": content_text(message.content)}
+        item: dict[str, Any] = {"role": message.role, "content": content_text(message.content) or ""}
         if message.role == "developer" and not knows_developer:
             item["role"] = "system"
         for name in ("name", "tool_call_id", "reasoning"):
