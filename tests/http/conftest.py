@@ -1,0 +1,51 @@
+"""A live server on the real default model, shared by the HTTP tests of a session.
+
+`serve_in_kernel` runs uvicorn in a background thread on a free port, over an `LLM` built on
+the session's float32 SmolLM2 with a small context (512), so context-length errors are cheap.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+MODEL = "smollm2-135m-instruct"
+MAX_MODEL_LEN = 512
+
+
+@pytest.fixture(scope="session")
+def llm(default_model):
+    from workbench import LLM
+
+    return LLM(model=default_model, max_model_len=MAX_MODEL_LEN, seed=0)
+
+
+@pytest.fixture(scope="session")
+def server(llm):
+    from workbench import serve_in_kernel
+
+    handle = serve_in_kernel(llm, port=0)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def aclient(server):
+    import openai
+
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0,
+                              timeout=120)
+
+
+@pytest.fixture
+def http(server):
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
