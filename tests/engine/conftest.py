@@ -27,3 +27,19 @@ def tiny_mistral():
 def tokenizer(tiny_llama):
     """The real SmolLM2 tokenizer (the tiny models share it)."""
     return tiny_llama.tokenizer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Engine tests run torch on one thread, restored afterwards.
+
+    The models here are small and the machines have two shared cores: with two OpenMP threads,
+    any other load on the machine makes each step several times slower (threads wait on each
+    other at every op), while one thread keeps steady. Timing belongs to `workbench bench`.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
