@@ -1,0 +1,79 @@
+"""`workbench serve` / `workbench bench` argument handling (no server is started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import cli
+
+
+def run_serve(monkeypatch, *argv):
+    captured = {}
+
+    def fake_run_server(engine_config, server_config, host, port):
+        captured.update(engine=engine_config, server=server_config, host=host, port=port)
+
+    monkeypatch.setattr("workbench.http.server.run_server", fake_run_server)
+    assert cli.main(["serve", *argv]) == 0
+    return captured
+
+
+def test_defaults_serve_the_default_model(monkeypatch):
+    got = run_serve(monkeypatch)
+    assert got["engine"].model == "smollm2-135m-instruct"
+    assert got["server"].served_model_names == ("smollm2-135m-instruct",)
+    assert (got["host"], got["port"]) == ("127.0.0.1", 8000)
+
+
+def test_flags_reach_the_configs(monkeypatch, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    got = run_serve(monkeypatch, "--served-model-name", "a", "b", "--max-model-len", "256",
+                    "--dtype", "float32", "--seed", "3", "--api-key", "k", "--max-logprobs", "5",
+                    "--chat-template", str(template), "--trust-request-chat-template",
+                    "--return-tokens-as-token-ids", "--enable-log-requests",
+                    "--max-num-seqs", "8", "--port", "9000")
+    engine, server = got["engine"], got["server"]
+    assert (engine.max_model_len, engine.dtype, engine.seed, engine.max_logprobs,
+            engine.max_num_seqs, engine.served_model_name) == (256, "float32", 3, 5, 8, "a")
+    assert server.served_model_names == ("a", "b") and server.api_keys == ("k",)
+    assert server.chat_template.startswith("{% for m")
+    assert server.trust_request_chat_template and server.return_tokens_as_token_ids
+    assert server.enable_log_requests and got["port"] == 9000
+
+
+def test_a_model_directory_is_served_under_its_name(monkeypatch, tmp_path):
+    model_dir = tmp_path / "my-model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "llama"}')
+    got = run_serve(monkeypatch, "--model", str(model_dir))
+    assert got["server"].served_model_names == ("my-model",)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tool-call-parser", "hermes"], "tool parsers are not built yet"),
+    (["--enable-auto-tool-choice"], "tool calling is not built yet"),
+    (["--reasoning-parser", "deepseek_r1"], "reasoning parsers are not built yet"),
+    (["--enable-lora"], "LoRA serving is not built yet"),
+    (["--lora-modules", "a=b"], "LoRA serving is not built yet"),
+    (["--chat-template", "missing.jinja"], "looks like a file path, but it failed to be opened"),
+])
+def test_unbuilt_features_and_bad_flags_stop_at_start_up(monkeypatch, capsys, flags, message):
+    monkeypatch.setattr("workbench.http.server.run_server", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", *flags])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_inline_chat_template_is_checked():
+    assert cli.read_chat_template("{{ messages }}") == "{{ messages }}"
+    with pytest.raises(ValueError, match="not valid jinja"):
+        cli.read_chat_template("{% for %}")
+
+
+def test_bench_delegates_its_arguments(monkeypatch):
+    seen = {}
+    monkeypatch.setattr("workbench.bench.main", lambda argv: seen.setdefault("argv", argv) and 0)
+    assert cli.main(["bench", "--json", "--quick"]) == 0
+    assert seen["argv"] == ["--json", "--quick"]
