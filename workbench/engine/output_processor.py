@@ -34,11 +34,14 @@ class TokenTexts:
         return text
 
 
-def position_logprobs(token_id: int, logprob: float, rank: int, top_ids: list[int],
-                      top_lps: list[float], k: int, texts: TokenTexts) -> dict[int, Logprob]:
-    """{token: Logprob}, the given token first, then the top-k (deduplicated), as vLLM."""
+def position_logprobs(token_id: int, logprob: float, rank: int, top_ids: list[int] | None,
+                      top_lps: list[float] | None, k: int, texts: TokenTexts) -> dict[int, Logprob]:
+    """{token: Logprob}, the given token first, then the top-k (deduplicated), as vLLM.
+
+    `top_ids` / `top_lps` are None when no row of the batch asked for a top-k (logprobs=0).
+    """
     entry = {token_id: Logprob(logprob, rank, texts(token_id))}
-    for r, (tid, lp) in enumerate(zip(top_ids[:k], top_lps[:k]), start=1):
+    for r, (tid, lp) in enumerate(zip((top_ids or [])[:k], (top_lps or [])[:k]), start=1):
         if tid not in entry:
             entry[tid] = Logprob(lp, r, texts(tid))
     return entry
