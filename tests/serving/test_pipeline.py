@@ -156,3 +156,12 @@ async def test_generation_defaults_fill_unset_fields(fake_engine):
         messages=[{"role": "user", "content": "x"}], top_k=5), RequestMeta())
     params = fake_engine.submitted[0][2]
     assert (params.temperature, params.top_k, params.max_tokens) == (0.3, 5, 3)
+
+
+async def test_return_token_ids_first_chunk_carries_the_prompt_ids(fake_engine):
+    request = CompletionRequest(prompt="Hello world", max_tokens=3, stream=True,
+                                return_token_ids=True)
+    chunks = await events(await servings(fake_engine).completions.create_stream(request, RequestMeta()))
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == [19556, 905]
+    assert [c["choices"][0]["prompt_token_ids"] for c in chunks[1:]] == [None, None]
+    assert [c["choices"][0]["token_ids"] for c in chunks] == [[19556], [905], [28]]

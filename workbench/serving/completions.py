@@ -31,9 +31,10 @@ from workbench.serving.streaming import (
 
 @dataclass
 class ChoiceCursor:
-    """Where a choice stands in a stream: echoed yet, text offset, tokens so far."""
+    """Where a choice stands in a stream: opened yet (prompt echoed / its ids sent), text
+    offset, tokens so far."""
 
-    echoed: bool = False
+    opened: bool = False
     text_offset: int = 0
     num_tokens: int = 0
 
@@ -117,28 +118,29 @@ class CompletionServing(GenerationServing):
         prompt = gen.prompts[prompt_index]
         echo_only = request.echo and request.max_tokens == 0
         text, token_ids, logprobs = delta.text, delta.token_ids, delta.logprobs
-        num_generated = len(token_ids)
-        if echo_only:
+        if echo_only:  # the one token generated for the engine's sake is dropped
             text, token_ids, logprobs = "", [], []
+        generated = token_ids
         prompt_ids = None
-        if request.echo and not cursor.echoed:
-            cursor.echoed = True
+        if not cursor.opened:  # the first piece of a choice carries the prompt (echo, ids)
+            cursor.opened = True
             prompt_ids = prompt.token_ids
-            prompt_lps = gen.prompt_logprobs.get(prompt_index)
-            text = self.prompts.prompt_text(prompt) + text
-            token_ids = prompt.token_ids + token_ids
-            if request.logprobs is not None:
-                logprobs = (prompt_lps or [None] * len(prompt.token_ids)) + (logprobs or [])
+            if request.echo:
+                prompt_lps = gen.prompt_logprobs.get(prompt_index)
+                text = self.prompts.prompt_text(prompt) + text
+                token_ids = prompt.token_ids + token_ids
+                if request.logprobs is not None:
+                    logprobs = (prompt_lps or [None] * len(prompt.token_ids)) + (logprobs or [])
         lp_object = None
         if request.logprobs is not None:
             num_top = self.engine.vocab_size if request.logprobs == -1 else request.logprobs
             lp_object, cursor.text_offset = completion_logprobs(
                 token_ids, logprobs or [None] * len(token_ids), num_top, self.tokenizer,
                 initial_offset=cursor.text_offset, as_token_ids=self.as_token_ids(request))
-        cursor.num_tokens += 0 if echo_only else num_generated
+        cursor.num_tokens += len(generated)
         fields = {"index": delta.index, "text": text, "logprobs": lp_object,
                   "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason,
-                  "token_ids": token_ids if request.return_token_ids else None,
+                  "token_ids": generated if request.return_token_ids else None,
                   "prompt_token_ids": (prompt.token_ids if final else prompt_ids)
                   if request.return_token_ids else None}
         if final:

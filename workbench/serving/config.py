@@ -31,7 +31,6 @@ class ServerConfig:
     enable_log_requests: bool = False
     max_log_len: int | None = None
     log_error_stack: bool = False
-    enable_request_id_headers: bool = False
     enable_force_include_usage: bool = False
 
     def __post_init__(self) -> None:
