@@ -93,3 +93,9 @@ def test_cache_salt_format():
 def test_unknown_fields_are_kept_aside():
     request = CompletionRequest(prompt="x", something_new=1)
     assert request.model_extra == {"something_new": 1}
+
+
+def test_at_most_four_stop_strings():
+    assert CompletionRequest(prompt="x", stop=["a", "b", "c", "d"]).stop == ["a", "b", "c", "d"]
+    with pytest.raises(pydantic.ValidationError, match="at most 4"):
+        ChatCompletionRequest(messages=MESSAGES, stop=["a", "b", "c", "d", "e"])

@@ -14,7 +14,7 @@ from pydantic import Field, model_serializer, model_validator
 from workbench.errors import ValidationError
 from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
-    INT64_MAX, INT64_MIN, OpenAIBaseModel, PromptLogprobs, StreamOptions, UsageInfo,
+    INT64_MAX, INT64_MIN, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions, UsageInfo,
 )
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -56,7 +56,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     presence_penalty: float | None = None
     response_format: dict[str, Any] | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = Field(default_factory=list)
+    stop: StopParam = Field(default_factory=list)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None

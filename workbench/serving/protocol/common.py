@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,9 @@ logger = logging.getLogger("workbench.serving")
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default
+
+StopParam = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
 
 
 class OpenAIBaseModel(BaseModel):
