@@ -103,3 +103,9 @@ def test_a_prompt_longer_than_the_batch_budget_without_chunking_cannot_be_config
         make_llm(tiny_llama, max_model_len=64, num_kv_blocks=8, enable_chunked_prefill=False,
                  max_num_batched_tokens=16)
     assert info.value.parameter == "max_num_batched_tokens" and "16" in str(info.value)
+
+
+def test_a_kv_cache_smaller_than_the_context_names_num_kv_blocks(tiny_llama):
+    with pytest.raises(ValidationError) as info:
+        make_llm(tiny_llama, max_model_len=64, block_size=4, num_kv_blocks=15)
+    assert info.value.parameter == "num_kv_blocks" and "15" in str(info.value)

@@ -113,10 +113,11 @@ class LLMEngine:
             per_block = kv_bytes_per_token(hf, dtype) * bs
             num = int(self.config.kv_cache_memory_gb * 2**30 // per_block)
         if num * bs < self.max_model_len:
+            given = "num_kv_blocks" if self.config.num_kv_blocks is not None else "kv_cache_memory_gb"
             raise ValidationError(
                 f"The KV cache holds {num * bs} tokens, fewer than max_model_len="
                 f"{self.max_model_len}. Give it more memory or lower max_model_len.",
-                parameter="kv_cache_memory_gb", value=self.config.kv_cache_memory_gb)
+                parameter=given, value=getattr(self.config, given))
         return num
 
     @staticmethod
