@@ -60,3 +60,15 @@ def test_stop_frees_the_port(llm):
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))  # would raise if the server still held it
+
+
+async def test_serving_from_inside_a_running_event_loop(llm):
+    """As in Jupyter: the kernel's loop is running while the server starts and is queried."""
+    handle = serve_in_kernel(llm, port=0)
+    try:
+        client = openai.AsyncOpenAI(base_url=handle.base_url, api_key="x", max_retries=0)
+        r = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert r.usage.completion_tokens == 2
+    finally:
+        handle.stop()
