@@ -165,3 +165,22 @@ async def test_return_token_ids_first_chunk_carries_the_prompt_ids(fake_engine):
     assert chunks[0]["choices"][0]["prompt_token_ids"] == [19556, 905]
     assert [c["choices"][0]["prompt_token_ids"] for c in chunks[1:]] == [None, None]
     assert [c["choices"][0]["token_ids"] for c in chunks] == [[19556], [905], [28]]
+
+
+async def test_request_logger_logs_inputs_and_outputs(fake_engine, caplog):
+    s = servings(fake_engine, enable_log_requests=True, max_log_len=3)
+    with caplog.at_level("INFO", logger="workbench.requests"):
+        await s.completions.create(CompletionRequest(prompt="Hello world", max_tokens=2),
+                                   RequestMeta({"x-request-id": "r1"}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("Received request cmpl-r1-0: prompt: 'Hel'")
+    assert lines[1].startswith("Finished request cmpl-r1: outputs: ['Hel']")
+
+
+async def test_trace_headers_warn_once_while_tracing_is_off(fake_engine, caplog):
+    s = servings(fake_engine)
+    meta = RequestMeta({"traceparent": "00-abc-def-01"})
+    with caplog.at_level("WARNING", logger="workbench.serving"):
+        for _ in range(2):
+            await s.completions.create(CompletionRequest(prompt="Hi", max_tokens=1), meta)
+    assert sum("tracing is disabled" in r.getMessage() for r in caplog.records) == 1
