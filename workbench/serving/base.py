@@ -150,26 +150,31 @@ class GenerationServing(OpenAIServing):
 
     def prepare(self, request: Any, meta: RequestMeta) -> Generation:
         """Stages 1-4; raises to end the request with an error."""
-        self.check_model(request.model)
+        self.check_model(request.model)                                        # 1
         self.check_headers(meta)
-        self.validate(request)
-        prompts = self.preprocess(request)
+        self.validate(request)                                                 # 2
+        prompts = self.preprocess(request)                                     # 3
         params = [self.sampling_params(request, prompt) for prompt in prompts]
         for p in params:
             p.verify(self.engine.vocab_size, self.engine.config.max_logprobs)
+        body_id = getattr(request, "request_id", None)
         gen = Generation(request=request, model_name=self.model_name, prompts=prompts,
-                         params=params, request_id=f"{self.id_prefix}-"
-                         f"{self.base_request_id(meta, getattr(request, 'request_id', None))}")
+                         params=params,
+                         request_id=f"{self.id_prefix}-{self.base_request_id(meta, body_id)}")
+        self.prepare_generators(gen, meta)                                     # 4
+        return gen
+
+    def prepare_generators(self, gen: Generation, meta: RequestMeta) -> None:
+        """Stage 4: one engine request per prompt, merged; nothing runs until iterated."""
         priority = meta.int_header("x-vllm-priority")
-        priority = request.priority if priority is None else priority
+        priority = gen.request.priority if priority is None else priority
         streams = []
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
+        for i, (prompt, params) in enumerate(zip(gen.prompts, gen.params)):
             engine_id = self.engine_request_id(gen.request_id, i)
             if self.request_logger is not None:
-                self.request_logger.log_inputs(engine_id, prompt.text, prompt.token_ids, p)
-            streams.append(self._engine_stream(prompt, p, engine_id, priority))
+                self.request_logger.log_inputs(engine_id, prompt.text, prompt.token_ids, params)
+            streams.append(self._engine_stream(prompt, params, engine_id, priority))
         gen.outputs = self._timed(gen, merge_async_iterators(*streams))
-        return gen
 
     async def _engine_stream(self, prompt: EnginePrompt, params: SamplingParams,
                              request_id: str, priority: int) -> AsyncIterator[Any]:
