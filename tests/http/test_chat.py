@@ -90,3 +90,10 @@ def test_n_choices_stream_each_open_with_a_role(client):
     assert roles == [0, 1]
     finished = {c.choices[0].index for c in chunks if c.choices[0].finish_reason}
     assert finished == {0, 1}
+
+
+def test_logprobs_without_top_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, temperature=0,
+                                       logprobs=True)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 2 and all(c.top_logprobs == [] and c.logprob <= 0 for c in content)
