@@ -24,9 +24,12 @@ class ValidationError(ValueError):
         self.value = value
 
     def __str__(self) -> str:
-        if self.parameter is None:
-            return self.message
-        return f"{self.message} (parameter={self.parameter}, value={self.value})"
+        extras = []
+        if self.parameter is not None:
+            extras.append(f"parameter={self.parameter}")
+        if self.value is not None:
+            extras.append(f"value={self.value}")
+        return f"{self.message} ({', '.join(extras)})" if extras else self.message
 
 
 class NotFoundError(LookupError):

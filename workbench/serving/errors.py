@@ -49,12 +49,7 @@ def make_error(message: str, err_type: str = "BadRequestError",
 
 def validation_message(exc: ValidationError) -> str:
     """vLLM's `VLLMValidationError.__str__`: the message, then `(parameter=..., value=...)`."""
-    extras = []
-    if exc.parameter is not None:
-        extras.append(f"parameter={exc.parameter}")
-    if exc.value is not None:
-        extras.append(f"value={exc.value}")
-    return f"{exc.message} ({', '.join(extras)})" if extras else exc.message
+    return str(exc)
 
 
 def _is_template_error(exc: BaseException) -> bool:
