@@ -45,3 +45,26 @@ def test_every_block_is_free_after_a_preempting_run(tiny_llama):
     assert bm.num_free_blocks == bm.num_blocks == 16
     assert all(b.ref_count == 0 for b in bm.blocks)
 
+
+
+def test_prompt_logprobs_survive_preemption_in_the_middle_of_a_chunked_prefill(tiny_llama):
+    prompt = list(range(1000, 1030))
+    params = greedy(2, prompt_logprobs=1)
+    want = make_llm(tiny_llama, max_model_len=64, block_size=4,
+                    num_kv_blocks=256).generate(prompt, params)[0].prompt_logprobs
+    llm = make_llm(tiny_llama, max_model_len=64, block_size=4, num_kv_blocks=16,
+                   max_num_batched_tokens=5)
+    engine = llm.llm_engine
+    engine.add_request("decoder", [5, 6, 7, 8], greedy(50, ignore_eos=True))
+    for _ in range(30):  # the decoder holds 9 of the 16 blocks and keeps growing
+        engine.step()
+    engine.add_request("prompt-lps", prompt, params)  # prefilled 4 tokens a step, then preempted
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    got = finals["prompt-lps"].prompt_logprobs
+    assert engine.stats().num_preemptions > 0
+    assert len(got) == len(want) == len(prompt) and got[0] is None
+    for g, w in zip(got[1:], want[1:]):
+        assert list(g) == list(w)
+        assert all(abs(g[t].logprob - w[t].logprob) < 1e-4 for t in g)

@@ -95,8 +95,13 @@ class OutputProcessor:
 
     def record_prompt_logprobs(self, req: Request, first_pos: int, logits: torch.Tensor) -> None:
         """logits: [count, V] at prompt positions first_pos.., predicting the next prompt token."""
-        if req.prompt_logprobs is None or len(req.prompt_logprobs) != first_pos + 1:
-            return  # recomputation after preemption: already recorded
+        if req.prompt_logprobs is None:
+            return
+        # recomputation after preemption may chunk the prompt differently: keep only new positions
+        skip = len(req.prompt_logprobs) - 1 - first_pos
+        if skip < 0 or skip >= len(logits):
+            return
+        logits, first_pos = logits[skip:], first_pos + skip
         k = req.params.num_prompt_logprobs(self.vocab_size)
         lps = logits[:, :self.vocab_size].log_softmax(-1)  # [count, V]
         targets = torch.tensor(req.prompt_token_ids[first_pos + 1:first_pos + 1 + len(lps)])
