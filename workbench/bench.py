@@ -3,9 +3,9 @@
 Each benchmark is a function `(Contenders, BenchConfig) -> dict` of figures; `BENCHMARKS` lists
 them in order and `main` runs them all, then adds the peak RSS. Both sides get the same prompt
 token ids, generate exactly the same number of tokens (`ignore_eos` / `min_new_tokens`), are
-warmed up first, and are timed end to end (prefill included); each figure is the best of
-`repeats` runs, since these shared machines only ever make a run slower. Ratios are ours over
-transformers' from the same run. `--json` prints one JSON object on the last line of stdout.
+warmed up first, and are timed end to end (prefill included), taking turns; each figure is the
+best of `repeats` runs, since these shared machines only ever make a run slower. Ratios are
+ours over transformers' from the same run. `--json` prints one JSON object on the last line.
 """
 
 from __future__ import annotations
@@ -101,24 +101,27 @@ def ours_generate(llm, prompts: list[list[int]], tokens: int, *, sample: bool, s
     return sum(len(out.outputs[0].token_ids) for out in outs)
 
 
-def best_rate(run: Callable[[], int], repeats: int) -> float:
-    """The best tokens per second over `repeats` calls of `run` (which returns a token count)."""
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        count = run()
-        rates.append(count / (time.perf_counter() - start))
-    return max(rates)
+def tokens_per_second(run: Callable[[], int]) -> float:
+    """Tokens per second of one call of `run` (which returns the number of tokens it made)."""
+    start = time.perf_counter()
+    count = run()
+    return count / (time.perf_counter() - start)
 
 
 def compare(name: str, side: Contenders, config: BenchConfig, prompts: list[list[int]],
             sample: bool) -> dict[str, float]:
-    """`NAME_tok_s`, `hf_NAME_tok_s` and `NAME_ratio` for one workload, both sides warmed up."""
+    """`NAME_tok_s`, `hf_NAME_tok_s` and `NAME_ratio` for one workload.
+
+    Both sides are warmed up, then run in turn `repeats` times (so a burst of load from
+    elsewhere hits both alike); each keeps its best rate.
+    """
     ours = lambda tokens: ours_generate(side.ours, prompts, tokens, sample=sample, seed=config.seed)
     theirs = lambda tokens: hf_generate(side.theirs, prompts, tokens, sample=sample, seed=config.seed)
     ours(4), theirs(4)  # warm-up: first-call allocations, lazy initialisation
-    ours_rate = best_rate(lambda: ours(config.tokens), config.repeats)
-    theirs_rate = best_rate(lambda: theirs(config.tokens), config.repeats)
+    ours_rate = theirs_rate = 0.0
+    for _ in range(config.repeats):
+        ours_rate = max(ours_rate, tokens_per_second(lambda: ours(config.tokens)))
+        theirs_rate = max(theirs_rate, tokens_per_second(lambda: theirs(config.tokens)))
     return {f"{name}_tok_s": round(ours_rate, 2), f"hf_{name}_tok_s": round(theirs_rate, 2),
             f"{name}_ratio": round(ours_rate / theirs_rate, 3)}
 
