@@ -109,3 +109,16 @@ def test_top_k_keeps_draws_within_the_k_most_likely(llm):
     out = llm.generate(PROMPT, sampled(top_k=3, logprobs=3, max_tokens=20))[0].outputs[0]
     assert all(entry[t].rank <= 3 for t, entry in zip(out.token_ids, out.logprobs))
     assert any(entry[t].rank > 1 for t, entry in zip(out.token_ids, out.logprobs))
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a time", "Once upon a time there was"])  # 4, 6 tokens
+def test_n_samples_are_unchanged_by_copy_on_write(tiny_llama, prompt):
+    """Block size 1 never shares a partly filled block; block size 4 forks mid-block and copies."""
+    params = [sampled(seed=9, n=3), sampled(seed=10, n=2)]
+    runs = []
+    for block_size, caching in [(1, False), (4, False), (4, True)]:
+        llm = make_llm(tiny_llama, max_model_len=64, block_size=block_size, num_kv_blocks=128,
+                       enable_prefix_caching=caching)
+        llm.generate("Once upon a time", greedy(1))  # a cached prefix for the third run
+        runs.append([tokens(o) for o in llm.generate([prompt, prompt], params)])
+    assert runs[0] == runs[1] == runs[2]
