@@ -85,21 +85,28 @@ class LLM:
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
              tools: list[dict] | None = None) -> list[RequestOutput]:
-        """Applies the chat template to one conversation or a list of them, then generates."""
+        """Applies the chat template to one conversation or a list of them, then generates.
+
+        Rendering is the server's (`workbench.serving.chat_template`), so offline and HTTP
+        prompts are the same tokens.
+        """
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         if continue_final_message and add_generation_prompt:
             raise ValueError("Cannot set both `continue_final_message` and "
                              "`add_generation_prompt` to True.")
+        from workbench.serving.chat_template import ChatRenderer
+        from workbench.serving.protocol.chat import ChatMessageParam
+
         tok = self.get_tokenizer()
+        renderer = ChatRenderer(tok, trust_request_chat_template=True)  # the caller's own template
         prompts = []
         for conv in conversations:
-            ids = tok.apply_chat_template(
-                conv, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, tools=tools, tokenize=True,
-                return_dict=False, **(chat_template_kwargs or {}))
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            prompts.append({"prompt_token_ids": list(ids)})
+            rendered = renderer.render(
+                [ChatMessageParam.model_validate(m) for m in conv], add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template=chat_template,
+                chat_template_kwargs=chat_template_kwargs, tools=tools)
+            ids = tok(rendered.prompt, add_special_tokens=False)["input_ids"]
+            prompts.append({"prompt": rendered.prompt, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
 
