@@ -32,12 +32,13 @@ def ids_of(loaded, text: str) -> list[int]:
 
 
 @torch.inference_mode()
-def hf_greedy(loaded, ids: list[int], max_new_tokens: int) -> list[int]:
+def hf_greedy(loaded, ids: list[int], max_new_tokens: int, **generate_kwargs) -> list[int]:
     """transformers' greedy continuation of `ids` (stops at EOS like the engine)."""
     inp = torch.tensor([ids])
     out = loaded.model.generate(
         input_ids=inp, attention_mask=torch.ones_like(inp), do_sample=False,
-        max_new_tokens=max_new_tokens, num_beams=1, pad_token_id=loaded.tokenizer.pad_token_id)
+        max_new_tokens=max_new_tokens, num_beams=1, pad_token_id=loaded.tokenizer.pad_token_id,
+        **generate_kwargs)
     return out[0, len(ids):].tolist()
 
 

@@ -191,3 +191,19 @@ async def test_two_async_engines_coexist(tiny_qwen2, llm, engine):
         assert (a[-1].outputs[0].token_ids, b[-1].outputs[0].token_ids) == (want_a, want_b)
     finally:
         other.shutdown()
+
+
+async def test_a_bug_in_the_step_loop_fails_every_stream_and_marks_the_engine_dead(engine,
+                                                                                  monkeypatch):
+    from workbench.errors import EngineDeadError
+
+    def broken():
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(engine.engine.scheduler, "schedule", broken)
+    with pytest.raises(EngineDeadError, match="scheduler bug"):
+        await collect(engine, PROMPT, greedy(4), "doomed")
+    with pytest.raises(EngineDeadError):
+        engine.check_health()
+    with pytest.raises(EngineDeadError):
+        await collect(engine, PROMPT, greedy(4), "after")

@@ -126,3 +126,13 @@ def test_tiny_model_prefix_cache_hits_keep_the_output(tiny):
     again = llm.generate(TINY_PROMPTS, greedy(TINY_NEW))
     assert again[1].num_cached_tokens > 0
     assert token_ids(again) == refs
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.8])
+def test_tiny_model_repetition_penalty_matches_transformers(tiny, penalty):
+    loaded, _ = tiny
+    llm = make_llm(loaded, block_size=4)
+    ids = ids_of(loaded, "The weather today is")
+    want = hf_greedy(loaded, ids, TINY_NEW, repetition_penalty=penalty)
+    got = llm.generate(ids, greedy(TINY_NEW, repetition_penalty=penalty))[0].outputs[0].token_ids
+    assert got == want

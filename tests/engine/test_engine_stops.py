@@ -207,3 +207,11 @@ def test_delta_prompt_logprobs_come_once(llm):
                             output_kind=RequestOutputKind.DELTA)
     outs = stream(llm, PROMPT, params)
     assert [o.prompt_logprobs is not None for o in outs] == [True] + [False] * (len(outs) - 1)
+
+
+def test_the_end_of_the_context_ends_with_length(tiny_llama):
+    small = make_llm(tiny_llama, max_model_len=32, block_size=4, num_kv_blocks=8)
+    ids = list(range(100, 110))
+    out = small.generate(ids, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 32 - 10
+    assert out[0].outputs[0].finish_reason == "length"

@@ -103,3 +103,12 @@ def test_two_llms_on_one_model_keep_separate_caches(tiny_llama):
         finals.update({o.request_id: o for o in a.llm_engine.step() if o.finished})
     assert finals["x"].num_cached_tokens > 0
     assert finals["x"].outputs[0].token_ids == want
+
+
+def test_priority_policy_serves_lower_priority_values_first(tiny_llama):
+    llm = make_llm(tiny_llama, block_size=4, max_num_seqs=1, scheduling_policy="priority")
+    outputs = llm.generate(["first", "second", "third"], greedy(3, ignore_eos=True),
+                           priority=[2, 0, 1])
+    order = sorted(range(3), key=lambda i: outputs[i].metrics.first_scheduled_time)
+    assert order == [1, 2, 0]
+    assert [o.prompt for o in outputs] == ["first", "second", "third"]
