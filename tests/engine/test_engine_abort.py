@@ -152,3 +152,21 @@ def test_a_failure_in_the_middle_of_decoding_keeps_the_tokens_so_far(llm, monkey
     fail_once(monkeypatch, engine)
     (final,) = engine.step()
     assert final.outputs[0].finish_reason == "error" and len(final.outputs[0].token_ids) == 2
+
+
+def test_aborting_n_samples_before_they_fork_still_ends_all_of_them(llm):
+    engine = llm.llm_engine
+    engine.add_request("r", PROMPT, SamplingParams(n=3, max_tokens=5,
+                                                   output_kind=RequestOutputKind.DELTA))
+    engine.abort_request("r")
+    (final,) = engine.step()
+    assert [(c.index, c.finish_reason) for c in final.outputs] == [(i, "abort") for i in range(3)]
+    assert engine.block_manager.num_free_blocks == BLOCKS
+
+
+def test_a_model_failure_before_the_fork_ends_every_sample_with_error(llm, monkeypatch):
+    engine = llm.llm_engine
+    engine.add_request("r", PROMPT, SamplingParams(n=2, max_tokens=5))
+    fail_once(monkeypatch, engine)
+    (final,) = engine.step()
+    assert [c.finish_reason for c in final.outputs] == ["error", "error"]

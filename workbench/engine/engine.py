@@ -185,6 +185,12 @@ class LLMEngine:
                     self._finished_outside_step.append(req)
 
     def _finish_all(self, req: Request, reason: str) -> None:
+        if not req.forked:  # samples 1..n-1 don't exist yet: they end too, so all n report it
+            req.forked = True
+            for index in range(1, req.params.n):
+                child = Sequence(req, index, req.prompt_token_ids, len(req.prompt_token_ids))
+                self._start(child)
+                req.sequences.append(child)
         for seq in req.sequences:
             if not seq.is_finished:
                 seq.finish_reason = reason
