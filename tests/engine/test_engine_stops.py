@@ -175,10 +175,12 @@ def stream(llm, prompt, params) -> list:
     return outs
 
 
-@pytest.mark.parametrize("stop", [[], ["zzz-never"], "plain-stop"])
-def test_delta_outputs_concatenate_to_the_cumulative_text(llm, plain, stop):
+@pytest.mark.parametrize("stop, include", [([], False), (["zzz-never"], False),
+                                           ("plain-stop", False), ("plain-stop", True)])
+def test_delta_outputs_concatenate_to_the_cumulative_text(llm, plain, stop, include):
     stop = [plain.text[20:25]] if stop == "plain-stop" else stop
-    kw = dict(temperature=0.0, max_tokens=NEW, ignore_eos=True, stop=stop)
+    kw = dict(temperature=0.0, max_tokens=NEW, ignore_eos=True, stop=stop,
+              include_stop_str_in_output=include)
     deltas = stream(llm, PROMPT, SamplingParams(output_kind=RequestOutputKind.DELTA, **kw))
     cumulative = stream(llm, PROMPT, SamplingParams(**kw))
     final = cumulative[-1].outputs[0]
@@ -215,3 +217,34 @@ def test_the_end_of_the_context_ends_with_length(tiny_llama):
     out = small.generate(ids, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 32 - 10
     assert out[0].outputs[0].finish_reason == "length"
+
+
+def force_tokens(monkeypatch, engine, forced: list[int]) -> None:
+    """The engine's sampler returns `forced` one token per step (single-request runs)."""
+    import torch
+
+    from workbench.engine.sampler import SampleResult
+
+    stream = iter(forced)
+    monkeypatch.setattr(engine, "sampler", lambda logits, rows: SampleResult(
+        torch.tensor([next(stream) for _ in rows]), None, None, None, None))
+
+
+MULTIBYTE = "héllo 你好 🙂!"
+
+
+def test_streamed_text_never_carries_a_broken_character(llm, tiny_llama, monkeypatch):
+    forced = tiny_llama.tokenizer(MULTIBYTE, add_special_tokens=False)["input_ids"]
+    force_tokens(monkeypatch, llm.llm_engine, forced)
+    params = SamplingParams(max_tokens=len(forced), output_kind=RequestOutputKind.DELTA)
+    deltas = [d.outputs[0].text for d in stream(llm, PROMPT, params)]
+    assert any(d == "" for d in deltas)  # some tokens end mid-character and add no text
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == MULTIBYTE
+
+
+def test_a_stop_string_inside_multibyte_text(llm, tiny_llama, monkeypatch):
+    forced = tiny_llama.tokenizer(MULTIBYTE, add_special_tokens=False)["input_ids"]
+    force_tokens(monkeypatch, llm.llm_engine, forced)
+    out = first_of(llm, stop=["好"], max_tokens=len(forced))
+    assert (out.text, out.stop_reason) == ("héllo 你", "好")
