@@ -25,7 +25,8 @@ class LoadedModel:
 
     `model` is in eval mode with gradients off; `kind` is "generate" or "embed"; `path` is the
     directory it came from (None for a model built in memory). `pooling` ("mean" | "cls" |
-    "last") and `normalize` say how an embedding model turns hidden states into one vector.
+    "max" | "last") and `normalize` say how an embedding model turns its hidden states into
+    one vector.
     """
 
     model: torch.nn.Module
