@@ -9,12 +9,14 @@ import pytest
 
 from tests.engine.helpers import greedy, hf_greedy, ids_of, make_llm
 
-NEW = 12
+NEW = 16
 SYSTEM = "You are a helpful assistant. Answer briefly, precisely and politely, in English. "
 PROMPTS = [
     "The capital of France is",
     SYSTEM + "Question: what is two plus two?",
     SYSTEM + "Question: name a primary colour.",
+    "def fibonacci(n):\n    ",
+    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
 ]
 BLOCK = 8  # small blocks: the shared system prompt spans several full ones
 
@@ -34,7 +36,7 @@ def token_ids(outputs) -> list[list[int]]:
 
 
 def test_the_shared_prefix_spans_full_blocks(default_model):
-    a, b = (ids_of(default_model, p) for p in PROMPTS[1:])
+    a, b = (ids_of(default_model, p) for p in PROMPTS[1:3])
     common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
     assert common >= 2 * BLOCK
 
@@ -72,11 +74,21 @@ def test_real_model_same_prompt_twice_hits_the_prefix_cache(default_model, real_
 def test_real_model_shared_prefix_hit_with_chunked_prefill(default_model, real_refs):
     ids, refs = real_refs
     llm = real_llm(default_model, max_num_batched_tokens=8)  # every prompt is split
-    assert all(len(i) > 8 for i in ids[1:])
+    assert all(len(i) > 8 for i in ids[1:3])
     first = llm.generate(PROMPTS[1], greedy(NEW))[0]
     second = llm.generate(PROMPTS[2], greedy(NEW))[0]
     assert second.num_cached_tokens >= 2 * BLOCK
-    assert token_ids([first, second]) == refs[1:]
+    assert token_ids([first, second]) == refs[1:3]
+
+
+@pytest.mark.slow
+def test_real_model_batch_mixing_cache_hits_and_fresh_prompts(default_model, real_refs):
+    ids, refs = real_refs
+    llm = real_llm(default_model)
+    llm.generate(PROMPTS[1], greedy(2))
+    outputs = llm.generate(PROMPTS[2:] + PROMPTS[:2], greedy(NEW))
+    assert [o.num_cached_tokens > 0 for o in outputs] == [True, False, False, False, True]
+    assert token_ids(outputs) == refs[2:] + refs[:2]
 
 
 @pytest.mark.slow
