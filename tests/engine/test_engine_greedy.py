@@ -148,3 +148,14 @@ def test_tiny_model_repetition_penalty_matches_transformers(tiny, penalty):
     want = hf_greedy(loaded, ids, TINY_NEW, repetition_penalty=penalty)
     got = llm.generate(ids, greedy(TINY_NEW, repetition_penalty=penalty))[0].outputs[0].token_ids
     assert got == want
+
+
+def test_tiny_model_cache_hit_leaving_a_single_prompt_token(tiny):
+    loaded, _ = tiny
+    ids = list(range(2000, 2009))  # 9 tokens, blocks of 4: 8 cached, 1 left to compute
+    want = hf_greedy(loaded, ids, TINY_NEW)
+    llm = make_llm(loaded, block_size=4)
+    llm.generate(ids, greedy(1))
+    again = llm.generate(ids, greedy(TINY_NEW))[0]
+    assert again.num_cached_tokens == 8
+    assert again.outputs[0].token_ids == want
