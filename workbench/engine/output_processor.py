@@ -104,7 +104,8 @@ class OutputProcessor:
         logits, first_pos = logits[skip:], first_pos + skip
         k = req.params.num_prompt_logprobs(self.vocab_size)
         lps = logits[:, :self.vocab_size].log_softmax(-1)  # [count, V]
-        targets = torch.tensor(req.prompt_token_ids[first_pos + 1:first_pos + 1 + len(lps)])
+        targets = torch.tensor(req.prompt_token_ids[first_pos + 1:first_pos + 1 + len(lps)],
+                               device=lps.device)
         chosen = lps.gather(1, targets.unsqueeze(1)).squeeze(1)
         ranks = (lps > chosen.unsqueeze(1)).sum(-1) + 1
         top_lp, top_ids = lps.topk(k, -1) if k else (lps[:, :0], lps[:, :0].long())

@@ -3,9 +3,9 @@
 Order as vLLM v1: logprobs are taken from the raw logits (`--logprobs-mode raw_logprobs`);
 then allowed-token masks, bad words, min_tokens, logit bias and the repetition / presence /
 frequency penalties edit the logits; greedy rows take the argmax; the others go through
-temperature, min_p, top-k and top-p and are sampled with the exponential race
-(`argmax(p / q)`, `q ~ Exp(1)`). A row whose request has a seed draws its noise from its own
-`torch.Generator`, so its samples do not depend on what else is in the batch.
+temperature, min_p, top-k and top-p and are sampled by inverse CDF (one uniform draw per row).
+A row whose request has a seed draws from its own `torch.Generator`, so its samples do not
+depend on what else is in the batch.
 """
 
 from __future__ import annotations
@@ -99,16 +99,20 @@ def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
 
 def sample(probs: torch.Tensor, generators: list[torch.Generator | None],
            default: torch.Generator) -> torch.Tensor:
-    """Exponential-race sampling from probs [R, V]; seeded rows use their own generator."""
-    q = torch.empty_like(probs)
+    """Inverse-CDF sampling from probs [R, V]: one uniform per row, from the row's own
+    generator when its request is seeded, else from the engine's (one call for all of them)."""
+    u = torch.empty(probs.shape[0], dtype=torch.float64)
     unseeded = [i for i, g in enumerate(generators) if g is None]
     if unseeded:
-        q[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_(
-            generator=default)
+        u[unseeded] = torch.rand(len(unseeded), generator=default, dtype=torch.float64)
     for i, g in enumerate(generators):
         if g is not None:
-            q[i].exponential_(generator=g)
-    return (probs / q).argmax(-1)
+            u[i] = torch.rand(1, generator=g, dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)  # [R, V]
+    target = (u.to(probs.device) * cdf[:, -1]).unsqueeze(1)  # [R, 1], scaled by the row's mass
+    # the first token whose cumulative mass passes the target: never one of zero probability
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return tokens.clamp_(max=probs.shape[1] - 1)
 
 
 def compute_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int):
@@ -137,12 +141,13 @@ class Sampler:
         sampled = (~greedy).nonzero().flatten().tolist()
         if sampled:
             sub = logits[sampled]
-            temp = torch.tensor([rows[i].params.temperature for i in sampled]).unsqueeze(1)
+            dev = logits.device
+            temp = torch.tensor([rows[i].params.temperature for i in sampled], device=dev)
             sub = truncate(
-                sub / temp,
-                torch.tensor([rows[i].params.top_k for i in sampled]),
-                torch.tensor([rows[i].params.top_p for i in sampled]),
-                torch.tensor([rows[i].params.min_p for i in sampled]),
+                sub / temp.unsqueeze(1),
+                torch.tensor([rows[i].params.top_k for i in sampled], device=dev),
+                torch.tensor([rows[i].params.top_p for i in sampled], device=dev),
+                torch.tensor([rows[i].params.min_p for i in sampled], device=dev),
             )
             gens = [rows[i].generator for i in sampled]
             tokens[sampled] = sample(sub.softmax(-1), gens, self.generator).to(tokens.dtype)
