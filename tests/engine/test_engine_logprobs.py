@@ -128,3 +128,20 @@ def test_logprobs_of_a_request_do_not_depend_on_its_batch(tiny_llama):
     for a, b in zip(alone.logprobs, together.logprobs):
         assert list(a) == list(b)
         assert all(abs(a[t].logprob - b[t].logprob) < TOL for t in a)
+
+
+def test_logprobs_do_not_depend_on_prefill_chunking(tiny_qwen2):
+    prompts = ["Hello there my friend", "The quick brown fox jumps"]
+    params = greedy(6, logprobs=2, prompt_logprobs=2)
+    whole = make_llm(tiny_qwen2).generate(prompts, params)
+    # one token per step: every prompt token goes through the single-token (decode) path
+    split = make_llm(tiny_qwen2, block_size=2, num_kv_blocks=256,
+                     max_num_batched_tokens=1).generate(prompts, params)
+    for w, s in zip(whole, split):
+        assert s.outputs[0].token_ids == w.outputs[0].token_ids
+        pairs = list(zip(w.prompt_logprobs[1:] + w.outputs[0].logprobs,
+                         s.prompt_logprobs[1:] + s.outputs[0].logprobs))
+        assert len(pairs) == len(w.prompt_token_ids) - 1 + 6
+        for a, b in pairs:
+            assert list(a) == list(b)
+            assert all(abs(a[t].logprob - b[t].logprob) < TOL for t in a)
