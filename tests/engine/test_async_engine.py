@@ -2,6 +2,7 @@
 
 import asyncio
 import gc
+import time
 
 import pytest
 
@@ -11,12 +12,13 @@ from workbench.errors import ValidationError
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 PROMPT = "Once upon a time"
-BLOCKS = 64
+BLOCKS = 256
+LONG = 1000  # tokens of a stream that the test cuts short
 
 
 @pytest.fixture()
 def llm(tiny_llama):
-    return make_llm(tiny_llama, block_size=4, num_kv_blocks=BLOCKS)
+    return make_llm(tiny_llama, max_model_len=1024, block_size=4, num_kv_blocks=BLOCKS)
 
 
 @pytest.fixture()
@@ -56,8 +58,21 @@ def spy_aborts(monkeypatch, engine: AsyncLLMEngine) -> list:
 
 
 def aborted_early(engine, aborts, rid) -> bool:
-    """`rid` was aborted, long before its 200 tokens."""
-    return rid in aborts and engine.engine.generation_tokens_total < 100
+    """`rid` was aborted, long before its LONG tokens."""
+    return rid in aborts and engine.engine.generation_tokens_total < LONG // 2
+
+
+@pytest.fixture()
+def slow_steps(engine, monkeypatch):
+    """Each model step takes at least 2 ms: a LONG stream lasts seconds, so a cut-short one
+    can't finish by itself before the test's abort arrives, however fast the tiny model is."""
+    real = engine.engine.runner.execute
+
+    def execute(out):
+        time.sleep(0.002)
+        return real(out)
+
+    monkeypatch.setattr(engine.engine.runner, "execute", execute)
 
 
 async def collect(engine, prompt, params, rid):
@@ -65,7 +80,7 @@ async def collect(engine, prompt, params, rid):
 
 
 def long_stream() -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    return SamplingParams(temperature=0.0, max_tokens=LONG, ignore_eos=True)
 
 
 async def test_generate_streams_to_the_same_tokens_as_the_sync_llm(llm, engine):
@@ -91,7 +106,7 @@ async def test_delta_outputs_concatenate(engine):
     assert "".join(d.outputs[0].text for d in deltas) == full[-1].outputs[0].text
 
 
-async def test_a_cancelled_consumer_aborts_its_request(engine, monkeypatch):
+async def test_a_cancelled_consumer_aborts_its_request(engine, monkeypatch, slow_steps):
     aborts = spy_aborts(monkeypatch, engine)
     started = asyncio.Event()
 
@@ -108,7 +123,7 @@ async def test_a_cancelled_consumer_aborts_its_request(engine, monkeypatch):
     assert aborted_early(engine, aborts, "cancel-me")
 
 
-async def test_an_abandoned_generator_aborts_its_request(engine, monkeypatch):
+async def test_an_abandoned_generator_aborts_its_request(engine, monkeypatch, slow_steps):
     aborts = spy_aborts(monkeypatch, engine)
     async for _ in engine.generate(PROMPT, long_stream(), "abandon-me"):
         break  # the generator is dropped: its finalizer closes it
@@ -117,7 +132,7 @@ async def test_an_abandoned_generator_aborts_its_request(engine, monkeypatch):
     assert aborted_early(engine, aborts, "abandon-me")
 
 
-async def test_closing_the_generator_early_aborts_its_request(engine, monkeypatch):
+async def test_closing_the_generator_early_aborts_its_request(engine, monkeypatch, slow_steps):
     aborts = spy_aborts(monkeypatch, engine)
     stream = engine.generate(PROMPT, long_stream(), "close-me")
     await stream.__anext__()
@@ -126,14 +141,14 @@ async def test_closing_the_generator_early_aborts_its_request(engine, monkeypatc
     assert aborted_early(engine, aborts, "close-me")
 
 
-async def test_abort_ends_the_stream_with_finish_reason_abort(engine):
+async def test_abort_ends_the_stream_with_finish_reason_abort(engine, slow_steps):
     seen = []
     async for out in engine.generate(PROMPT, long_stream(), "abort-me"):
         seen.append(out)
         if len(seen) == 2:
             await engine.abort("abort-me")
     assert seen[-1].finished and seen[-1].outputs[0].finish_reason == "abort"
-    assert len(seen[-1].outputs[0].token_ids) < 200
+    assert len(seen[-1].outputs[0].token_ids) < LONG // 2
     assert await wait_until(idle(engine))
 
 
@@ -163,7 +178,7 @@ async def test_a_model_failure_errors_the_request_and_the_engine_goes_on(llm, en
     engine.check_health()
 
 
-async def test_the_event_loop_stays_responsive_while_the_engine_steps(engine):
+async def test_the_event_loop_stays_responsive_while_the_engine_steps(engine, slow_steps):
     ticks = 0
 
     async def ticker():
