@@ -6,8 +6,8 @@ tokens of all sequences into one ragged row (`[1, T, hidden]`, no padding in the
 the step's `AttentionContext`, built once and passed down as a keyword argument, says where each
 token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
-Decode tokens (one query per sequence) are attended in one batched SDPA call over their gathered
-contexts, padded to the longest; each prefill chunk gets its own causal SDPA call. Called
+Decode tokens (one query per sequence) are attended together by two batched matmuls over their
+gathered contexts, padded to the longest; each prefill chunk gets its own causal SDPA call. Called
 without a context, it is plain SDPA, so the same model object still works with `generate`.
 """
 
@@ -36,7 +36,7 @@ class AttentionContext:
     slot_mapping: torch.Tensor  # [T] cache slot of each packed token
     num_decode: int  # the first num_decode tokens are single-token decodes
     decode_slots: torch.Tensor | None  # [B, Lmax] cache slots of each decode's context
-    decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] bool, True = attend
+    decode_mask: torch.Tensor | None  # [B, Lmax] bool, True = attend
     prefills: list[PrefillChunk]
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: ([S, Hkv, D], [S, Hkv, D])
 
@@ -61,12 +61,9 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     out = torch.empty_like(q.transpose(0, 1))  # [T, Hq, D]
     nd = ctx.num_decode
     if nd:
-        k = k_cache[ctx.decode_slots].transpose(1, 2)  # [B, Hkv, Lmax, D]
-        v = v_cache[ctx.decode_slots].transpose(1, 2)
-        qd = q[:, :nd].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=ctx.decode_mask, scale=scaling,
-                                           enable_gqa=True)  # [B, Hq, 1, D]
-        out[:nd] = o.squeeze(2)
+        qd = q[:, :nd].transpose(0, 1)  # [B, Hq, D]
+        out[:nd] = decode_attention(qd, k_cache[ctx.decode_slots], v_cache[ctx.decode_slots],
+                                    ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
         k = k_cache[chunk.slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
@@ -76,6 +73,23 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
                                            is_causal=chunk.mask is None, enable_gqa=True)
         out[s:s + n] = o[0].transpose(0, 1)
     return out.unsqueeze(0), None
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One query per sequence against its gathered context, grouped-query aware.
+
+    q: [B, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, L] -> [B, Hq, D]. Two batched matmuls: on
+    CPU about ten times faster than SDPA for this shape. Query head h reads KV head
+    h // (Hq / Hkv), as transformers' `repeat_kv`.
+    """
+    b, hq, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale  # [B, Hkv, G, L]
+    scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
+    probs = scores.softmax(-1).to(v.dtype)
+    return torch.matmul(probs, v.transpose(1, 2)).reshape(b, hq, d)  # [B, Hkv, G, D] -> [B, Hq, D]
 
 
 def register() -> None:

@@ -66,7 +66,7 @@ class ModelRunner:
         return slots[offset:offset + stop - start]
 
     def _decode_context(self, decodes: list[ScheduledSequence]):
-        """Padded slot table [B, Lmax] and mask [B, 1, 1, Lmax] of the decode sequences."""
+        """Padded slot table [B, Lmax] and mask [B, Lmax] of the decode sequences."""
         bs = self.block_size
         lengths = [s.seq.num_computed_tokens + 1 for s in decodes]
         max_blocks = -(-max(lengths) // bs)
@@ -80,7 +80,7 @@ class ModelRunner:
         slots = slots[:, :lmax]
         lens = torch.tensor(lengths, device=self.device)
         mask = torch.arange(lmax, device=self.device).unsqueeze(0) < lens.unsqueeze(1)
-        return slots, mask.view(len(decodes), 1, 1, lmax)
+        return slots, mask
 
     def _prepare(self, scheduled: list[ScheduledSequence]):
         decodes = [s for s in scheduled if s.num_tokens == 1]
