@@ -1,0 +1,301 @@
+"""`LogprobTable`: per position, the token, its logprob, rank, top-k alternatives and entropy.
+
+Built from whatever a generation returns: our engine's `RequestOutput`, or the body of a
+`/v1/completions` (legacy `logprobs`: tokens / token_logprobs / top_logprobs, and vLLM's
+`prompt_logprobs`) or `/v1/chat/completions` (`logprobs.content[...]`) response, as a dict,
+our pydantic model or the `openai` client's object, from this server or any OpenAI-compatible
+one (vLLM). Rows are plain dataclasses; `table[i]` is the i-th generated position,
+`table.prompt` the prompt positions (when the response has them).
+
+Entropy is computed over the alternatives the source returned (the top-k, plus the chosen
+token when it is outside them), *renormalised* to sum to one: a lower bound on nothing in
+particular, but comparable across positions of one table. `top_mass` says how much of the
+distribution those alternatives hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workbench.inspect import html as h
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One candidate token at a position."""
+
+    token: str
+    logprob: float
+    rank: int | None = None
+    token_id: int | None = None
+
+    @property
+    def prob(self) -> float:
+        return math.exp(self.logprob)
+
+
+@dataclass(frozen=True)
+class LogprobRow:
+    """One position: the chosen token and the alternatives the source returned."""
+
+    position: int
+    token: str
+    logprob: float | None
+    rank: int | None = None
+    token_id: int | None = None
+    top: tuple[Alternative, ...] = ()
+    part: str = "generated"  # "prompt" | "generated"
+
+    @property
+    def prob(self) -> float | None:
+        return None if self.logprob is None else math.exp(self.logprob)
+
+    @property
+    def top_mass(self) -> float | None:
+        """Probability mass held by the returned alternatives."""
+        return sum(a.prob for a in self.top) if self.top else None
+
+    @property
+    def entropy(self) -> float | None:
+        """Entropy (nats) over the returned alternatives, renormalised to sum to one."""
+        if not self.top:
+            return None
+        probs = [a.prob for a in self.top]
+        total = sum(probs)
+        if total <= 0:
+            return None
+        return -sum(p / total * math.log(p / total) for p in probs if p > 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["top"] = [asdict(a) for a in self.top]
+        out["entropy"] = self.entropy
+        return out
+
+
+@dataclass(frozen=True)
+class LogprobTable:
+    """Logprobs of one choice, position by position.
+
+    >>> row = LogprobRow(0, "Hi", -0.1, 1, None, (Alternative("Hi", -0.1, 1),
+    ...                                           Alternative("Hello", -2.5, 2)))
+    >>> table = LogprobTable((row,))
+    >>> table[-1].token, round(table[0].entropy, 4)
+    ('Hi', 0.2865)
+    >>> table
+    LogprobTable(1 generated positions, 0 prompt positions, mean logprob -0.1000)
+    """
+
+    rows: tuple[LogprobRow, ...]
+    prompt: tuple[LogprobRow, ...] = field(default=())
+    source: str = ""
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_response(cls, response: Any, choice: int = 0, tokenizer: Any = None
+                      ) -> "LogprobTable":
+        """Any supported response: a `RequestOutput`, a completion or a chat completion."""
+        if hasattr(response, "prompt_token_ids") and hasattr(response, "outputs"):
+            return cls.from_request_output(response, choice, tokenizer)
+        body = _as_dict(response)
+        first = (body.get("choices") or [{}])[0]
+        if "message" in first or "delta" in first or body.get("object", "").startswith("chat"):
+            return cls.from_chat(body, choice)
+        return cls.from_completion(body, choice)
+
+    @classmethod
+    def from_request_output(cls, output: Any, index: int = 0, tokenizer: Any = None
+                            ) -> "LogprobTable":
+        """Our engine's `RequestOutput` (sample `index`); `tokenizer` decodes missing texts."""
+        sample = output.outputs[index]
+        rows = tuple(_engine_row(i, tid, pos, tokenizer, "generated")
+                     for i, (tid, pos) in enumerate(zip(sample.token_ids, sample.logprobs or [])))
+        prompt = ()
+        if output.prompt_logprobs is not None:
+            prompt = tuple(_engine_row(i, tid, pos, tokenizer, "prompt") for i, (tid, pos)
+                           in enumerate(zip(output.prompt_token_ids, output.prompt_logprobs)))
+        return cls(rows, prompt, "engine")
+
+    @classmethod
+    def from_completion(cls, body: Any, choice: int = 0) -> "LogprobTable":
+        """A `/v1/completions` body (legacy logprobs; `prompt_logprobs` when present)."""
+        body = _as_dict(body)
+        ch = _choice(body, choice)
+        lp = ch.get("logprobs") or {}
+        rows = []
+        for i, token in enumerate(lp.get("tokens") or []):
+            logprob = (lp.get("token_logprobs") or [None])[i] if i < len(
+                lp.get("token_logprobs") or []) else None
+            tops = (lp.get("top_logprobs") or [])
+            top = _ranked((tops[i] or {}).items() if i < len(tops) else ())
+            rows.append(LogprobRow(i, token, logprob, _rank_of(token, logprob, top), None, top))
+        prompt = _json_prompt_rows(ch.get("prompt_logprobs"), ch.get("prompt_token_ids"))
+        return cls(tuple(rows), prompt, "completions")
+
+    @classmethod
+    def from_chat(cls, body: Any, choice: int = 0) -> "LogprobTable":
+        """A `/v1/chat/completions` body (`logprobs.content`; vLLM's `prompt_logprobs`)."""
+        body = _as_dict(body)
+        ch = _choice(body, choice)
+        content = (ch.get("logprobs") or {}).get("content") or []
+        rows = []
+        for i, entry in enumerate(content):
+            top = _ranked((a["token"], a["logprob"]) for a in entry.get("top_logprobs") or [])
+            logprob = entry.get("logprob")
+            rows.append(LogprobRow(i, entry["token"], logprob,
+                                   _rank_of(entry["token"], logprob, top), None, top))
+        prompt = _json_prompt_rows(body.get("prompt_logprobs"), body.get("prompt_token_ids"))
+        return cls(tuple(rows), prompt, "chat")
+
+    # -- access -----------------------------------------------------------------------------
+    def __getitem__(self, position: int) -> LogprobRow:
+        return self.rows[position]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[LogprobRow]:
+        return iter(self.rows)
+
+    @property
+    def tokens(self) -> list[str]:
+        return [r.token for r in self.rows]
+
+    @property
+    def logprobs(self) -> list[float | None]:
+        return [r.logprob for r in self.rows]
+
+    @property
+    def mean_logprob(self) -> float | None:
+        known = [r.logprob for r in self.rows if r.logprob is not None]
+        return sum(known) / len(known) if known else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "rows": [r.to_dict() for r in self.rows],
+                "prompt": [r.to_dict() for r in self.prompt]}
+
+    def to_frame(self):
+        """One row per position (prompt positions first, `part` tells them apart)."""
+        import pandas as pd
+
+        records = []
+        for r in (*self.prompt, *self.rows):
+            records.append({"part": r.part, "position": r.position, "token": r.token,
+                            "token_id": r.token_id, "logprob": r.logprob, "prob": r.prob,
+                            "rank": r.rank, "entropy": r.entropy, "top_mass": r.top_mass,
+                            "top": [(a.token, a.logprob) for a in r.top]})
+        return pd.DataFrame.from_records(records, columns=[
+            "part", "position", "token", "token_id", "logprob", "prob", "rank", "entropy",
+            "top_mass", "top"])
+
+    def __repr__(self) -> str:
+        return (f"LogprobTable({len(self.rows)} generated positions, {len(self.prompt)} prompt "
+                f"positions, mean logprob {h.fmt(self.mean_logprob)})")
+
+    # -- views ------------------------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        """Tokens coloured by probability; hover shows logprob, rank, entropy, alternatives."""
+        spans = []
+        for r in (*self.prompt, *self.rows):
+            alts = "; ".join(f"{a.token!r} {h.fmt(a.logprob)}" for a in r.top)
+            title = (f"{r.part} {r.position}: logprob {h.fmt(r.logprob)}, rank "
+                     f"{r.rank if r.rank is not None else '—'}, entropy {h.fmt(r.entropy)}"
+                     + (f" | {alts}" if alts else ""))
+            border = "border-bottom:2px solid #888;" if r.part == "prompt" else ""
+            spans.append(f'<span title="{h.escape(title)}" style="background:'
+                         f'{h.prob_color(r.prob)};{border}padding:1px 0;margin:0 1px;'
+                         f'white-space:pre">{h.token_text(r.token)}</span>')
+        div_id = h.content_id("wb-logprobs", self.to_dict())
+        return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
+                f'<div style="font-size:11px;color:#555">{h.escape(repr(self))}</div>'
+                f'{"".join(spans)}</div>')
+
+    def heatmap(self, k: int | None = None, ax: Any = None):
+        """Matplotlib heatmap of probabilities: generated positions x top-k rank."""
+        import matplotlib.pyplot as plt
+
+        k = k or max((len(r.top) for r in self.rows), default=1) or 1
+        grid = [[(r.top[j].prob if j < len(r.top) else float("nan")) for j in range(k)]
+                for r in self.rows]
+        if ax is None:
+            _, ax = plt.subplots(figsize=(1 + 0.9 * k, 0.5 + 0.35 * max(len(self.rows), 1)))
+        ax.imshow(grid or [[float("nan")] * k], aspect="auto", cmap="viridis", vmin=0, vmax=1)
+        for i, r in enumerate(self.rows):
+            for j, a in enumerate(r.top[:k]):
+                ax.text(j, i, a.token.replace("\n", "\\n")[:10], ha="center", va="center",
+                        fontsize=7, color="white" if a.prob < 0.5 else "black")
+        ax.set_yticks(range(len(self.rows)), [f"{r.position}: {r.token!r}" for r in self.rows],
+                      fontsize=7)
+        ax.set_xticks(range(k), [str(j + 1) for j in range(k)])
+        ax.set_xlabel("rank among returned alternatives")
+        return ax
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if hasattr(obj, "model_dump"):  # our pydantic models and the openai client's
+        return obj.model_dump()
+    raise TypeError(f"cannot read logprobs from a {type(obj).__name__}")
+
+
+def _choice(body: dict[str, Any], index: int) -> dict[str, Any]:
+    for ch in body.get("choices") or []:
+        if ch.get("index", 0) == index:
+            return ch
+    raise IndexError(f"the response has no choice {index}")
+
+
+def _ranked(pairs: Any) -> tuple[Alternative, ...]:
+    """(token, logprob) pairs sorted by logprob, ranks 1..k in that order."""
+    ordered = sorted(((t, lp) for t, lp in pairs if lp is not None), key=lambda x: -x[1])
+    return tuple(Alternative(t, lp, i + 1) for i, (t, lp) in enumerate(ordered))
+
+
+def _rank_of(token: str, logprob: float | None, top: tuple[Alternative, ...]) -> int | None:
+    """A JSON source has no rank: the chosen token's place among the alternatives, if there."""
+    return next((a.rank for a in top if a.token == token and a.logprob == logprob), None)
+
+
+def _engine_row(i: int, token_id: int, position: Mapping | None, tokenizer: Any,
+                part: str) -> LogprobRow:
+    def text(tid: int, lp: Any) -> str:
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        return tokenizer.decode([tid]) if tokenizer is not None else f"<{tid}>"
+
+    if position is None:
+        return LogprobRow(i, text(token_id, None), None, None, token_id, (), part)
+    chosen = position.get(token_id)
+    ordered = sorted(position.items(), key=lambda kv: (-kv[1].logprob, kv[0]))
+    top = tuple(Alternative(text(tid, lp), lp.logprob, lp.rank, tid) for tid, lp in ordered)
+    return LogprobRow(i, text(token_id, chosen), None if chosen is None else chosen.logprob,
+                      None if chosen is None else chosen.rank, token_id, top, part)
+
+
+def _json_prompt_rows(prompt_logprobs: Any, prompt_token_ids: Any) -> tuple[LogprobRow, ...]:
+    """vLLM's `prompt_logprobs`: per position `{token_id: {logprob, rank, decoded_token}}`;
+    the prompt's own token is `prompt_token_ids[i]` when returned, else the first entry."""
+    if not prompt_logprobs:
+        return ()
+    rows = []
+    for i, position in enumerate(prompt_logprobs):
+        given = prompt_token_ids[i] if prompt_token_ids and i < len(prompt_token_ids) else None
+        if not position:
+            rows.append(LogprobRow(i, "" if given is None else f"<{given}>", None, None, given,
+                                   (), "prompt"))
+            continue
+        entries = [(int(tid), e) for tid, e in position.items()]
+        tid = given if given is not None else entries[0][0]
+        chosen = dict(entries).get(tid) or {}
+        ordered = sorted(entries, key=lambda kv: (-kv[1]["logprob"], kv[0]))
+        top = tuple(Alternative(e.get("decoded_token") or f"<{t}>", e["logprob"], e.get("rank"), t)
+                    for t, e in ordered)
+        rows.append(LogprobRow(i, chosen.get("decoded_token") or f"<{tid}>", chosen.get("logprob"),
+                               chosen.get("rank"), tid, top, "prompt"))
+    return tuple(rows)
