@@ -1,0 +1,16 @@
+"""ipywidgets views over the inspect objects (`workbench.inspect`), nothing more.
+
+Each view is built only from an inspect object (a `BeamTree`, a `LogprobTable`), keeps its
+state in ordinary widget values (so tests assert on `children` and `.value` headless), and has
+an HTML fallback (`to_html()`, also its `_repr_html_`) for places where widgets do not render:
+GitHub, nbconvert, a kernel without the widget manager.
+
+- `BeamExplorer`: prompt, beam width, length penalty, a step slider and a node selector over a
+  beam search's `BeamTree`.
+- `LogprobViewer`: a position slider over a `LogprobTable`, showing that position's top-k.
+"""
+
+from workbench.widgets.beam_explorer import BeamExplorer, tree_until
+from workbench.widgets.logprob_viewer import LogprobViewer
+
+__all__ = ["BeamExplorer", "LogprobViewer", "tree_until"]

@@ -1,0 +1,176 @@
+"""`BeamExplorer`: a beam search's `BeamTree`, step by step, with a node's alternatives.
+
+Controls: the prompt, beam width, length penalty and a Search button (re-runs the search through
+`search`, by default `llm.beam_search`); a step slider showing the tree up to that step; a node
+selector listing that step's candidates. The HTML below shows the tree so far (the tree's own
+SVG) and, for the selected node, its path from the prompt, the candidates it competed with
+(same parent) and those expanded from it at the next step. `tree_until` and `render_step` are
+pure functions of the tree; `to_html()` is the fallback where widgets don't render.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import ipywidgets as widgets
+
+from workbench.inspect import html as h
+from workbench.inspect.beam_tree import BeamNode, BeamTree
+
+Search = Callable[[str, int, float, int], BeamTree]  # (prompt, width, length_penalty, max_tokens)
+
+
+def tree_until(tree: BeamTree, step: int) -> BeamTree:
+    """The candidates of steps 1..`step` as a tree of their own (node ids renumbered)."""
+    kept = [n for n in tree.nodes if n.step <= step]
+    new_id = {n.id: i for i, n in enumerate(kept)}
+    nodes = [replace(n, id=new_id[n.id], parent=None if n.parent is None else new_id[n.parent])
+             for n in kept]
+    returned = [new_id[i] for i in tree.returned if i in new_id]
+    return BeamTree(list(tree.prompt_token_ids), tree.beam_width, tree.length_penalty, nodes,
+                    returned, tree.prompt_text)
+
+
+def node_label(node: BeamNode) -> str:
+    """One line for a node selector: rank, status, token, logprob."""
+    return (f"#{node.id} rank {node.rank} {node.status:9} {node.text!r} "
+            f"logprob {h.fmt(node.logprob)}")
+
+
+def _candidates(title: str, nodes: list[BeamNode], selected: int | None) -> str:
+    rows = [(n.rank, (f"<b>{h.token_text(n.text)}</b>" if n.id == selected
+                      else h.token_text(n.text)),
+             n.status, h.fmt(n.logprob), h.fmt(n.cum_logprob), h.fmt(n.score)) for n in nodes]
+    return (f'<div style="margin-top:6px"><b>{h.escape(title)}</b></div>'
+            + h.table(["rank", "token", "status", "logprob", "cum logprob", "score"], rows,
+                      escape_cells=False))
+
+
+def render_step(tree: BeamTree, step: int, node_id: int | None = None) -> str:
+    """The tree up to `step` and the selected node's alternatives (deterministic HTML)."""
+    partial = tree_until(tree, step)
+    counts = Counter(n.status for n in partial.step(step))
+    summary = (f"step {step} of {tree.num_steps}: {len(partial.step(step))} candidates "
+               f"({counts['kept']} kept, {counts['completed']} completed, "
+               f"{counts['pruned']} pruned)")
+    parts = [f'<div class="wb-summary">{h.escape(summary)}</div>',
+             partial.to_svg() if len(partial) else ""]
+    if node_id is not None:
+        node = tree[node_id]
+        path, walk = [], node
+        while walk is not None:
+            path.append(walk.text)
+            walk = None if walk.parent is None else tree[walk.parent]
+        prompt = tree.prompt_text or ""
+        parts.append(f'<div class="wb-node" style="margin-top:6px">node #{node.id}: '
+                     f'{h.token_text(prompt)}<b>{h.token_text("".join(reversed(path)))}</b> '
+                     f"(cum logprob {h.fmt(node.cum_logprob)}, score {h.fmt(node.score)}, "
+                     f"{node.status})</div>")
+        parts.append(_candidates(f"alternatives at step {node.step} (same parent)",
+                                 tree.children(node.parent), node.id))
+        children = tree.children(node.id)
+        if children:
+            parts.append(_candidates(f"expanded from it at step {node.step + 1}", children, None))
+    return f'<div class="wb-beam-step" style="font-family:monospace">{"".join(parts)}</div>'
+
+
+class BeamExplorer(widgets.VBox):
+    """Beam search, explored: controls, a step slider, a node selector and the HTML view.
+
+    `BeamExplorer(tree=tree)` shows an existing tree; `BeamExplorer(llm, prompt)` runs
+    `llm.beam_search` first (and again on Search). `search(prompt, width, length_penalty,
+    max_tokens) -> BeamTree` replaces the default search (e.g. a remote `Workbench`).
+    """
+
+    def __init__(self, llm: Any = None, prompt: str = "", *, tree: BeamTree | None = None,
+                 beam_width: int = 4, length_penalty: float = 1.0, max_tokens: int = 16,
+                 search: Search | None = None, **kwargs: Any):
+        self.llm, self._search = llm, search
+        self.prompt = widgets.Text(value=prompt, description="prompt",
+                                   layout=widgets.Layout(width="60%"))
+        self.beam_width = widgets.BoundedIntText(value=beam_width, min=1, max=16,
+                                                 description="beam width")
+        self.length_penalty = widgets.FloatText(value=length_penalty, description="length pen.")
+        self.max_tokens = widgets.BoundedIntText(value=max_tokens, min=1, max=256,
+                                                 description="max tokens")
+        self.button = widgets.Button(description="Search")
+        self.step = widgets.IntSlider(value=0, min=0, max=0, description="step",
+                                      continuous_update=True)
+        self.node = widgets.Select(options=[], rows=6, description="node",
+                                   layout=widgets.Layout(width="60%"))
+        self.view = widgets.HTML()
+        controls = widgets.HBox([self.beam_width, self.length_penalty, self.max_tokens,
+                                 self.button])
+        super().__init__(children=[self.prompt, controls, self.step, self.node, self.view],
+                         **kwargs)
+        self.tree: BeamTree | None = None
+        self.button.on_click(lambda _: self.run())
+        self.step.observe(self._on_step, names="value")
+        self.node.observe(self._on_node, names="value")
+        if tree is not None:
+            self.show(tree)
+        elif llm is not None or search is not None:
+            self.run()
+
+    # -- actions -----------------------------------------------------------------------------
+    def run(self) -> BeamTree:
+        """Runs the search with the current controls and shows the result."""
+        search = self._search or self._llm_search
+        tree = search(self.prompt.value, self.beam_width.value, self.length_penalty.value,
+                      self.max_tokens.value)
+        self.show(tree)
+        return tree
+
+    def _llm_search(self, prompt: str, width: int, length_penalty: float, max_tokens: int
+                    ) -> BeamTree:
+        from workbench.sampling_params import BeamSearchParams
+
+        params = BeamSearchParams(beam_width=width, max_tokens=max_tokens,
+                                  length_penalty=length_penalty)
+        return self.llm.beam_search([prompt], params)[0].tree
+
+    def show(self, tree: BeamTree) -> None:
+        """Displays `tree` at its last step, best node selected."""
+        self.tree = tree
+        if tree.prompt_text is not None:
+            self.prompt.value = tree.prompt_text
+        self.beam_width.value, self.length_penalty.value = tree.beam_width, tree.length_penalty
+        with self.hold_trait_notifications():
+            self.step.max = tree.num_steps
+        if self.step.value == tree.num_steps:
+            self._on_step({"new": tree.num_steps})
+        self.step.value = tree.num_steps  # fires _on_step when it changes
+
+    # -- reactions ---------------------------------------------------------------------------
+    def _on_step(self, change: dict) -> None:
+        step = change["new"]
+        nodes = self.tree.step(step) if self.tree else []
+        on_path = {n.id for i in range(len(self.tree.returned)) for n in self.tree.path(i)} \
+            if self.tree else set()
+        default = next((n.id for n in nodes if n.id in on_path),
+                       next((n.id for n in nodes if n.status != "pruned"), None))
+        options = [(node_label(n), n.id) for n in nodes]
+        if self.node.options == tuple(options) and self.node.value == default:
+            self._render()
+            return
+        self.node.options = options  # resets value; the assignment below renders
+        self.node.value = default
+        self._render()
+
+    def _on_node(self, change: dict) -> None:
+        self._render()
+
+    def _render(self) -> None:
+        self.view.value = self.to_html()
+
+    def to_html(self) -> str:
+        """The current step and node as static HTML (where widgets don't render)."""
+        if self.tree is None:
+            return '<div class="wb-beam-step">no search yet</div>'
+        return render_step(self.tree, self.step.value, self.node.value)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
