@@ -33,6 +33,7 @@ from workbench.serving.config import ServerConfig
 from workbench.serving.errors import GenerationError
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer
+from workbench.serving.recorder import PipelineRecorder
 from workbench.serving.request_logger import RequestLogger
 from workbench.serving.sampling import server_defaults
 from workbench.serving.streaming import ChoiceDelta, choice_deltas, merge_async_iterators
@@ -46,6 +47,7 @@ class RequestMeta:
     """What the transport knows about a request besides its body (header names lower-case)."""
 
     headers: Mapping[str, str] = field(default_factory=dict)
+    recorder: PipelineRecorder | None = field(default=None, compare=False)  # inspect hook
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -72,6 +74,7 @@ class Generation:
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     prompt_logprobs: dict[int, list | None] = field(default_factory=dict)
+    recorder: PipelineRecorder = field(default_factory=PipelineRecorder)
 
     @property
     def n(self) -> int:
@@ -148,21 +151,59 @@ class GenerationServing(OpenAIServing):
     def engine_request_id(self, request_id: str, index: int) -> str:
         return f"{request_id}-{index}"
 
-    def prepare(self, request: Any, meta: RequestMeta) -> Generation:
-        """Stages 1-4; raises to end the request with an error."""
-        self.check_model(request.model)                                        # 1
-        self.check_headers(meta)
-        self.validate(request)                                                 # 2
-        prompts = self.preprocess(request)                                     # 3
-        params = [self.sampling_params(request, prompt) for prompt in prompts]
-        for p in params:
-            p.verify(self.engine.vocab_size, self.engine.config.max_logprobs)
+    def prepare(self, request: Any, meta: RequestMeta, *, schedule: bool = True) -> Generation:
+        """Stages 1-4; raises to end the request with an error. Every check is recorded in
+        `meta.recorder` (or a fresh one): `schedule=False` is the dry run of `validate`."""
+        rec = meta.recorder if meta.recorder is not None else PipelineRecorder()
+        with rec.stage("check model"), rec.check("model", "check model", "model"):     # 1
+            self.check_model(request.model)
+        with rec.check("headers", "check model"):
+            self.check_headers(meta)
+        with rec.stage("validate"), rec.check("supported fields", "validate"):          # 2
+            self.validate(request)
+        rec.fields(request)
+        with rec.stage("preprocess"), rec.check(self.preprocess_check, "preprocess"):   # 3
+            prompts = self.preprocess(request)
+        with rec.stage("sampling params"), rec.check("sampling parameters", "sampling params"):
+            params = [self.sampling_params(request, prompt) for prompt in prompts]
+            for p in params:
+                p.verify(self.engine.vocab_size, self.engine.config.max_logprobs)
+        self.record_coercions(rec, request, prompts, params)
         body_id = getattr(request, "request_id", None)
         gen = Generation(request=request, model_name=self.model_name, prompts=prompts,
-                         params=params,
+                         params=params, recorder=rec,
                          request_id=f"{self.id_prefix}-{self.base_request_id(meta, body_id)}")
-        self.prepare_generators(gen, meta)                                     # 4
+        if not schedule:
+            self.check_engine_inputs(gen)
+            return gen
+        with rec.stage("prepare generators"):
+            self.prepare_generators(gen, meta)                                         # 4
         return gen
+
+    preprocess_check = "prompt (chat template, tokenize, input length)"
+
+    def record_coercions(self, rec: PipelineRecorder, request: Any,
+                         prompts: list[EnginePrompt], params: list[SamplingParams]) -> None:
+        mct = getattr(request, "max_completion_tokens", None)
+        name, requested = (("max_completion_tokens", mct) if mct is not None
+                           else ("max_tokens", request.max_tokens))
+        seen = len(rec.checks)
+        for prompt, p in zip(prompts, params):
+            rec.coercions(request, p, self.defaults, name, requested, len(prompt.token_ids),
+                          self.max_model_len)
+        unique = list(dict.fromkeys(rec.checks[seen:]))  # one row per distinct coercion
+        rec.checks[seen:] = unique
+
+    def check_engine_inputs(self, gen: Generation) -> None:
+        """Dry run of stage 4: the engine's own input checks, without queueing anything."""
+        core = getattr(self.engine, "engine", self.engine)
+        inputs = getattr(core, "inputs", None)
+        if inputs is None:
+            return
+        with gen.recorder.stage("engine inputs"), gen.recorder.check("engine inputs", "schedule"):
+            for i, (prompt, params) in enumerate(zip(gen.prompts, gen.params)):
+                inputs.process(self.engine_request_id(gen.request_id, i),
+                               prompt.as_engine_input(), params)
 
     def prepare_generators(self, gen: Generation, meta: RequestMeta) -> None:
         """Stage 4: one engine request per prompt, merged; nothing runs until iterated."""
@@ -209,6 +250,7 @@ class GenerationServing(OpenAIServing):
     async def _timed(self, gen: Generation, outputs: AsyncIterator[tuple[int, Any]]):
         async with aclosing(outputs):
             async for index, output in outputs:
+                gen.recorder.output(index, output)
                 if gen.first_token_at is None and any(o.token_ids for o in output.outputs):
                     gen.first_token_at = time.perf_counter()
                     if self.metrics is not None:
@@ -258,6 +300,7 @@ class GenerationServing(OpenAIServing):
 
     def finished(self, gen: Generation, choices: list[ChoiceDelta]) -> None:
         """Metrics and the request log, once per request."""
+        gen.recorder.finished_at = time.time()
         if self.metrics is not None:
             self.metrics.finished(time.perf_counter() - gen.started, gen.num_prompt_tokens,
                                   sum(len(c.token_ids) for c in choices),
