@@ -5,7 +5,8 @@
 '0.1.0'
 
 The public names load lazily, so `import workbench` stays fast and does not import torch:
-`LLM`, `SamplingParams`, `BeamSearchParams`, `RequestOutputKind`, `serve_in_kernel`.
+`LLM`, `SamplingParams`, `BeamSearchParams`, `RequestOutputKind`, `serve_in_kernel`,
+`Workbench`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from workbench.http.kernel_server import serve_in_kernel
     from workbench.llm import LLM
     from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+    from workbench.workbench import Workbench
 
 _LAZY = {
     "LLM": "workbench.llm",
@@ -26,10 +28,11 @@ _LAZY = {
     "BeamSearchParams": "workbench.sampling_params",
     "RequestOutputKind": "workbench.sampling_params",
     "serve_in_kernel": "workbench.http.kernel_server",
+    "Workbench": "workbench.workbench",
 }
 
-__all__ = ["BeamSearchParams", "LLM", "RequestOutputKind", "SamplingParams", "__version__",
-           "serve_in_kernel"]
+__all__ = ["BeamSearchParams", "LLM", "RequestOutputKind", "SamplingParams", "Workbench",
+           "__version__", "serve_in_kernel"]
 
 
 def __getattr__(name: str):

@@ -78,11 +78,18 @@ class PipelineRecorder:
 
     # -- what the pipeline decided about fields ---------------------------------------------
     def fields(self, request: Any) -> None:
-        """Ignored fields (`unsupported.IGNORED_FIELDS` the request set, unknown extras)."""
+        """Each field the request set: honoured (passed) or ignored (`unsupported.IGNORED_FIELDS`,
+        unknown extras)."""
         set_fields = request.model_fields_set
-        for name, why in unsupported.IGNORED_FIELDS.items():
-            if name in set_fields:
-                self.add(name, "validate", "ignored", name, why, getattr(request, name, None))
+        for name in sorted(set_fields):
+            value = getattr(request, name, None)
+            if name in (request.model_extra or {}):
+                continue  # unknown: listed below
+            if name in unsupported.IGNORED_FIELDS:
+                self.add(name, "validate", "ignored", name, unsupported.IGNORED_FIELDS[name],
+                         value)
+            elif name not in ("model", "prompt", "messages"):
+                self.add(name, "validate", "passed", name, "honoured", value)
         for name, value in (request.model_extra or {}).items():
             if value is not None:
                 self.add(name, "validate", "ignored", name,

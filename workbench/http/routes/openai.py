@@ -54,3 +54,19 @@ async def create_completion(request: CompletionRequest, raw: Request) -> Respons
 async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Response:
     """Chat completion through the model's chat template; SSE with `stream`."""
     return await _serve(raw, raw.app.state.servings.chat, request)
+
+
+@router.post("/v1/validate", dependencies=[Depends(validate_json_request)])
+async def validate_request(raw: Request) -> JSONResponse:
+    """Dry run of a completions or chat body (chat when it has `messages`): the
+    `ValidationReport` of every check, generating nothing. Always 200; see `ok` / `error`."""
+    from workbench.inspect.validation_report import validate
+
+    try:
+        body = await raw.json()
+    except ValueError as exc:
+        return error_json(ValueError(f"The body is not valid JSON: {exc}"))
+    if not isinstance(body, dict):
+        return error_json(ValueError("The body must be a JSON object."))
+    report = validate(raw.app.state.servings, body, headers=dict(raw.headers))
+    return JSONResponse(report.to_dict())

@@ -1,0 +1,315 @@
+"""`Workbench`: the endpoint suite from a notebook, each response with its inspect objects.
+
+One method per endpoint (`completions`, `chat`, `tokenize`, `detokenize`, `models`, `validate`,
+`stream_completions`, `stream_chat`), each taking the request body's fields as keyword
+arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logprobs`
+(`LogprobTable`, when the response has logprobs), `.report` (`ValidationReport`), `.trace`
+(`Trace`), `.error` (the error envelope, instead of raising).
+
+Two back ends, same bodies in and out:
+- `Workbench(llm)`: in the kernel, without HTTP. Requests go through the same serving objects
+  as the server (`workbench.serving.Servings`) on an `AsyncLLMEngine` over the LLM's engine;
+  the coroutines run on the Workbench's own event-loop thread, so calls work inside a running
+  Jupyter loop. The report and trace come from the pipeline's recorder.
+- `Workbench(url="http://host:port/v1", api_key=...)`: any OpenAI-compatible server (ours,
+  vLLM) over httpx. The trace is the client's round trip; `validate` needs our `/v1/validate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.inspect.logprob_table import LogprobTable
+from workbench.inspect.trace import Span, Trace
+from workbench.inspect.validation_report import ValidationReport, endpoint_of
+
+
+@dataclass
+class Result:
+    """One endpoint call: the response body (or the error envelope) and its inspect objects."""
+
+    response: dict[str, Any] | None
+    status_code: int = 200
+    error: dict[str, Any] | None = None
+    report: ValidationReport | None = None
+    trace: Trace | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def logprobs(self) -> LogprobTable | None:
+        """Choice 0's logprobs (`table(i)` for another choice); None without any."""
+        return self.table(0)
+
+    def table(self, choice: int = 0) -> LogprobTable | None:
+        if not self.response or "choices" not in self.response:
+            return None
+        table = LogprobTable.from_response(self.response, choice)
+        return table if (len(table) or table.prompt) else None
+
+    @property
+    def text(self) -> str | None:
+        """Choice 0's text (completions) or message content (chat)."""
+        if not self.response or not self.response.get("choices"):
+            return None
+        first = self.response["choices"][0]
+        return first["message"]["content"] if "message" in first else first.get("text")
+
+    def __repr__(self) -> str:
+        what = f"text={self.text!r}" if self.ok else f"error={self.error['error']['message']!r}"
+        return f"Result({self.status_code}, {what})"
+
+
+class Workbench:
+    """Every endpoint, local or remote (see the module docstring).
+
+    `Workbench(llm).completions(prompt="Hi", max_tokens=4, temperature=0).text` runs one
+    greedy completion through the serving pipeline, exactly as `/v1/completions` would.
+    """
+
+    def __init__(self, llm: Any = None, *, url: str | None = None, api_key: str | None = None,
+                 config: Any = None, timeout: float = 120.0):
+        if (llm is None) == (url is None):
+            raise ValueError("Workbench needs an engine (Workbench(llm)) or a url, not both.")
+        self.url = url.rstrip("/") if url else None
+        self._backend = (_Remote(self.url, api_key, timeout) if url
+                         else _Local(llm, config))
+
+    @property
+    def model(self) -> str:
+        """The served model name requests use by default."""
+        return self._backend.model
+
+    def completions(self, prompt: Any = None, **body: Any) -> Result:
+        return self._backend.generate("completions", {"prompt": prompt, **body})
+
+    def chat(self, messages: list[dict[str, Any]], **body: Any) -> Result:
+        return self._backend.generate("chat", {"messages": messages, **body})
+
+    def stream_completions(self, prompt: Any = None, **body: Any) -> Iterator[dict[str, Any]]:
+        """The SSE chunks as dicts (an error mid-stream arrives as an `{"error": ...}` chunk)."""
+        return self._backend.stream("completions", {"prompt": prompt, **body})
+
+    def stream_chat(self, messages: list[dict[str, Any]], **body: Any) -> Iterator[dict[str, Any]]:
+        return self._backend.stream("chat", {"messages": messages, **body})
+
+    def tokenize(self, prompt: str | None = None, **body: Any) -> Result:
+        if prompt is not None:
+            body["prompt"] = prompt
+        return self._backend.call("tokenize", body)
+
+    def detokenize(self, tokens: list[int], **body: Any) -> Result:
+        return self._backend.call("detokenize", {"tokens": tokens, **body})
+
+    def models(self) -> Result:
+        return self._backend.call("models", None)
+
+    def validate(self, body: dict[str, Any] | None = None, **fields: Any) -> ValidationReport:
+        """Dry run of a completions or chat body (chat when it has `messages`)."""
+        return self._backend.validate({**(body or {}), **fields})
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> "Workbench":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.url or "in-kernel engine"
+        return f"Workbench({where}, model={self.model!r})"
+
+
+class _Local:
+    """The serving objects on an async engine, driven from a private event-loop thread."""
+
+    def __init__(self, llm: Any, config: Any):
+        from workbench.engine.async_engine import AsyncLLMEngine
+        from workbench.serving import ServerConfig, Servings
+
+        self._owns_engine = not isinstance(llm, AsyncLLMEngine)
+        self.engine = AsyncLLMEngine.from_llm(llm) if self._owns_engine else llm
+        self.servings = Servings.build(self.engine, config or ServerConfig())
+        self.model = self.servings.completions.model_name
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="workbench-facade-loop")
+        self._thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _parse(self, endpoint: str, body: dict[str, Any]):
+        """Body -> ((request, serving, meta), None), or (None, the schema failure's report)."""
+        from workbench.inspect.validation_report import parse
+        from workbench.serving.base import RequestMeta
+
+        request, rec, endpoint = parse(body, endpoint)
+        if request is None:
+            return None, ValidationReport.from_recorder(rec, endpoint)
+        serving = self.servings.chat if endpoint == "chat" else self.servings.completions
+        return (request, serving, RequestMeta(recorder=rec)), None
+
+    def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
+        from workbench.serving.errors import error_response
+
+        body = _with_model(body, self.model)
+        parsed, report = self._parse(endpoint, body)
+        if parsed is None:
+            return _failed(report)
+        request, serving, meta = parsed
+        try:
+            response = self.run(serving.create(request, meta)).model_dump(mode="json")
+        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
+            error = (meta.recorder.error or error_response(exc)).model_dump()
+            meta.recorder.error = meta.recorder.error or error_response(exc)
+            return Result(None, error["error"]["code"], error,
+                          ValidationReport.from_recorder(meta.recorder, endpoint))
+        return Result(response, 200, None,
+                      ValidationReport.from_recorder(meta.recorder, endpoint),
+                      Trace.from_recorder(meta.recorder))
+
+    def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        from workbench.serving.errors import error_response
+
+        body = _with_model({**body, "stream": True}, self.model)
+        parsed, report = self._parse(endpoint, body)
+        if parsed is None:
+            yield report.error
+            return
+        request, serving, meta = parsed
+        try:
+            chunks = self.run(serving.create_stream(request, meta))
+        except Exception as exc:  # noqa: BLE001
+            yield (meta.recorder.error or error_response(exc)).model_dump()
+            return
+        try:
+            while True:
+                try:
+                    chunk = self.run(anext(chunks))
+                except StopAsyncIteration:
+                    return
+                yield json.loads(chunk)
+        finally:
+            self.run(chunks.aclose())
+
+    def call(self, endpoint: str, body: dict[str, Any] | None) -> Result:
+        from pydantic import TypeAdapter
+
+        from workbench.serving.errors import error_response
+        from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
+
+        try:
+            if endpoint == "models":
+                response = self.servings.models.list_models()
+            elif endpoint == "tokenize":
+                response = self.servings.tokenize.tokenize(TypeAdapter(
+                    TokenizeRequest).validate_python(_with_model(body, self.model)))
+            else:
+                response = self.servings.tokenize.detokenize(TypeAdapter(
+                    DetokenizeRequest).validate_python(_with_model(body, self.model)))
+        except Exception as exc:  # noqa: BLE001
+            error = error_response(exc).model_dump()
+            return Result(None, error["error"]["code"], error)
+        return Result(response.model_dump(mode="json"))
+
+    def validate(self, body: dict[str, Any]) -> ValidationReport:
+        from workbench.inspect.validation_report import validate
+
+        return validate(self.servings, _with_model(body, self.model))
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+class _Remote:
+    """Any OpenAI-compatible server over httpx; `url` ends in `/v1`."""
+
+    _PATHS = {"completions": "/completions", "chat": "/chat/completions", "models": "/models"}
+
+    def __init__(self, url: str, api_key: str | None, timeout: float):
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base = url
+        self.root = url[:-3] if url.endswith("/v1") else url  # /tokenize lives at the root
+        self.client = httpx.Client(headers=headers, timeout=timeout)
+        self._model: str | None = None
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = self.call("models", None).response["data"][0]["id"]
+        return self._model
+
+    def _url(self, endpoint: str) -> str:
+        if endpoint in self._PATHS:
+            return self.base + self._PATHS[endpoint]
+        return f"{self.root}/{endpoint}"
+
+    def _result(self, response: Any) -> Result:
+        body = response.json()
+        if response.status_code >= 400:
+            return Result(None, response.status_code, body)
+        return Result(body, response.status_code)
+
+    def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
+        start = time.time()
+        result = self._result(self.client.post(self._url(endpoint),
+                                               json=_with_model(body, self.model)))
+        result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
+        return result
+
+    def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        body = _with_model({**body, "stream": True}, self.model)
+        with self.client.stream("POST", self._url(endpoint), json=body) as response:
+            if response.status_code >= 400:
+                response.read()
+                yield response.json()
+                return
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    yield json.loads(line[len("data: "):])
+
+    def call(self, endpoint: str, body: dict[str, Any] | None) -> Result:
+        if body is None:
+            return self._result(self.client.get(self._url(endpoint)))
+        return self._result(self.client.post(self._url(endpoint), json=body))
+
+    def validate(self, body: dict[str, Any]) -> ValidationReport:
+        """Our server's `/v1/validate`; other servers have no dry run."""
+        body = _with_model(body, self.model)
+        response = self.client.post(self.base + "/validate", json=body)
+        if response.status_code == 404:
+            raise NotImplementedError(f"{self.base} has no /validate route (not a workbench "
+                                      "server): no dry run is possible remotely.")
+        return ValidationReport.from_dict(response.json())
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    body = {k: v for k, v in body.items() if v is not None or k == "max_tokens"}
+    body.setdefault("model", model)
+    return body
+
+
+def _failed(report: ValidationReport) -> Result:
+    return Result(None, report.status_code, report.error, report)
+
+
+__all__ = ["Result", "Workbench", "endpoint_of"]
