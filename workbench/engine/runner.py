@@ -5,6 +5,7 @@ layer) and calls transformers' own modules (embedding, rotary embedding, decoder
 LM head) on a single ragged row of every scheduled token; attention goes through
 `workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
 them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
+In reduced precision the Q/K/V and gate/up projections are fused (`engine/fusion.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from workbench.engine import attention
 from workbench.engine.attention import AttentionContext, PrefillChunk
+from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
 
 
@@ -39,6 +41,8 @@ class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int):
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
+        if next(model.parameters()).dtype != torch.float32:
+            fuse_projections(model)  # float32 stays exactly as loaded, for numerical tests
         self.model = model
         self.base = model.model
         self.config = model.config

@@ -108,11 +108,12 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None],
     for i, g in enumerate(generators):
         if g is not None:
             u[i] = torch.rand(1, generator=g, dtype=torch.float64)
-    cdf = probs.double().cumsum(-1)  # [R, V]
-    target = (u.to(probs.device) * cdf[:, -1]).unsqueeze(1)  # [R, 1], scaled by the row's mass
+    cdf = probs.cumsum(-1)  # [R, V]
+    total = cdf[:, -1:]  # [R, 1]
+    target = u.to(device=probs.device, dtype=cdf.dtype).unsqueeze(1) * total
+    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))  # < total
     # the first token whose cumulative mass passes the target: never one of zero probability
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return tokens.clamp_(max=probs.shape[1] - 1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
 def compute_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int):
@@ -122,6 +123,13 @@ def compute_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int):
     ranks = (logprobs > chosen.unsqueeze(1)).sum(-1) + 1  # [R]
     top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (None, None)
     return chosen, ranks, top_ids, top_lp
+
+
+def _edits_logits(p: SamplingParams) -> bool:
+    """Whether any mask, bias or penalty applies to this row."""
+    return bool(p.allowed_token_ids is not None or p._bad_words_token_ids or p.min_tokens
+                or p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty
+                or p.frequency_penalty)
 
 
 class Sampler:
@@ -135,22 +143,24 @@ class Sampler:
         """logits: [R, V] float32 raw logits, one row per `rows` entry."""
         logits = logits[:, :self.vocab_size]
         raw = logits
-        logits = apply_penalties(apply_token_masks(logits.clone(), rows), rows)
-        greedy = torch.tensor([r.params.greedy for r in rows])
-        tokens = logits.argmax(-1)  # [R]
-        sampled = (~greedy).nonzero().flatten().tolist()
+        if any(_edits_logits(r.params) for r in rows):
+            logits = apply_penalties(apply_token_masks(logits.clone(), rows), rows)
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        if greedy:
+            tokens[greedy] = logits[greedy].argmax(-1)
         if sampled:
-            sub = logits[sampled]
             dev = logits.device
             temp = torch.tensor([rows[i].params.temperature for i in sampled], device=dev)
             sub = truncate(
-                sub / temp.unsqueeze(1),
+                logits[sampled] / temp.unsqueeze(1),
                 torch.tensor([rows[i].params.top_k for i in sampled], device=dev),
                 torch.tensor([rows[i].params.top_p for i in sampled], device=dev),
                 torch.tensor([rows[i].params.min_p for i in sampled], device=dev),
             )
             gens = [rows[i].generator for i in sampled]
-            tokens[sampled] = sample(sub.softmax(-1), gens, self.generator).to(tokens.dtype)
+            tokens[sampled] = sample(sub.softmax(-1), gens, self.generator)
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if not want:
             return SampleResult(tokens, None, None, None, None)
