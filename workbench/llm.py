@@ -1,4 +1,4 @@
-"""`LLM`: the offline, synchronous API with vLLM's names (`generate`, `chat`).
+"""`LLM`: the offline, synchronous API with vLLM's names (`generate`, `chat`, `beam_search`).
 
 >>> from workbench import LLM, SamplingParams                        # doctest: +SKIP
 >>> llm = LLM(model="smollm2-135m-instruct", dtype="float32")        # doctest: +SKIP
@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.config import EngineConfig
+from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import LLMEngine
 from workbench.engine.outputs import RequestOutput
-from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 _CONFIG_FIELDS = set(EngineConfig.__dataclass_fields__)
 
@@ -72,6 +73,40 @@ class LLM:
                 ids.append(rid)
             while len(finals) < len(ids):
                 engine.step()  # another thread (serve_in_kernel) may be stepping too: fine
+        except BaseException:
+            engine.abort_request(ids)
+            engine.step()
+            raise
+        finally:
+            bar.close()
+        return [finals[rid] for rid in ids]
+
+    def beam_search(self, prompts: Any, params: BeamSearchParams, lora_request: Any = None,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search over one prompt or a list, all batched in the same engine steps.
+
+        Each result's `sequences` are best first (`tokens` = prompt + generated ids, `text` the
+        generated text without EOS); `.tree` is the `BeamTree` of every candidate.
+        `lora_request`: one for all prompts or a list with one per prompt.
+        """
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        engine, finals, ids = self.llm_engine, {}, []
+        bar = _progress(len(prompts), use_tqdm)
+
+        def collect(out: BeamSearchOutput) -> None:
+            finals[out.request_id] = out
+            bar.update(1)
+
+        try:
+            for prompt, lora in zip(prompts, loras):
+                rid = f"beam-{next(self._ids)}"
+                engine.add_beam_request(rid, prompt, params, lora_request=lora, on_output=collect)
+                ids.append(rid)
+            while len(finals) < len(ids):
+                engine.step()
         except BaseException:
             engine.abort_request(ids)
             engine.step()

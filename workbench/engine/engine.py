@@ -1,5 +1,9 @@
 """The synchronous engine: `add_request`, `step`, `abort_request`, `has_unfinished_requests`.
 
+Beam searches (`add_beam_request`) run in the same steps: their beams are sequences of one
+request; each step every live beam's logits give its top 2 x width candidates, and the next beams
+are forks of their parents (sharing KV blocks, copy-on-write) with the chosen token appended.
+
 One `step()` is: schedule -> run the model on the scheduled tokens -> record prompt logprobs ->
 fork the siblings of `n > 1` requests whose prompt just finished -> sample -> append tokens,
 detokenize, check stops -> free finished sequences -> return the outputs of this step.
@@ -18,16 +22,17 @@ from typing import Any
 import torch
 
 from workbench.config import EngineConfig
+from workbench.engine.beam_search import BeamSearch, BeamSearchOutput, top_candidates
 from workbench.engine.block_manager import BlockManager
 from workbench.engine.input_processor import InputProcessor, PromptInput
 from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.outputs import RequestOutput
-from workbench.engine.request import Request, Sequence
+from workbench.engine.request import Request, Sequence, SequenceStatus
 from workbench.engine.runner import ModelRunner, kv_bytes_per_token
 from workbench.engine.sampler import Sampler, SamplingRow
 from workbench.engine.scheduler import Scheduler
 from workbench.errors import ValidationError
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 
 @dataclass
@@ -152,6 +157,32 @@ class LLMEngine:
         if arrival_time is not None:
             kwargs["arrival_time"] = arrival_time
         req = self.inputs.process(request_id, prompt, params, **kwargs)
+        self._enqueue(req, on_output)
+        return req
+
+    def add_beam_request(self, request_id: str, prompt: PromptInput, params: BeamSearchParams,
+                         lora_request: Any = None, priority: int = 0,
+                         on_output: Callable[[BeamSearchOutput], None] | None = None) -> Request:
+        """Queues a beam search; its one output (finished) is a `BeamSearchOutput`."""
+        if lora_request is not None:
+            raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
+                                  parameter="lora_request", value=lora_request)
+        if params.beam_width > self.config.max_num_seqs:
+            raise ValidationError(
+                f"beam_width={params.beam_width} is greater than max_num_seqs="
+                f"{self.config.max_num_seqs}.", parameter="n", value=params.beam_width)
+        sp = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
+                            ignore_eos=params.ignore_eos, detokenize=False,
+                            skip_special_tokens=params.skip_special_tokens)
+        req = self.inputs.process(request_id, prompt, sp, priority=priority,
+                                  lora_request=lora_request)
+        req.beam = BeamSearch(req.prompt_token_ids, params, self.outputs.eos_token_id,
+                              self.outputs.texts, lora_request, req.prompt)
+        self._enqueue(req, on_output)
+        return req
+
+    def _enqueue(self, req: Request, on_output: Callable | None) -> None:
+        request_id = req.request_id
         with self.lock:
             if request_id in self.requests:
                 raise ValidationError(f"Request id {request_id} is already running.",
@@ -164,7 +195,6 @@ class LLMEngine:
                 self._listeners[request_id] = on_output
             self.scheduler.add(seq)
             self.prompt_tokens_total += len(req.prompt_token_ids)
-        return req
 
     def _start(self, seq: Sequence) -> None:
         self.outputs.start(seq)
@@ -226,6 +256,7 @@ class LLMEngine:
                 self._finish_all(req, "error")
             return list(failed.values())
         to_sample: list[tuple[Sequence, int]] = []
+        beams: list[tuple[Sequence, int]] = []
         for s in out.scheduled:
             seq, req = s.seq, s.seq.request
             seq.num_computed_tokens += s.num_tokens
@@ -234,13 +265,60 @@ class LLMEngine:
                 first_row, count, first_pos = rows.prompt_rows[id(seq)]
                 self.outputs.record_prompt_logprobs(
                     req, first_pos, rows.logits[first_row:first_row + count])
-            if id(seq) in rows.last_row:
+            if id(seq) in rows.last_row and req.beam is not None:
+                beams.append((seq, rows.last_row[id(seq)]))
+            elif id(seq) in rows.last_row:
                 row = rows.last_row[id(seq)]
                 to_sample.append((seq, row))
                 if req.params.n > 1 and not req.forked:
                     to_sample += [(child, row) for child in self._fork(seq)]
         self._sample(to_sample, rows.logits)
-        return list({id(s.request): s.request for s, _ in to_sample}.values())
+        self._advance_beams(beams, rows.logits)
+        return list({id(s.request): s.request for s, _ in to_sample + beams}.values())
+
+    def _advance_beams(self, beams: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+        """Records each beam's candidates; a search whose beams all have theirs takes a step."""
+        if not beams:
+            return
+        k = max(s.request.beam.num_candidates for s, _ in beams)
+        ids, lps = top_candidates(logits[[r for _, r in beams]], k, self.vocab_size)
+        for i, (seq, _) in enumerate(beams):
+            n = seq.request.beam.num_candidates
+            seq.beam_candidates = (ids[i][:n], lps[i][:n])
+        for req in {id(s.request): s.request for s, _ in beams}.values():
+            if all(s.beam_candidates is not None for s in req.sequences):
+                self._beam_step(req)
+
+    def _beam_step(self, req: Request) -> None:
+        """The next beams: forks of their parents plus one token; parents left behind are freed."""
+        search, old = req.beam, req.sequences
+        parents = search.advance([s.beam_candidates[0] for s in old],
+                                 [s.beam_candidates[1] for s in old])
+        req.forked = True  # the search holds its slots from now on
+        beams: list[Sequence | None] = [None] * len(parents)
+        for b, parent in enumerate(old):
+            parent.beam_candidates = None
+            kids = [i for i, p in enumerate(parents) if p == b]
+            if not kids:
+                self.scheduler.finish(parent)
+                continue
+            for i in kids[1:]:  # forked before the parent gets its own next token
+                child = parent.fork(i)
+                self.block_manager.fork(parent, child)
+                if parent.status is SequenceStatus.WAITING:  # preempted: recomputed, like it
+                    self.scheduler.add(child)
+                else:
+                    self.scheduler.add_running(child)
+                beams[i] = child
+            beams[kids[0]] = parent
+        for index, (seq, beam) in enumerate(zip(beams, search.live)):
+            seq.index = index
+            seq.token_ids.append(beam.tokens[-1])
+        req.sequences = beams
+        self.generation_tokens_total += len(beams)
+        if search.done:
+            for seq in beams:
+                self.scheduler.finish(seq)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """The n - 1 siblings of a sequence whose prompt was just computed."""
@@ -291,7 +369,7 @@ class LLMEngine:
             if id(req) in seen:
                 continue
             seen.add(id(req))
-            out = self.outputs.make_output(req)
+            out = self._beam_output(req) if req.beam is not None else self.outputs.make_output(req)
             listener = self._listeners.get(req.request_id)
             if req.finished:
                 self.requests.pop(req.request_id, None)
@@ -303,6 +381,17 @@ class LLMEngine:
             else:
                 results.append(out)
         return results
+
+    def _beam_output(self, req: Request) -> BeamSearchOutput | None:
+        """A beam search reports once, when it ends: its result, or a single error output."""
+        if not req.finished:
+            return None
+        if req.errored:
+            return req.beam.error(req.request_id)
+        aborted = any(s.finish_reason == "abort" for s in req.sequences)
+        skip = req.beam.params.skip_special_tokens
+        return req.beam.result(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip),
+                               req.request_id, "abort" if aborted else "length")
 
     # -- introspection ----------------------------------------------------------------------
     def stats(self) -> EngineStats:

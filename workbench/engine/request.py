@@ -43,6 +43,7 @@ class Request:
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
     aborted: bool = False
     errored: bool = False
+    beam: Any = None  # a `BeamSearch` when the request is a beam search: its sequences are beams
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
@@ -52,6 +53,11 @@ class Request:
     @property
     def finished(self) -> bool:
         return all(s.is_finished for s in self.sequences)
+
+    @property
+    def max_sequences(self) -> int:
+        """How many sequences it will run at once: `n`, or the beam width."""
+        return self.beam.params.beam_width if self.beam is not None else self.params.n
 
 
 class Sequence:
@@ -76,6 +82,7 @@ class Sequence:
         self.num_preemptions = 0
         self.num_sent_tokens = 0  # DELTA outputs: output tokens already handed out
         self.final_sent = False  # DELTA outputs: the finishing output went out
+        self.beam_candidates: tuple[list[int], list[float]] | None = None  # beams: this step's top-2W
 
     @property
     def seq_id(self) -> str:

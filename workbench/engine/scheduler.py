@@ -139,7 +139,7 @@ class Scheduler:
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             req = seq.request
-            slots = 1 if req.forked else req.params.n  # room for the siblings it will fork
+            slots = 1 if req.forked else req.max_sequences  # room for siblings / beams
             if len(self.running) + slots > self.max_num_seqs:
                 break
             if len(out.scheduled) >= self.max_num_seqs:

@@ -1,0 +1,28 @@
+"""Inspectable objects: plain data with `to_dict()`, `to_frame()` and a deterministic `_repr_html_`.
+
+`BeamTree` (every candidate of a beam search), `LogprobTable`, `ValidationReport`, and the
+client-side `remote_beam_search` over any OpenAI-compatible server. Names load lazily, so
+importing `workbench.inspect` pulls in neither pandas nor matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_NAMES = {
+    "BeamTree": "workbench.inspect.beam_tree",
+    "BeamNode": "workbench.inspect.beam_tree",
+    "remote_beam_search": "workbench.inspect.remote_beam",
+    "LogprobTable": "workbench.inspect.logprob_table",
+    "ValidationReport": "workbench.inspect.validation",
+}
+
+
+def __getattr__(name: str):
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench.inspect' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = sorted(_NAMES)
