@@ -1,0 +1,82 @@
+"""The Workbench facade: the in-kernel engine and a live server URL give the same answers."""
+
+from __future__ import annotations
+
+import pytest
+
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def llm(default_model):
+    from workbench import LLM
+
+    return LLM(model=default_model, max_model_len=512, seed=0)
+
+
+@pytest.fixture(scope="module")
+def local(llm):
+    from workbench import Workbench
+
+    with Workbench(llm) as wb:
+        yield wb
+
+
+@pytest.fixture(scope="module")
+def remote(llm):
+    from workbench import Workbench, serve_in_kernel
+
+    with serve_in_kernel(llm, port=0) as server, Workbench(url=server.base_url,
+                                                          api_key="unused") as wb:
+        yield wb
+
+
+def test_greedy_completion_same_locally_and_over_http(local, remote):
+    a = local.completions(PROMPT, max_tokens=5, temperature=0, logprobs=2)
+    b = remote.completions(PROMPT, max_tokens=5, temperature=0, logprobs=2)
+    assert a.ok and b.ok and a.text == b.text and a.text
+    assert a.logprobs.tokens == b.logprobs.tokens
+    assert a.logprobs.logprobs == pytest.approx(b.logprobs.logprobs, abs=1e-5)
+    assert a.report.ok and a.trace["decode"].duration >= 0
+    assert [s.kind for s in b.trace.spans] == ["client"]
+
+
+def test_greedy_chat_same_locally_and_over_http(local, remote):
+    a = local.chat(MESSAGES, max_tokens=5, temperature=0)
+    b = remote.chat(MESSAGES, max_tokens=5, temperature=0)
+    assert a.text == b.text and a.text
+
+
+def test_streams_concatenate_to_the_non_streamed_text(local, remote):
+    for wb in (local, remote):
+        chunks = list(wb.stream_chat(MESSAGES, max_tokens=5, temperature=0))
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                       if c.get("choices"))
+        assert text == wb.chat(MESSAGES, max_tokens=5, temperature=0).text
+        chunks = list(wb.stream_completions(PROMPT, max_tokens=3, temperature=0))
+        assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) \
+            == wb.completions(PROMPT, max_tokens=3, temperature=0).text
+
+
+def test_errors_are_results_with_the_servers_envelope(local, remote):
+    a = local.completions(PROMPT, max_tokens=600)
+    b = remote.completions(PROMPT, max_tokens=600)
+    assert not a.ok and a.status_code == b.status_code == 400
+    assert a.error == b.error
+    assert a.report.failed[0].param == "max_tokens"
+
+
+def test_utility_endpoints_agree(local, remote):
+    assert local.tokenize("Hello world").response == remote.tokenize("Hello world").response
+    ids = local.tokenize("Hello world").response["tokens"]
+    assert local.detokenize(ids).response["prompt"] == "Hello world"
+    assert remote.detokenize(ids).response == local.detokenize(ids).response
+    assert local.models().response["data"][0]["id"] == remote.model == local.model
+
+
+def test_validate_locally_and_through_the_validate_route(local, remote):
+    body = {"prompt": "hi", "user": "me", "max_tokens": 600}
+    a, b = local.validate(body), remote.validate(body)
+    assert a == b
+    assert [c.name for c in a.ignored] == ["user"] and a.failed[0].param == "max_tokens"
