@@ -17,7 +17,7 @@ from typing import Any
 
 
 def escape(value: Any) -> str:
-    """Text for HTML, with whitespace made visible enough to read tokens (`␣` is not used)."""
+    """Text for HTML, quotes escaped too (safe inside attributes)."""
     return _html.escape(str(value), quote=True)
 
 

@@ -11,7 +11,10 @@
     6. build response    endpoint-specific (`completions.py`, `chat.py`)
 
 Any stage ends the request by raising; `errors.error_response` turns the exception into the
-error envelope. Request ids come from `X-Request-Id` (else the body's `request_id`, else a
+error envelope. Every check, coercion and ignored field, the stage timings and the engine's
+outputs go into the request's `PipelineRecorder` (`recorder.py`; `RequestMeta.recorder` to
+pass your own), from which `workbench.inspect` builds `ValidationReport` and `Trace`;
+`prepare(..., schedule=False)` is the dry run behind `validate`. Request ids come from `X-Request-Id` (else the body's `request_id`, else a
 uuid); `X-data-parallel-rank` and `X-Vllm-Priority` are parsed from headers (invalid values
 ignored); trace headers are noted (tracing is off: a one-time warning).
 """
