@@ -93,3 +93,24 @@ def test_search_button_runs_the_search_with_the_controls(tree):
 def test_without_a_tree_or_a_search_it_waits():
     ex = BeamExplorer(prompt="Hi")
     assert ex.tree is None and "no search yet" in ex.to_html()
+
+
+@pytest.fixture(scope="module")
+def tiny_llm():
+    from workbench import LLM
+    from workbench.models import tiny_model
+
+    return LLM(tiny_model("llama", seed=0, dtype="float32"))
+
+
+def test_default_search_is_the_llms_beam_search(tiny_llm):
+    from workbench import BeamSearchParams
+
+    ex = BeamExplorer(tiny_llm, "Once upon a time", beam_width=2, max_tokens=3)
+    expected = tiny_llm.beam_search(["Once upon a time"],
+                                    BeamSearchParams(beam_width=2, max_tokens=3))[0].tree
+    assert ex.tree.to_dict() == expected.to_dict()
+    assert ex.step.max == expected.num_steps == 3
+    ex.beam_width.value = 3
+    ex.button.click()
+    assert ex.tree.beam_width == 3 and len(ex.tree.step(1)) == 6  # 2 x width from the prompt

@@ -1,8 +1,9 @@
 """The beam explorer in a real JupyterLab, in headless Chromium (Debian's, driven by Playwright).
 
 JupyterLab starts on a free port with a token in a temporary directory holding a one-cell
-notebook that shows a `BeamExplorer` over a small `BeamTree`; the test runs the cell, waits for
-the widget, moves the step slider with the keyboard and checks the HTML view follows. Never
+notebook that runs a beam search on a tiny random llama (width 2, 3 tokens) and shows it in a
+`BeamExplorer`; the test runs the cell, waits for the widget, moves the step slider with the
+keyboard and checks the HTML view follows. Never
 `playwright install`: `make install` puts chromium at /usr/bin/chromium.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,23 +31,12 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                  reason=f"{CHROMIUM} is missing (make install adds Debian's chromium)")]
 
-TREE = {"prompt_token_ids": [1, 2], "prompt_text": "Hi", "beam_width": 2, "length_penalty": 1.0,
-        "returned": [2, 3], "nodes": [
-            {"id": 0, "step": 1, "token_id": 5, "text": " a", "logprob": -0.1, "cum_logprob": -0.1,
-             "parent": None, "rank": 1, "status": "kept", "score": -0.05},
-            {"id": 1, "step": 1, "token_id": 6, "text": " b", "logprob": -2.0, "cum_logprob": -2.0,
-             "parent": None, "rank": 2, "status": "kept", "score": -1.0},
-            {"id": 2, "step": 2, "token_id": 7, "text": " c", "logprob": -0.2, "cum_logprob": -0.3,
-             "parent": 0, "rank": 1, "status": "completed", "score": -0.1},
-            {"id": 3, "step": 2, "token_id": 8, "text": " d", "logprob": -0.5, "cum_logprob": -0.6,
-             "parent": 0, "rank": 2, "status": "kept", "score": -0.2},
-            {"id": 4, "step": 2, "token_id": 9, "text": " e", "logprob": -0.1, "cum_logprob": -2.1,
-             "parent": 1, "rank": 1, "status": "pruned", "score": -0.7}]}
-
-CELL = f"""from workbench.inspect.beam_tree import BeamTree
+CELL = """from workbench import LLM
+from workbench.models import tiny_model
 from workbench.widgets import BeamExplorer
 
-BeamExplorer(tree=BeamTree.from_dict({TREE!r}))"""
+llm = LLM(tiny_model("llama", seed=0, dtype="float32"))
+BeamExplorer(llm, "Once upon a time", beam_width=2, max_tokens=3)"""
 
 
 def _notebook(path: Path) -> None:
@@ -126,14 +117,19 @@ def test_step_slider_moves_the_tree_in_jupyterlab(lab, page):
 
     summary = page.locator(".wb-summary")
     summary.wait_for()
-    assert summary.inner_text() == "step 2 of 2: 3 candidates (1 kept, 1 completed, 1 pruned)"
+    assert re.fullmatch(r"step 3 of 3: \d+ candidates \(2 kept, \d+ completed, \d+ pruned\)",
+                        summary.inner_text())
     assert page.locator(".jp-OutputArea svg[id^='wb-beamtree-']").count() == 1
+    last_step_svg = page.locator(".jp-OutputArea svg[id^='wb-beamtree-']").get_attribute("id")
 
     handle = page.locator(".widget-slider .noUi-handle").first
     handle.focus()
     page.keyboard.press("ArrowLeft")
     page.wait_for_function(
-        "() => document.querySelector('.wb-summary').innerText.startsWith('step 1 of 2')")
-    assert summary.inner_text() == "step 1 of 2: 2 candidates (2 kept, 0 completed, 0 pruned)"
+        "() => document.querySelector('.wb-summary').innerText.startsWith('step 2 of 3')")
+    assert re.fullmatch(r"step 2 of 3: \d+ candidates \(2 kept, \d+ completed, \d+ pruned\)",
+                        summary.inner_text())
+    svg = page.locator(".jp-OutputArea svg[id^='wb-beamtree-']")
+    assert svg.get_attribute("id") != last_step_svg  # the tree drawn only up to step 2
     options = [o.replace("\xa0", " ") for o in page.locator(".widget-select select option").all_inner_texts()]
-    assert len(options) == 2 and options[0].startswith("#0 rank 1")
+    assert options and all(re.match(r"#\d+ rank \d", o) for o in options)
