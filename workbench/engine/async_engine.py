@@ -1,7 +1,8 @@
 """`AsyncLLMEngine`: the engine for servers and notebooks, stepped by a background thread.
 
-`generate(prompt, params, request_id)` is an async generator of `RequestOutput`s; `abort`
-stops a request. The step loop runs in its own daemon thread, never on the event loop, so it
+`generate(prompt, params, request_id)` is an async generator of `RequestOutput`s;
+`beam_search(prompt, request_id, params)` yields one `BeamSearchOutput` when the search ends;
+`abort` stops a request. The step loop runs in its own daemon thread, never on the event loop, so it
 works under uvicorn and inside a running Jupyter kernel alike; outputs travel back to the
 caller's loop with `call_soon_threadsafe`. Each instance owns its thread: several engines (and
 a synchronous `LLM` sharing the same `LLMEngine`) coexist in one process.
@@ -20,7 +21,8 @@ from workbench.engine.engine import EngineStats, LLMEngine
 from workbench.engine.input_processor import PromptInput
 from workbench.engine.outputs import RequestOutput
 from workbench.errors import EngineDeadError
-from workbench.sampling_params import SamplingParams
+from workbench.engine.beam_search import BeamSearchOutput
+from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,19 @@ class AsyncLLMEngine:
                        request_id: str, priority: int = 0, **kwargs: Any
                        ) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs as the engine produces them; aborts if cancelled."""
+        async for out in self._submit(self.engine.add_request, prompt, sampling_params,
+                                      request_id, priority=priority, **kwargs):
+            yield out
+
+    async def beam_search(self, prompt: PromptInput, request_id: str, params: BeamSearchParams,
+                          lora_request: Any = None, priority: int = 0
+                          ) -> AsyncIterator[BeamSearchOutput]:
+        """Runs a beam search in the engine's steps; yields its one, final `BeamSearchOutput`."""
+        async for out in self._submit(self.engine.add_beam_request, prompt, params, request_id,
+                                      priority=priority, lora_request=lora_request):
+            yield out
+
+    async def _submit(self, add, prompt, params, request_id: str, **kwargs: Any):
         self.check_health()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
@@ -94,8 +109,7 @@ class AsyncLLMEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         # off the event loop: adding waits for the engine lock while a step runs
-        await asyncio.to_thread(self.engine.add_request, request_id, prompt, sampling_params,
-                                priority=priority, on_output=deliver, **kwargs)
+        await asyncio.to_thread(add, request_id, prompt, params, on_output=deliver, **kwargs)
         self._wake.set()
         finished = False
         try:

@@ -134,10 +134,33 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
 
+    def _preempt_idle(self, seq: Sequence, num: int, out: SchedulerOutput) -> None:
+        """Frees the blocks of running sequences with nothing to compute until `seq` fits.
+
+        Only beams waiting for their siblings' logits are idle; without this, beams holding
+        the whole cache would wait forever for a sibling that cannot get a block.
+        """
+        scheduled = {id(s.seq) for s in out.scheduled}
+        idle = [s for s in self.running if s.num_uncomputed_tokens == 0 and id(s) not in scheduled]
+        for victim in sorted(idle, key=self._key, reverse=True):
+            if self.block_manager.can_reserve(seq, num):
+                return
+            self.running.remove(victim)
+            self.block_manager.free(victim)
+            victim.num_computed_tokens = 0
+            victim.num_preemptions += 1
+            victim.status = SequenceStatus.WAITING
+            self.waiting.appendleft(victim)  # parked: its candidates are kept, see below
+            self.num_preemptions += 1
+            out.preempted.append(victim)
+
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
         while self.waiting and budget > 0:
-            seq = self.waiting[0]
+            # a beam parked with its candidates waits for its siblings, not for the model
+            seq = next((s for s in self.waiting if s.beam_candidates is None), None)
+            if seq is None:
+                break
             req = seq.request
             slots = 1 if req.forked else req.max_sequences  # room for siblings / beams
             if len(self.running) + slots > self.max_num_seqs:
@@ -150,13 +173,15 @@ class Scheduler:
                 if seq.num_preemptions == 0 and seq.index == 0:
                     req.num_cached_tokens = cached
             num = self._chunk(seq, budget)
+            if num and not bm.can_reserve(seq, num):
+                self._preempt_idle(seq, num, out)
             if num == 0 or not bm.can_reserve(seq, num):
                 if fresh:
                     bm.free(seq)
                     seq.num_computed_tokens = 0
                 break
             out.block_copies += bm.reserve(seq, num)
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num))

@@ -14,7 +14,8 @@ _NAMES = {
     "BeamNode": "workbench.inspect.beam_tree",
     "remote_beam_search": "workbench.inspect.remote_beam",
     "LogprobTable": "workbench.inspect.logprob_table",
-    "ValidationReport": "workbench.inspect.validation",
+    "ValidationReport": "workbench.inspect.validation_report",
+    "Trace": "workbench.inspect.trace",
 }
 
 
