@@ -119,12 +119,6 @@ def test_untrusted_chat_template(client):
                                       "--trust-request-chat-template is not set.")
 
 
-def test_beam_search_refused_by_name(client):
-    status, body = complete(client, extra_body={"use_beam_search": True})
-    assert (status, body["param"]) == (400, "use_beam_search")
-    assert "not supported by this server yet" in body["message"]
-
-
 def test_tool_choice_without_a_parser(client):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     status, body = chat(client, tools=tools)

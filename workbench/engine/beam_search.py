@@ -58,7 +58,8 @@ class BeamSearchOutput:
         """One `RequestOutput` with a `CompletionOutput` per beam, as vLLM's serving layer."""
         n = len(self.prompt_token_ids)
         outs = [CompletionOutput(index=i, text=s.text or "", token_ids=s.tokens[n:],
-                                 cumulative_logprob=s.cum_logprob, logprobs=s.logprobs,
+                                 cumulative_logprob=s.cum_logprob,
+                                 logprobs=s.logprobs[:len(s.tokens) - n],  # not a dropped EOS's
                                  finish_reason=s.finish_reason, stop_reason=s.stop_reason,
                                  lora_request=s.lora_request)
                 for i, s in enumerate(self.sequences)]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import NotFoundError
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import BeamSearchParams, SamplingParams
 from workbench.serving.config import ServerConfig
 from workbench.serving.errors import GenerationError
 from workbench.serving.metrics import ServingMetrics
@@ -78,6 +78,7 @@ class Generation:
     first_token_at: float | None = None
     prompt_logprobs: dict[int, list | None] = field(default_factory=dict)
     recorder: PipelineRecorder = field(default_factory=PipelineRecorder)
+    beam: list[BeamSearchParams] | None = None  # `use_beam_search`: one per prompt
 
     @property
     def n(self) -> int:
@@ -176,6 +177,8 @@ class GenerationServing(OpenAIServing):
         gen = Generation(request=request, model_name=self.model_name, prompts=prompts,
                          params=params, recorder=rec,
                          request_id=f"{self.id_prefix}-{self.base_request_id(meta, body_id)}")
+        if getattr(request, "use_beam_search", False):
+            gen.beam = [beam_search_params(request, p) for p in params]
         if not schedule:
             self.check_engine_inputs(gen)
             return gen
@@ -217,7 +220,10 @@ class GenerationServing(OpenAIServing):
             engine_id = self.engine_request_id(gen.request_id, i)
             if self.request_logger is not None:
                 self.request_logger.log_inputs(engine_id, prompt.text, prompt.token_ids, params)
-            streams.append(self._engine_stream(prompt, params, engine_id, priority))
+            if gen.beam is not None:
+                streams.append(self._beam_stream(prompt, gen.beam[i], engine_id, priority))
+            else:
+                streams.append(self._engine_stream(prompt, params, engine_id, priority))
         gen.outputs = self._timed(gen, merge_async_iterators(*streams))
 
     async def _engine_stream(self, prompt: EnginePrompt, params: SamplingParams,
@@ -230,6 +236,20 @@ class GenerationServing(OpenAIServing):
             async for output in stream:
                 finished = output.finished
                 yield output
+        finally:
+            if not finished:
+                self._abort_in_background(request_id, stream)
+
+    async def _beam_stream(self, prompt: EnginePrompt, params: BeamSearchParams,
+                           request_id: str, priority: int) -> AsyncIterator[Any]:
+        """One beam search in the engine: its final result as one `RequestOutput`."""
+        finished = False
+        stream = self.engine.beam_search(prompt.as_engine_input(), request_id, params,
+                                         priority=priority)
+        try:
+            async for output in stream:
+                finished = True
+                yield output.to_request_output()
         finally:
             if not finished:
                 self._abort_in_background(request_id, stream)
@@ -311,3 +331,13 @@ class GenerationServing(OpenAIServing):
         if self.request_logger is not None:
             self.request_logger.log_outputs(gen.request_id, [c.text for c in choices],
                                             [c.finish_reason for c in choices])
+
+
+def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams:
+    """`use_beam_search`: width `n`, the resolved max_tokens and temperature (as vLLM's
+    `to_beam_search_params`); stop strings, penalties and sampling knobs do not apply."""
+    return BeamSearchParams(
+        beam_width=params.n, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+        temperature=params.temperature, length_penalty=request.length_penalty,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens)

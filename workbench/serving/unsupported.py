@@ -14,7 +14,6 @@ from workbench.errors import ValidationError
 IGNORED_FIELDS = {
     "user": "identifies the end user to OpenAI; no effect on generation",
     "session_id": "session affinity for routers; single engine here",
-    "length_penalty": "beam search only (as in vLLM); beam search requests are refused",
     "parallel_tool_calls": "only meaningful with a tool parser",
     "include_reasoning": "only meaningful with a reasoning parser; all text is content",
 }
@@ -30,8 +29,6 @@ def _refuse(message: str, parameter: str, value: Any = None) -> None:
 
 def check_common(request: Any) -> None:
     """Refusals shared by completions and chat completions."""
-    if request.use_beam_search:
-        _refuse(f"Beam search (`use_beam_search`) {_NOT_YET}.", "use_beam_search")
     if request.logprob_token_ids is not None:
         _refuse(f"`logprob_token_ids` {_NOT_YET}.", "logprob_token_ids")
     response_format = request.response_format or {}
@@ -67,6 +64,11 @@ def check_completion(request: Any) -> None:
         _refuse("You must set `--enable-prompt-embeds` to input `prompt_embeds`.", "prompt_embeds")
     if request.suffix is not None:
         _refuse("suffix is only supported for models with FIM completion rendering", "suffix")
+    if request.use_beam_search and request.echo and request.logprobs is not None:
+        _refuse("`echo` with `logprobs` is not supported with beam search because beam search "
+                "does not compute prompt logprobs.", "echo")
+    if request.use_beam_search and request.stream:
+        _refuse("Streaming is not currently supported with beam search", "stream")
     check_common(request)
 
 
