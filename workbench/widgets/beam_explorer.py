@@ -138,25 +138,21 @@ class BeamExplorer(widgets.VBox):
         if tree.prompt_text is not None:
             self.prompt.value = tree.prompt_text
         self.beam_width.value, self.length_penalty.value = tree.beam_width, tree.length_penalty
-        with self.hold_trait_notifications():
-            self.step.max = tree.num_steps
+        self.step.max = tree.num_steps  # may clamp the value, which redraws: harmless
         if self.step.value == tree.num_steps:
-            self._on_step({"new": tree.num_steps})
-        self.step.value = tree.num_steps  # fires _on_step when it changes
+            self._on_step({"new": tree.num_steps})  # no change event when the value stays
+        else:
+            self.step.value = tree.num_steps
 
     # -- reactions ---------------------------------------------------------------------------
     def _on_step(self, change: dict) -> None:
-        step = change["new"]
-        nodes = self.tree.step(step) if self.tree else []
+        """Lists the step's candidates; selects the one on a returned path, else a kept one."""
+        nodes = self.tree.step(change["new"]) if self.tree else []
         on_path = {n.id for i in range(len(self.tree.returned)) for n in self.tree.path(i)} \
             if self.tree else set()
         default = next((n.id for n in nodes if n.id in on_path),
                        next((n.id for n in nodes if n.status != "pruned"), None))
-        options = [(node_label(n), n.id) for n in nodes]
-        if self.node.options == tuple(options) and self.node.value == default:
-            self._render()
-            return
-        self.node.options = options  # resets value; the assignment below renders
+        self.node.options = [(node_label(n), n.id) for n in nodes]
         self.node.value = default
         self._render()
 
