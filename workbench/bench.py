@@ -138,8 +138,49 @@ def bench_concurrent16(side: Contenders, config: BenchConfig) -> dict[str, float
     return compare("concurrent16", side, config, side.prompt_ids(config.concurrency), sample=True)
 
 
+def hf_beam(lm, prompt: list[int], width: int, tokens: int) -> int:
+    """transformers' beam search, `num_beams=width`, exactly `tokens` new tokens."""
+    import torch
+
+    ids = torch.tensor([prompt], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(ids, num_beams=width, num_return_sequences=width, do_sample=False,
+                                max_new_tokens=tokens, min_new_tokens=tokens, early_stopping=False,
+                                pad_token_id=lm.tokenizer.pad_token_id)  # [W, T + tokens]
+    return (out.shape[1] - ids.shape[1]) * out.shape[0]
+
+
+def ours_beam(llm, prompt: list[int], width: int, tokens: int) -> int:
+    """Our engine's beam search (beams share the prompt's KV blocks), exactly `tokens` steps."""
+    from workbench import BeamSearchParams
+
+    out = llm.beam_search({"prompt_token_ids": prompt},
+                          BeamSearchParams(beam_width=width, max_tokens=tokens, ignore_eos=True))[0]
+    return sum(len(s.tokens) - len(prompt) for s in out.sequences)
+
+
+def seconds(run: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def bench_beam4(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """Beam search, width 4, `tokens` tokens: seconds per search, ours over theirs."""
+    prompt = side.prompt_ids(1)[0]
+    ours = lambda tokens: ours_beam(side.ours, prompt, 4, tokens)
+    theirs = lambda tokens: hf_beam(side.theirs, prompt, 4, tokens)
+    ours(4), theirs(4)  # warm-up
+    ours_s = theirs_s = float("inf")
+    for _ in range(config.repeats):
+        ours_s = min(ours_s, seconds(lambda: ours(config.tokens)))
+        theirs_s = min(theirs_s, seconds(lambda: theirs(config.tokens)))
+    return {"beam4_s": round(ours_s, 3), "hf_beam4_s": round(theirs_s, 3),
+            "beam4_time_ratio": round(ours_s / theirs_s, 3)}
+
+
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, float]], ...] = (
-    bench_single_stream, bench_concurrent16)
+    bench_single_stream, bench_concurrent16, bench_beam4)
 
 
 def peak_rss_mb() -> float:
