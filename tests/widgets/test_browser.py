@@ -64,12 +64,13 @@ def lab(tmp_path):
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "PYTHONPATH": os.getcwd()}
     jupyter = Path(sys.executable).with_name("jupyter")
+    log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(
         [str(jupyter), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
          f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}", "--allow-root",
          "--ServerApp.port_retries=0", "--LabApp.news_url=None",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "lab.log", "w"),
+        env=env, stdout=subprocess.DEVNULL, stderr=log,
         start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -91,6 +92,7 @@ def lab(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
+        log.close()
 
 
 @pytest.fixture
