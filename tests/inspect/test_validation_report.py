@@ -52,6 +52,15 @@ def test_valid_request_passes_with_ignored_and_coerced_fields(servings):
     assert report["engine inputs"].status == "passed"
 
 
+def test_beam_search_lists_the_sampling_fields_it_does_not_use(servings):
+    body = {"model": MODEL, "prompt": "Once", "use_beam_search": True, "n": 2, "max_tokens": 2,
+            "stop": ["\n"], "top_p": 0.5, "length_penalty": 0.5}
+    report = validate(servings, body, endpoint="/v1/completions")
+    assert report.ok
+    ignored = {c.name for c in report.ignored}
+    assert {"stop", "top_p"} <= ignored and "length_penalty" not in ignored
+
+
 @pytest.mark.parametrize(("endpoint", "body", "param"), [
     ("/v1/completions", {"prompt": "hi", "max_tokens": 600}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "model": "nope"}, "model"),

@@ -81,6 +81,7 @@ class PipelineRecorder:
         """Each field the request set: honoured (passed) or ignored (`unsupported.IGNORED_FIELDS`,
         unknown extras)."""
         set_fields = request.model_fields_set
+        beam = bool(getattr(request, "use_beam_search", False))
         for name in sorted(set_fields):
             value = getattr(request, name, None)
             if name in (request.model_extra or {}):
@@ -88,6 +89,9 @@ class PipelineRecorder:
             if name in unsupported.IGNORED_FIELDS:
                 self.add(name, "validate", "ignored", name, unsupported.IGNORED_FIELDS[name],
                          value)
+            elif beam and name in unsupported.BEAM_IGNORED_FIELDS and value is not None:
+                self.add(name, "validate", "ignored", name,
+                         unsupported.BEAM_IGNORED_FIELDS[name], value)
             elif name not in ("model", "prompt", "messages"):
                 self.add(name, "validate", "passed", name, "honoured", value)
         for name, value in (request.model_extra or {}).items():

@@ -18,6 +18,17 @@ IGNORED_FIELDS = {
     "include_reasoning": "only meaningful with a reasoning parser; all text is content",
 }
 
+# As in the reference, beam search takes only width, length, EOS handling, length_penalty and
+# temperature; it accepts these sampling fields without using them. The validation report
+# lists them as ignored for such requests, so nothing is dropped out of sight.
+BEAM_IGNORED_FIELDS = {
+    name: "not used by beam search (as the reference), which ranks by raw logprobs"
+    for name in ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty", "top_p", "top_k", "min_p", "seed", "logit_bias",
+                 "min_tokens", "bad_words", "allowed_token_ids", "logprobs", "top_logprobs",
+                 "prompt_logprobs")
+}
+
 _NOT_YET = "is not supported by this server yet"
 _REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
             "guided_decoding_backend", "guided_whitespace_pattern")
