@@ -244,9 +244,18 @@ class LLMEngine:
 
     def _run(self, out) -> list[Request]:
         now = time.time()
-        for s in out.scheduled:
-            m = s.seq.request.metrics
+        counted: set[int] = set()
+        for s in out.scheduled:  # per request: a step of prompt, or a step of generation
+            req = s.seq.request
+            if id(req) in counted:
+                continue
+            counted.add(id(req))
+            m = req.metrics
             m.first_scheduled_time = m.first_scheduled_time or now
+            if s.seq.num_computed_tokens < s.seq.num_prompt_tokens:
+                m.num_prefill_steps += 1
+            else:
+                m.num_decode_steps += 1
         try:
             rows = self.runner.execute(out)
         except Exception:  # the model failed: these requests end with 'error', others go on
