@@ -80,3 +80,11 @@ def test_validate_locally_and_through_the_validate_route(local, remote):
     a, b = local.validate(body), remote.validate(body)
     assert a == b
     assert [c.name for c in a.ignored] == ["user"] and a.failed[0].param == "max_tokens"
+
+
+def test_beam_search_same_locally_and_client_side_over_http(local, remote):
+    here = local.beam_search("The capital of France is", beam_width=2, max_tokens=3)
+    there = remote.beam_search("The capital of France is", beam_width=2, max_tokens=3)
+    assert [s.tokens for s in here.sequences] == [s.tokens for s in there.sequences]
+    assert len(here.tree) == len(there.tree) > 0
+    assert here.tree.best.token_id == there.tree.best.token_id

@@ -1,7 +1,7 @@
 """`Workbench`: the endpoint suite from a notebook, each response with its inspect objects.
 
 One method per endpoint (`completions`, `chat`, `tokenize`, `detokenize`, `models`, `validate`,
-`stream_completions`, `stream_chat`), each taking the request body's fields as keyword
+`stream_completions`, `stream_chat`, and `beam_search` with its `BeamTree`), each taking the request body's fields as keyword
 arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logprobs`
 (`LogprobTable`, when the response has logprobs), `.report` (`ValidationReport`), `.trace`
 (`Trace`), `.error` (the error envelope, instead of raising).
@@ -18,6 +18,7 @@ Two back ends, same bodies in and out:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -25,9 +26,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.engine.beam_search import BeamSearchOutput
 from workbench.inspect.logprob_table import LogprobTable
 from workbench.inspect.trace import Span, Trace
 from workbench.inspect.validation_report import ValidationReport, endpoint_of
+from workbench.sampling_params import BeamSearchParams
 
 
 @dataclass
@@ -116,6 +119,16 @@ class Workbench:
         """Dry run of a completions or chat body (chat when it has `messages`)."""
         return self._backend.validate({**(body or {}), **fields})
 
+    def beam_search(self, prompt: str | list[int], beam_width: int = 4, max_tokens: int = 16,
+                    length_penalty: float = 1.0, ignore_eos: bool = False,
+                    tokenizer: Any = None) -> BeamSearchOutput:
+        """Beam search with its `BeamTree` (`.tree`): in the engine locally; against a remote
+        server, the same algorithm client-side over `/v1/completions` (needs the served model's
+        tokenizer: pass it, or the model must be one of our aliases or a local directory)."""
+        params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens,
+                                  length_penalty=length_penalty, ignore_eos=ignore_eos)
+        return self._backend.beam_search(prompt, params, tokenizer)
+
     def close(self) -> None:
         self._backend.close()
 
@@ -141,6 +154,7 @@ class _Local:
         self.engine = AsyncLLMEngine.from_llm(llm) if self._owns_engine else llm
         self.servings = Servings.build(self.engine, config or ServerConfig())
         self.model = self.servings.completions.model_name
+        self._beam_ids = itertools.count()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                         name="workbench-facade-loop")
@@ -228,6 +242,14 @@ class _Local:
 
         return validate(self.servings, _with_model(body, self.model))
 
+    def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
+        async def search() -> BeamSearchOutput:
+            request_id = f"wb-beam-{next(self._beam_ids)}"
+            outs = [o async for o in self.engine.beam_search(prompt, request_id, params)]
+            return outs[-1]
+
+        return self.run(search())
+
     def close(self) -> None:
         if self._owns_engine:
             self.engine.shutdown()
@@ -289,6 +311,17 @@ class _Remote:
             return self._result(self.client.get(self._url(endpoint)))
         return self._result(self.client.post(self._url(endpoint), json=body))
 
+    def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
+        import httpx
+
+        from workbench.inspect.remote_beam import remote_beam_search
+
+        if tokenizer is None:
+            tokenizer = _local_tokenizer(self.model)
+        with httpx.Client(base_url=self.root, headers=self.client.headers,
+                          timeout=self.client.timeout) as client:
+            return remote_beam_search(client, self.model, prompt, params, tokenizer)
+
     def validate(self, body: dict[str, Any]) -> ValidationReport:
         """Our server's `/v1/validate`; other servers have no dry run."""
         body = _with_model(body, self.model)
@@ -300,6 +333,22 @@ class _Remote:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _local_tokenizer(model: str) -> Any:
+    """The tokenizer of a served model we also have here (an alias or a local directory)."""
+    from transformers import AutoTokenizer
+
+    from workbench.models import resolve_model
+
+    try:
+        path = resolve_model(model, prepare=False).path
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - say what to do instead
+        raise ValueError(
+            f"Beam search against a remote server needs the tokenizer of {model!r}; it is not "
+            "available locally, so pass `tokenizer=` (e.g. AutoTokenizer.from_pretrained(...))."
+        ) from exc
 
 
 def _with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
