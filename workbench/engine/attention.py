@@ -62,12 +62,15 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     nd = ctx.num_decode
     if nd:
         qd = q[:, :nd].transpose(0, 1)  # [B, Hq, D]
-        out[:nd] = decode_attention(qd, k_cache[ctx.decode_slots], v_cache[ctx.decode_slots],
-                                    ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
+        shape = (*ctx.decode_slots.shape, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
+        flat = ctx.decode_slots.flatten()  # index_select: ~7x faster than k_cache[slots] here
+        k = k_cache.index_select(0, flat).view(shape)
+        v = v_cache.index_select(0, flat).view(shape)
+        out[:nd] = decode_attention(qd, k, v, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
-        k = k_cache[chunk.slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        v = v_cache[chunk.slots].transpose(0, 1).unsqueeze(0)
+        k = k_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        v = v_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)
         qp = q[:, s:s + n].unsqueeze(0)  # [1, Hq, n, D]
         o = F.scaled_dot_product_attention(qp, k, v, attn_mask=chunk.mask, scale=scaling,
                                            is_causal=chunk.mask is None, enable_gqa=True)
