@@ -34,3 +34,20 @@ def test_a_part_called_alone_computes_its_own_slice():
     x = torch.randn(1, 3, lm.config.hidden_size)
     k = model.model.layers[0].self_attn.k_proj(x)  # no q_proj call before it
     torch.testing.assert_close(k, x @ k_weight.T, rtol=1e-5, atol=1e-5)
+
+
+def test_prepacked_bf16_projections_are_bit_identical():
+    from workbench.engine.fusion import FastLinear, can_prepack
+
+    lm = tiny_model("llama", dtype="bfloat16")
+    if not can_prepack(next(lm.model.parameters())):
+        import pytest
+
+        pytest.skip("this torch build has no oneDNN prepacking")
+    packed = copy.deepcopy(lm.model)
+    fuse_projections(packed, prepack=True)
+    assert isinstance(packed.lm_head, FastLinear) and packed.lm_head.prepacked
+    assert isinstance(packed.model.layers[0].mlp.down_proj, FastLinear)
+    ids = lm.tokenizer("The quick brown fox jumps", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        assert torch.equal(packed(ids).logits, lm.model(ids).logits)

@@ -5,7 +5,8 @@ layer) and calls transformers' own modules (embedding, rotary embedding, decoder
 LM head) on a single ragged row of every scheduled token; attention goes through
 `workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
 them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
-In reduced precision the Q/K/V and gate/up projections are fused (`engine/fusion.py`).
+In reduced precision the Q/K/V and gate/up projections are fused and, on CPU, every
+projection is prepacked for oneDNN (`engine/fusion.py`).
 """
 
 from __future__ import annotations
