@@ -348,7 +348,10 @@ class LLMEngine:
             return
         rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, s.output_token_ids,
                             s.generator, self._stop_ids(s)) for s, _ in to_sample]
-        result = self.sampler(logits[[r for _, r in to_sample]], rows)
+        picked = [r for _, r in to_sample]
+        if picked != list(range(len(logits))):  # most steps: every row, in order: no copy
+            logits = logits[picked]
+        result = self.sampler(logits, rows)
         tokens = result.tokens.tolist()
         lps = result.token_logprobs.tolist() if result.token_logprobs is not None else None
         ranks = result.ranks.tolist() if result.ranks is not None else None

@@ -148,13 +148,18 @@ class Sampler:
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        if greedy:
+        if len(greedy) == len(rows):
+            tokens = logits.argmax(-1)
+        elif greedy:
             tokens[greedy] = logits[greedy].argmax(-1)
         if sampled:
             dev = logits.device
-            temp = torch.tensor([rows[i].params.temperature for i in sampled], device=dev)
+            sub = logits if len(sampled) == len(rows) else logits[sampled]
+            temps = [rows[i].params.temperature for i in sampled]
+            if any(t != 1.0 for t in temps):
+                sub = sub / torch.tensor(temps, device=dev).unsqueeze(1)
             sub = truncate(
-                logits[sampled] / temp.unsqueeze(1),
+                sub,
                 torch.tensor([rows[i].params.top_k for i in sampled], device=dev),
                 torch.tensor([rows[i].params.top_p for i in sampled], device=dev),
                 torch.tensor([rows[i].params.min_p for i in sampled], device=dev),
