@@ -11,7 +11,7 @@ is one continuously batched run. Outputs come back in the order of the prompts.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workbench.config import EngineConfig
@@ -44,42 +44,21 @@ class LLM:
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
         """Generates for one prompt or a list (text, token ids, or {"prompt_token_ids": [...]})."""
-        if isinstance(prompts, (str, dict)) or (
-                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _as_list(prompts)
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"Got {len(params)} sampling params for {len(prompts)} prompts.")
-        return self._run(prompts, params, priority or [0] * len(prompts), use_tqdm)
-
-    def _run(self, prompts, params, priorities, use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
-        ids: list[str] = []
-        finals: dict[str, RequestOutput] = {}
-        bar = _progress(len(prompts), use_tqdm)
 
-        def collect(out: RequestOutput) -> None:
-            if out.finished:
-                finals[out.request_id] = out
-                bar.update(1)
+        def adder(prompt, p: SamplingParams, prio: int):
+            p = p.clone()
+            p.output_kind = RequestOutputKind.FINAL_ONLY
+            return lambda rid, collect: engine.add_request(rid, prompt, p, priority=prio,
+                                                           on_output=collect)
 
-        try:
-            for prompt, p, prio in zip(prompts, params, priorities):
-                p = p.clone()
-                p.output_kind = RequestOutputKind.FINAL_ONLY
-                rid = f"llm-{next(self._ids)}"
-                engine.add_request(rid, prompt, p, priority=prio, on_output=collect)
-                ids.append(rid)
-            while len(finals) < len(ids):
-                engine.step()  # another thread (serve_in_kernel) may be stepping too: fine
-        except BaseException:
-            engine.abort_request(ids)
-            engine.step()
-            raise
-        finally:
-            bar.close()
-        return [finals[rid] for rid in ids]
+        prios = priority or [0] * len(prompts)
+        return self._drive([adder(*a) for a in zip(prompts, params, prios)], "llm", use_tqdm)
 
     def beam_search(self, prompts: Any, params: BeamSearchParams, lora_request: Any = None,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -89,24 +68,38 @@ class LLM:
         generated text without EOS); `.tree` is the `BeamTree` of every candidate.
         `lora_request`: one for all prompts or a list with one per prompt.
         """
-        if isinstance(prompts, (str, dict)) or (
-                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _as_list(prompts)
         loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
-        engine, finals, ids = self.llm_engine, {}, []
-        bar = _progress(len(prompts), use_tqdm)
+        engine = self.llm_engine
 
-        def collect(out: BeamSearchOutput) -> None:
-            finals[out.request_id] = out
-            bar.update(1)
+        def adder(prompt, lora):
+            return lambda rid, collect: engine.add_beam_request(rid, prompt, params,
+                                                                lora_request=lora,
+                                                                on_output=collect)
+
+        return self._drive([adder(*a) for a in zip(prompts, loras)], "beam", use_tqdm)
+
+    def _drive(self, adders: list[Callable[[str, Callable], Any]], kind: str,
+               use_tqdm: bool) -> list:
+        """Submits one request per `adder(request_id, on_output)`, steps the engine until each
+        has its final output, and returns those in order; on any error all are aborted."""
+        engine = self.llm_engine
+        ids: list[str] = []
+        finals: dict[str, Any] = {}
+        bar = _progress(len(adders), use_tqdm)
+
+        def collect(out) -> None:
+            if getattr(out, "finished", True):  # a beam search reports once, at the end
+                finals[out.request_id] = out
+                bar.update(1)
 
         try:
-            for prompt, lora in zip(prompts, loras):
-                rid = f"beam-{next(self._ids)}"
-                engine.add_beam_request(rid, prompt, params, lora_request=lora, on_output=collect)
+            for add in adders:
+                rid = f"{kind}-{next(self._ids)}"
+                add(rid, collect)
                 ids.append(rid)
             while len(finals) < len(ids):
-                engine.step()
+                engine.step()  # another thread (serve_in_kernel) may be stepping too: fine
         except BaseException:
             engine.abort_request(ids)
             engine.step()
@@ -143,6 +136,14 @@ class LLM:
             ids = tok(rendered.prompt, add_special_tokens=False)["input_ids"]
             prompts.append({"prompt": rendered.prompt, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def _as_list(prompts: Any) -> list:
+    """One prompt (text, token ids, or a dict) or a list of them -> a list."""
+    if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)
 
 
 class _NoBar:
