@@ -30,8 +30,11 @@ $(CHROMIUM):
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	else echo "chromium not installed (needs root and apt-get): the browser test will skip"; fi
 
+# JupyterLab refuses to start as root unless told it may (containers and these machines run as root)
+LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: install
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(LAB_FLAGS)
 
 serve: install
 	$(BIN)/workbench serve --host 127.0.0.1 --port 8000
