@@ -38,6 +38,17 @@ def test_streamed_text_equals_non_streamed_at_temperature_0(client):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_streamed_logprobs_equal_the_non_streamed_ones(client):
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=4, temperature=0, logprobs=True,
+                  top_logprobs=2)
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    streamed = [e for c in client.chat.completions.create(**kwargs, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole]
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == \
+        [[t.token for t in e.top_logprobs] for e in whole]
+
+
 async def test_async_stream(aclient):
     stream = await aclient.chat.completions.create(model=MODEL, messages=HI, max_tokens=4,
                                                    temperature=0, stream=True)

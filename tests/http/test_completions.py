@@ -77,6 +77,17 @@ def test_logprobs_legacy_format(client):
     assert lp.top_logprobs[0][lp.tokens[0]] == lp.token_logprobs[0]
 
 
+def test_streamed_logprobs_equal_the_non_streamed_ones(client):
+    kwargs = dict(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    chunks = [c.choices[0].logprobs for c in client.completions.create(**kwargs, stream=True)
+              if c.choices]
+    assert [t for lp in chunks for t in lp.tokens] == whole.tokens
+    assert [x for lp in chunks for x in lp.token_logprobs] == whole.token_logprobs
+    assert [x for lp in chunks for x in lp.text_offset] == whole.text_offset
+    assert [x for lp in chunks for x in lp.top_logprobs] == whole.top_logprobs
+
+
 def test_echo_with_logprobs_scores_the_prompt(client):
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True,
                                   logprobs=1)
@@ -102,3 +113,15 @@ def test_continuous_usage_stats(client):
         model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True}))
     assert [c.usage.completion_tokens for c in chunks] == [1, 2, 3, 3]
+
+
+def test_system_fingerprint_in_the_response_and_the_last_chunk(client):
+    kwargs = dict(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
+    fp = client.completions.create(**kwargs).system_fingerprint
+    assert fp.startswith("workbench-") and len(fp.rsplit("-", 1)[1]) == 8
+    chunks = [c for c in client.completions.create(**kwargs, stream=True)]
+    assert chunks[-1].system_fingerprint == fp
+    assert all(c.system_fingerprint is None for c in chunks[:-1])
+    with_usage = list(client.completions.create(**kwargs, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert with_usage[-1].usage is not None and with_usage[-1].system_fingerprint == fp

@@ -101,14 +101,14 @@ def test_out_of_vocabulary_token_prompt(client):
 
 def test_stream_options_without_stream(client):
     status, body = chat(client, stream_options={"include_usage": True})
-    assert (status, body["type"], body["param"]) == (400, "Bad Request", "stream_options")
+    assert (status, body["type"], body["param"]) == (400, "BadRequestError", "stream_options")
     assert body["message"] == ("Stream options can only be defined when `stream=True`. "
                                "(parameter=stream_options)")
 
 
 def test_prompt_logprobs_with_stream(client):
     status, body = complete(client, stream=True, extra_body={"prompt_logprobs": 1})
-    assert (status, body["type"], body["param"]) == (400, "Bad Request", "prompt_logprobs")
+    assert (status, body["type"], body["param"]) == (400, "BadRequestError", "prompt_logprobs")
     assert body["message"].startswith("`prompt_logprobs` are not available when `stream=True`.")
 
 

@@ -1,8 +1,9 @@
 """HTTP error handling: every failure leaves as the OpenAI error envelope, never a 422.
 
-Schema and JSON errors (FastAPI's `RequestValidationError`) become 400 with type "Bad Request"
-(as vLLM) and a readable message: the check's own sentence when a request check refused it,
-otherwise one `location: problem` line per error (at most 10, inputs cut to 200 characters).
+Schema and JSON errors (FastAPI's `RequestValidationError`) become 400 with a readable message:
+a request check that refused it answers with its own sentence and type `BadRequestError`, as
+vLLM's validators do; other schema errors are "Bad Request" with one `location: problem` line
+per error (at most 10, inputs cut to 200 characters).
 """
 
 from __future__ import annotations
@@ -58,20 +59,26 @@ def _line(err: Any) -> str:
 
 
 def validation_error_body(errors: list[Any]) -> dict[str, Any]:
-    """The error envelope for a list of pydantic / FastAPI validation errors."""
-    param = None
-    for err in errors:
-        check = (err.get("ctx") or {}).get("error") if isinstance(err, dict) else None
-        if isinstance(check, ValidationError):
-            param = check.parameter
-            break
-    if param is None and errors and isinstance(errors[0], dict) and errors[0].get("loc"):
-        param = clean_loc(tuple(errors[0]["loc"]))
+    """The error envelope for a list of pydantic / FastAPI validation errors.
+
+    A single failed request check (one of vLLM's own validators) answers as vLLM does: its
+    sentence, type `BadRequestError`, its parameter (or none). Schema errors are
+    "N validation error(s)" with type "Bad Request" and the first error's location as param.
+    """
     checks = [e for e in errors if isinstance(e, dict) and isinstance(
         (e.get("ctx") or {}).get("error"), ValidationError)]
     if len(errors) == 1 and checks:
-        message = _line(errors[0])
-    elif errors:
+        check = checks[0]["ctx"]["error"]
+        body = make_error(_line(errors[0]), "BadRequestError", HTTPStatus.BAD_REQUEST,
+                          check.parameter)
+        return body.model_dump()
+    param = None
+    for err in checks:
+        param = err["ctx"]["error"].parameter
+        break
+    if param is None and errors and isinstance(errors[0], dict) and errors[0].get("loc"):
+        param = clean_loc(tuple(errors[0]["loc"]))
+    if errors:
         label = "error" if len(errors) == 1 else "errors"
         lines = [f"  {_line(e)}" for e in errors[:_MAX_ERRORS]]
         if len(errors) > _MAX_ERRORS:

@@ -89,6 +89,19 @@ class Generation:
         return sum(len(p.token_ids) for p in self.prompts)
 
 
+def fingerprint(engine: Any) -> str:
+    """`workbench-<version>-<hash8>` of what shapes outputs (the model, dtype, context), like
+    vLLM's `vllm-<version>-<hash8>`: equal fingerprints, same backend configuration."""
+    import hashlib
+
+    import workbench
+
+    config = getattr(engine, "config", None)
+    what = repr((getattr(engine, "model_path", None), getattr(config, "dtype", None),
+                 engine.max_model_len, getattr(config, "seed", None)))
+    return f"workbench-{workbench.__version__}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"
+
+
 class OpenAIServing:
     """What every endpoint needs: the engine, the served names, ids, headers, logging."""
 
@@ -106,6 +119,7 @@ class OpenAIServing:
         self.request_logger = (RequestLogger(self.config.max_log_len)
                                if self.config.enable_log_requests else None)
         self._warned_trace = False
+        self.system_fingerprint = fingerprint(engine)
 
     def check_model(self, model: str | None) -> None:
         """Stage 1. Null means the first served name; LoRA names will join the list."""

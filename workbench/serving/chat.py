@@ -118,7 +118,8 @@ class ChatServing(GenerationServing):
             usage=usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)),
             prompt_logprobs=prompt_logprobs_json(gen.prompt_logprobs.get(0)),
             prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
-            prompt_text=prompt.text if request.return_prompt_text else None)
+            prompt_text=prompt.text if request.return_prompt_text else None,
+            system_fingerprint=self.system_fingerprint)
 
     async def create_stream(self, request: ChatCompletionRequest, meta: RequestMeta
                             ) -> AsyncIterator[str]:
@@ -142,7 +143,8 @@ class ChatServing(GenerationServing):
                 index=i, delta=DeltaMessage(role=self.response_role(request), content=""),
                 logprobs=None, finish_reason=None)],
                 prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
-                prompt_text=prompt.text if request.return_prompt_text else None)
+                prompt_text=prompt.text if request.return_prompt_text else None,
+            system_fingerprint=self.system_fingerprint)
             if continuous:
                 chunk.usage = usage_info(len(prompt.token_ids), 0)
             events.append(chunk_json(chunk))
@@ -176,6 +178,8 @@ class ChatServing(GenerationServing):
                     chunk = self._chunk(gen, [choice])
                     if continuous:
                         chunk.usage = usage_info(num_prompt, len(so_far.token_ids))
+                    if delta.finish_reason is not None and not include_usage:
+                        chunk.system_fingerprint = self.system_fingerprint  # the last word
                     yield chunk_json(chunk)
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
             yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
@@ -184,4 +188,5 @@ class ChatServing(GenerationServing):
         self.finished(gen, choices)
         if include_usage:
             yield usage_chunk_json(self._chunk(
-                gen, [], usage=usage_info(num_prompt, sum(len(c.token_ids) for c in choices))))
+                gen, [], usage=usage_info(num_prompt, sum(len(c.token_ids) for c in choices)),
+                system_fingerprint=self.system_fingerprint))

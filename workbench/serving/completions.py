@@ -70,7 +70,7 @@ class CompletionServing(GenerationServing):
         return CompletionResponse(
             id=gen.request_id, created=gen.created, model=gen.model_name,
             choices=[CompletionResponseChoice(**fields) for fields in built],
-            usage=self.usage(gen, choices))
+            usage=self.usage(gen, choices), system_fingerprint=self.system_fingerprint)
 
     async def create_stream(self, request: CompletionRequest, meta: RequestMeta
                             ) -> AsyncIterator[str]:
@@ -99,6 +99,8 @@ class CompletionServing(GenerationServing):
                     if continuous:
                         prompt_len = len(gen.prompts[delta.index // gen.n].token_ids)
                         chunk.usage = usage_info(prompt_len, cursor.num_tokens)
+                    if delta.finish_reason is not None and not include_usage:
+                        chunk.system_fingerprint = self.system_fingerprint  # the last word
                     yield chunk_json(chunk)
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
             yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
@@ -108,7 +110,7 @@ class CompletionServing(GenerationServing):
         if include_usage:
             yield usage_chunk_json(CompletionStreamResponse(
                 id=gen.request_id, created=gen.created, model=gen.model_name, choices=[],
-                usage=self.usage(gen, choices)))
+                usage=self.usage(gen, choices), system_fingerprint=self.system_fingerprint))
 
     def completion_choice(self, gen: Generation, delta: ChoiceDelta, cursor: ChoiceCursor, *,
                           final: bool) -> dict[str, Any]:

@@ -35,23 +35,26 @@ def completion_logprobs(token_ids: list[int], positions: list[dict[int, Any] | N
                         num_top: int, tokenizer: Any, *, initial_offset: int = 0,
                         as_token_ids: bool = False) -> tuple[CompletionLogProbs, int]:
     """The legacy logprobs object, and the text offset just past its last token."""
-    out = CompletionLogProbs()
+    offsets, tokens, token_lps, tops = [], [], [], []
     offset = initial_offset
     for token_id, position in zip(token_ids, positions):
         step = None if position is None else position.get(token_id)
         token = token_str(token_id, step, tokenizer, as_token_ids)
-        out.tokens.append(token)
+        tokens.append(token)
         if position is None or step is None:
-            out.token_logprobs.append(None)
-            out.top_logprobs.append(None)
+            token_lps.append(None)
+            tops.append(None)
         else:
-            out.token_logprobs.append(clamp(step.logprob))
-            out.top_logprobs.append({
+            token_lps.append(clamp(step.logprob))
+            tops.append({
                 token_str(tid, lp, tokenizer, as_token_ids): clamp(lp.logprob)
                 for i, (tid, lp) in enumerate(position.items()) if i <= num_top
             })
-        out.text_offset.append(offset)
+        offsets.append(offset)
         offset += len(token)
+    # every field assigned, so stream chunks (serialized with exclude_unset) keep them all
+    out = CompletionLogProbs(text_offset=offsets, token_logprobs=token_lps, tokens=tokens,
+                             top_logprobs=tops)
     return out, offset
 
 

@@ -17,7 +17,9 @@ from workbench.serving.protocol.common import (
     INT64_MAX, INT64_MIN, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions, UsageInfo,
 )
 
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+# The usual roles are system, developer, user, assistant, tool and function; as the reference,
+# any other role is passed to the chat template, which decides what it means.
+Role = str
 
 
 class ChatMessageParam(OpenAIBaseModel):
@@ -219,6 +221,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+    routed_experts: list | None = None  # the reference's MoE routing dump; never set here
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -234,6 +237,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     prompt_token_ids: list[int] | None = None
     prompt_text: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None  # as the reference: disaggregation only
+    metrics: dict[str, Any] | None = None  # the reference's opt-in per-request metrics
 
 
 class DeltaMessage(OpenAIBaseModel):

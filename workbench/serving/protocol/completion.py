@@ -107,6 +107,7 @@ class CompletionResponseChoice(OpenAIBaseModel):
     token_ids: list[int] | None = None
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
+    routed_experts: list | None = None  # the reference's MoE routing dump; never set here
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -119,6 +120,8 @@ class CompletionResponse(OpenAIBaseModel):
     system_fingerprint: str | None = None
     usage: UsageInfo
     kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None  # as the reference: disaggregation only
+    metrics: dict[str, Any] | None = None  # the reference's opt-in per-request metrics
 
 
 class CompletionResponseStreamChoice(OpenAIBaseModel):
