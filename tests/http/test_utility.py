@@ -62,6 +62,20 @@ def test_metrics_count_requests_tokens_and_latency(client, http):
     assert f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}}' in text
 
 
+def test_metrics_count_prefix_cache_hits(client, http):
+    def hits() -> float:
+        for line in http.get("/metrics").text.splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError("no vllm:prefix_cache_hits_total")
+
+    prompt = "A prompt long enough to fill a few cache blocks of sixteen tokens each. " * 3
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    before = hits()
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    assert hits() >= before + 16  # the second run found at least one full block cached
+
+
 def test_docs_page_is_self_contained(http):
     page = http.get("/docs").text
     assert "/v1/chat/completions" in page and "ChatCompletionRequest" in page

@@ -44,6 +44,8 @@ class EngineStats:
     generation_tokens_total: int
     prefix_cache_hit_rate: float
     num_preemptions: int
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which found there
 
 
 def _seed_for(seed: int, index: int) -> int:
@@ -416,6 +418,8 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_hit_rate=bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
             num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=bm.prefix_queries * bm.block_size,
+            prefix_cache_hits=bm.prefix_hits * bm.block_size,
         )
 
     def reset_prefix_cache(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -35,6 +35,15 @@ class EngineStatsCollector:
             gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
             gauge.add_metric([self.model_name], float(getattr(stats, attr, 0) or 0))
             yield gauge
+        for name, attr, doc in (
+            ("vllm:num_preemptions", "num_preemptions", "Sequences preempted (recomputed later)."),
+            ("vllm:prefix_cache_queries", "prefix_cache_queries",
+             "Prompt tokens looked up in the prefix cache."),
+            ("vllm:prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in it."),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([self.model_name], float(getattr(stats, attr, 0) or 0))
+            yield counter
 
 
 class ServingMetrics:

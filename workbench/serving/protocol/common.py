@@ -54,6 +54,8 @@ class UsageInfo(OpenAIBaseModel):
     total_tokens: int = 0
     completion_tokens: int | None = 0
     prompt_tokens_details: PromptTokenUsageInfo | None = None
+    # the reference fills it only with a reasoning parser (reasoning_tokens); none here yet
+    completion_tokens_details: dict[str, int] | None = None
 
 
 class StreamOptions(OpenAIBaseModel):
