@@ -108,3 +108,11 @@ def test_logprobs_without_top_logprobs(client):
                                        logprobs=True)
     content = r.choices[0].logprobs.content
     assert len(content) == 2 and all(c.top_logprobs == [] and c.logprob <= 0 for c in content)
+
+
+def test_system_fingerprint_only_in_the_response_and_the_last_chunk(client):
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=2, temperature=0)
+    fp = client.chat.completions.create(**kwargs).system_fingerprint
+    assert fp.startswith("workbench-")
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    assert [c.system_fingerprint for c in chunks] == [None] * (len(chunks) - 1) + [fp]

@@ -143,8 +143,7 @@ class ChatServing(GenerationServing):
                 index=i, delta=DeltaMessage(role=self.response_role(request), content=""),
                 logprobs=None, finish_reason=None)],
                 prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
-                prompt_text=prompt.text if request.return_prompt_text else None,
-            system_fingerprint=self.system_fingerprint)
+                prompt_text=prompt.text if request.return_prompt_text else None)
             if continuous:
                 chunk.usage = usage_info(len(prompt.token_ids), 0)
             events.append(chunk_json(chunk))
