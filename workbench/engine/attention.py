@@ -6,7 +6,7 @@ tokens of all sequences into one ragged row (`[1, T, hidden]`, no padding in the
 the step's `AttentionContext`, built once and passed down as a keyword argument, says where each
 token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
-Decode tokens (one query per sequence) are attended together by two batched matmuls over their
+Decode tokens (one query per sequence) are attended together in one SDPA call over their
 gathered contexts, padded to the longest; each prefill chunk gets its own causal SDPA call. Called
 without a context, it is plain SDPA, so the same model object still works with `generate`.
 """
@@ -36,7 +36,7 @@ class AttentionContext:
     slot_mapping: torch.Tensor  # [T] cache slot of each packed token
     num_decode: int  # the first num_decode tokens are single-token decodes
     decode_slots: torch.Tensor | None  # [B, Lmax] cache slots of each decode's context
-    decode_mask: torch.Tensor | None  # [B, Lmax] bool, True = attend
+    decode_mask: torch.Tensor | None  # [B, Lmax] bool, True = attend; None: no padding
     prefills: list[PrefillChunk]
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: ([S, Hkv, D], [S, Hkv, D])
 
@@ -78,21 +78,23 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     return out.unsqueeze(0), None
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """One query per sequence against its gathered context, grouped-query aware.
 
-    q: [B, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, L] -> [B, Hq, D]. Two batched matmuls: on
-    CPU about ten times faster than SDPA for this shape. Query head h reads KV head
-    h // (Hq / Hkv), as transformers' `repeat_kv`.
+    q: [B, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, L] or None (no padding) -> [B, Hq, D].
+    The G = Hq / Hkv query heads sharing a KV head are laid out as G query positions of that
+    head, so SDPA sees a plain [B, Hkv, G, D] x [B, Hkv, L, D] attention without masking
+    between them (query head h reads KV head h // G, as transformers' `repeat_kv`). On CPU
+    this is several times faster than SDPA's own GQA path or two explicit matmuls.
     """
     b, hq, d = q.shape
     hkv = k.shape[2]
     qg = q.reshape(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale  # [B, Hkv, G, L]
-    scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
-    probs = scores.softmax(-1).to(v.dtype)
-    return torch.matmul(probs, v.transpose(1, 2)).reshape(b, hq, d)  # [B, Hkv, G, D] -> [B, Hq, D]
+    attn_mask = None if mask is None else mask[:, None, None, :]  # [B, 1, 1, L]
+    out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=attn_mask, scale=scale)  # [B, Hkv, G, D]
+    return out.reshape(b, hq, d)
 
 
 def register() -> None:

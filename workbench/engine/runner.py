@@ -71,7 +71,7 @@ class ModelRunner:
         return slots[offset:offset + stop - start]
 
     def _decode_context(self, decodes: list[ScheduledSequence]):
-        """Padded slot table [B, Lmax] and mask [B, Lmax] of the decode sequences."""
+        """Padded slot table [B, Lmax] and mask [B, Lmax] (None if no padding) of the decodes."""
         bs = self.block_size
         lengths = [s.seq.num_computed_tokens + 1 for s in decodes]
         max_blocks = -(-max(lengths) // bs)
@@ -83,6 +83,8 @@ class ModelRunner:
         slots = (table.unsqueeze(2) * bs + self._arange_block).view(len(decodes), -1)
         lmax = max(lengths)
         slots = slots[:, :lmax]
+        if min(lengths) == lmax:  # nothing padded (always so for a single sequence)
+            return slots, None
         lens = torch.tensor(lengths, device=self.device)
         mask = torch.arange(lmax, device=self.device).unsqueeze(0) < lens.unsqueeze(1)
         return slots, mask
