@@ -35,9 +35,21 @@ def fmt(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}f}"
 
 
+def _coarse(value: Any) -> Any:
+    """Floats to 4 decimals (recursively), so last-bit differences between CPUs or kernels
+    don't change an id when nothing visible changed."""
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, dict):
+        return {k: _coarse(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_coarse(v) for v in value]
+    return value
+
+
 def content_id(prefix: str, *parts: Any) -> str:
-    """An element id from a hash of the content (stable across runs)."""
-    digest = hashlib.sha1(repr(parts).encode("utf-8")).hexdigest()[:10]
+    """An element id from a hash of the content (stable across runs and machines)."""
+    digest = hashlib.sha1(repr(_coarse(parts)).encode("utf-8")).hexdigest()[:10]
     return f"{prefix}-{digest}"
 
 
