@@ -1,0 +1,10 @@
+"""Deterministic HTML helpers."""
+
+from workbench.inspect.html import content_id
+
+
+def test_content_id_ignores_float_noise_but_not_visible_changes():
+    a = content_id("wb-x", {"logprob": -0.5313242077827454, "tokens": ["Hello"]})
+    b = content_id("wb-x", {"logprob": -0.5313287973403931, "tokens": ["Hello"]})
+    c = content_id("wb-x", {"logprob": -0.6, "tokens": ["Hello"]})
+    assert a == b != c and a.startswith("wb-x-")
