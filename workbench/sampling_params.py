@@ -17,7 +17,6 @@ from typing import Any
 from workbench.errors import ValidationError
 
 MAX_N_SEQUENCES = 16384
-MAX_LOGPROB_TOKEN_IDS = 128
 _SAMPLING_EPS = 1e-5
 _MIN_TEMPERATURE = 0.01
 
@@ -67,7 +66,6 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    extra_args: dict[str, Any] | None = None
     # filled by the engine: token-id sequences of `bad_words`, the model's extra EOS ids
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)

@@ -41,7 +41,6 @@ class Request:
     metrics: RequestMetrics | None = None
     forked: bool = False  # the n - 1 siblings exist
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
-    aborted: bool = False
     errored: bool = False
     beam: Any = None  # a `BeamSearch` when the request is a beam search: its sequences are beams
 
