@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from workbench.errors import ValidationError
-from workbench.serving.errors import error_response, make_error, validation_message
+from workbench.serving.errors import error_response, make_error
 
 logger = logging.getLogger("workbench.http")
 
@@ -49,7 +49,7 @@ def _line(err: Any) -> str:
         return str(err)
     check = (err.get("ctx") or {}).get("error")
     if isinstance(check, ValidationError):
-        return validation_message(check)
+        return str(check)  # the message with vLLM's (parameter=..., value=...) suffix
     line = f"{clean_loc(tuple(err.get('loc', ())))}: {err.get('msg', '')}"
     if isinstance(check, str):
         line += f" ({check})"

@@ -47,11 +47,6 @@ def make_error(message: str, err_type: str = "BadRequestError",
                                          param=param, code=int(status)))
 
 
-def validation_message(exc: ValidationError) -> str:
-    """vLLM's `VLLMValidationError.__str__`: the message, then `(parameter=..., value=...)`."""
-    return str(exc)
-
-
 def _is_template_error(exc: BaseException) -> bool:
     return any(cls.__name__ == "TemplateError" for cls in type(exc).__mro__)
 
@@ -63,7 +58,7 @@ def error_response(exc: BaseException, *, log_stack: bool = False) -> ErrorRespo
     if isinstance(exc, ServingError):
         return exc.response
     if isinstance(exc, ValidationError):
-        return make_error(validation_message(exc), param=exc.parameter)
+        return make_error(str(exc), param=exc.parameter)
     if isinstance(exc, NotFoundError):
         return make_error(exc.message, "NotFoundError", HTTPStatus.NOT_FOUND, exc.parameter)
     if isinstance(exc, GenerationError):
