@@ -349,7 +349,7 @@ class LLMEngine:
         if not to_sample:
             return
         rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, s.output_token_ids,
-                            s.generator, self._stop_ids(s)) for s, _ in to_sample]
+                            s.generator, s.request.min_tokens_stop_ids) for s, _ in to_sample]
         picked = [r for _, r in to_sample]
         if picked != list(range(len(logits))):  # most steps: every row, in order: no copy
             logits = logits[picked]
@@ -370,12 +370,6 @@ class LLMEngine:
             self.generation_tokens_total += 1
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
-
-    def _stop_ids(self, seq: Sequence) -> set[int]:
-        ids = set(seq.request.params._all_stop_token_ids)
-        if self.outputs.eos_token_id is not None:
-            ids.add(self.outputs.eos_token_id)
-        return ids
 
     def _collect(self, touched: list[Request]) -> list[RequestOutput]:
         results, seen = [], set()

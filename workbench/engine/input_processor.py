@@ -54,7 +54,10 @@ class InputProcessor:
         if not params.ignore_eos:
             params._all_stop_token_ids |= self.extra_eos_ids
         params._bad_words_token_ids = self._bad_words(params.bad_words)
-        return Request(request_id, text, ids, params, **request_kwargs)
+        banned = params._all_stop_token_ids | (
+            {self.eos_token_id} if self.eos_token_id is not None else set())
+        return Request(request_id, text, ids, params, min_tokens_stop_ids=frozenset(banned),
+                       **request_kwargs)
 
     def _truncate(self, ids: list[int], keep: int | None) -> list[int]:
         if keep is None:

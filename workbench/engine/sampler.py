@@ -25,7 +25,7 @@ class SamplingRow:
     prompt_ids: list[int]
     output_ids: list[int]
     generator: torch.Generator | None
-    stop_ids: set[int]  # EOS and stop_token_ids, banned while output is shorter than min_tokens
+    stop_ids: frozenset[int]  # EOS and stop ids, banned while output < min_tokens
 
 
 @dataclass
