@@ -11,6 +11,7 @@ Torch-free; unit-tested without a model.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -64,9 +65,10 @@ class Scheduler:
     # -- queue changes ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
-        if self.policy == "priority":
-            self.waiting = deque(sorted(self.waiting, key=self._key))
+        if self.policy == "priority":  # keep the queue ordered: insert in place, no re-sort
+            bisect.insort(self.waiting, seq, key=self._key)
+        else:
+            self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked from a running one joins the running queue directly."""
