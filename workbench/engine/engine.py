@@ -13,6 +13,7 @@ a notebook calling `LLM.generate`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -25,15 +26,21 @@ from workbench.config import EngineConfig
 from workbench.engine.beam_search import BeamSearch, BeamSearchOutput, top_candidates
 from workbench.engine.block_manager import BlockManager
 from workbench.engine.input_processor import InputProcessor, PromptInput
+from workbench.engine.encoder_runner import EncoderRunner
 from workbench.engine.output_processor import OutputProcessor
-from workbench.engine.outputs import RequestOutput
+from workbench.engine.pooling import finish as pool_finish, label_token_ids, pooling_request
+from workbench.engine.outputs import (CompletionOutput, PoolingOutput, PoolingRequestOutput,
+                                      RequestOutput)
 from workbench.engine.request import Request, Sequence, SequenceStatus
 from workbench.engine.runner import ModelRunner, kv_bytes_per_token
 from workbench.engine.sampler import Sampler, SamplingRow
 from workbench.engine.scheduler import Scheduler
+from workbench.engine.structured import attach_grammar_masks
 from workbench.errors import ValidationError
+from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class EngineStats:
@@ -65,9 +72,11 @@ class LLMEngine:
         self.loaded = loaded
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         hf = self.model.config
+        self.is_pooling_model = getattr(loaded, "kind", "generate") == "embed"  # cannot generate
         self.vocab_size = hf.vocab_size
         self.max_model_len = self._max_model_len(hf)
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+        if (not config.enable_chunked_prefill and not self.is_pooling_model
+                and config.max_num_batched_tokens < self.max_model_len):
             # a sequence longer than one step's budget could never be scheduled: it would wait forever
             raise ValidationError(
                 f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
@@ -82,15 +91,21 @@ class LLMEngine:
         extra = set(extra if isinstance(extra, list) else [extra] if extra is not None else [])
         extra.discard(eos)
         dtype = next(self.model.parameters()).dtype
-        num_blocks = self._num_blocks(hf, dtype)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens, config.enable_chunked_prefill,
-                                   config.scheduling_policy)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        if self.is_pooling_model:  # an encoder: no KV cache, whole prompts (engine/encoder_runner.py)
+            self._init_encoder()
+        else:
+            num_blocks = self._num_blocks(hf, dtype)
+            self.block_manager = BlockManager(num_blocks, config.block_size,
+                                              config.enable_prefix_caching)
+            self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
+                                       config.max_num_batched_tokens, config.enable_chunked_prefill,
+                                       config.scheduling_policy)
+            self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        self._label_ids = (None if self.is_pooling_model
+                           else label_token_ids(self.tokenizer, config.classifier_labels))
         self.sampler = Sampler(config.seed, self.vocab_size)
         self.inputs = InputProcessor(self.tokenizer, self.vocab_size, self.max_model_len,
-                                     config.max_logprobs, eos, extra)
+                                     config.max_logprobs, eos, extra, hidden_size=hf.hidden_size)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len, self.vocab_size)
         self.requests: dict[str, Request] = {}
         self._finished_outside_step: list[Request] = []
@@ -102,6 +117,8 @@ class LLMEngine:
     # -- set-up -----------------------------------------------------------------------------
     def _max_model_len(self, hf) -> int:
         limit = getattr(hf, "max_position_embeddings", None) or 2048
+        if self.is_pooling_model and getattr(self.loaded, "max_model_len", None):
+            limit = min(limit, self.loaded.max_model_len)  # sentence-transformers' max_seq_length
         window = getattr(hf, "sliding_window", None)
         if window and getattr(hf, "use_sliding_window", True):
             limit = min(limit, window)  # contexts never outgrow the window: no window masks
@@ -111,6 +128,17 @@ class LLMEngine:
                 f"max_model_len={wanted} is greater than the model's limit of {limit}.",
                 parameter="max_model_len", value=wanted)
         return wanted or limit
+
+    def _init_encoder(self) -> None:
+        """Block manager as bookkeeping only (no KV tensors, no prefix cache), no chunking, and
+        a step budget that takes any whole prompt."""
+        config = self.config
+        budget = max(config.max_num_batched_tokens, self.max_model_len)
+        num_blocks = -(-budget // config.block_size) + config.max_num_seqs  # a step's worth
+        self.block_manager = BlockManager(num_blocks, config.block_size, False)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, False,
+                                   config.scheduling_policy)
+        self.runner = EncoderRunner(self.model, self.loaded.pooling or "mean")
 
     def _num_blocks(self, hf, dtype: torch.dtype) -> int:
         bs = self.config.block_size
@@ -148,6 +176,7 @@ class LLMEngine:
         `on_output`, when given, receives each of the request's outputs from whichever thread
         steps the engine (those outputs are then not returned by `step`).
         """
+        self._refuse_generation()
         if lora_request is not None:
             raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
                                   parameter="lora_request", value=lora_request)
@@ -166,6 +195,7 @@ class LLMEngine:
                          lora_request: Any = None, priority: int = 0,
                          on_output: Callable[[BeamSearchOutput], None] | None = None) -> Request:
         """Queues a beam search; its one output (finished) is a `BeamSearchOutput`."""
+        self._refuse_generation()
         if lora_request is not None:
             raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
                                   parameter="lora_request", value=lora_request)
@@ -176,12 +206,52 @@ class LLMEngine:
         sp = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                             ignore_eos=params.ignore_eos, detokenize=False,
                             skip_special_tokens=params.skip_special_tokens)
+        if isinstance(prompt, dict) and prompt.get("prompt_embeds") is not None:
+            raise ValidationError("Beam search is not supported with prompt embeds.",
+                                  parameter="prompt_embeds")
         req = self.inputs.process(request_id, prompt, sp, priority=priority,
                                   lora_request=lora_request)
         req.beam = BeamSearch(req.prompt_token_ids, params, self.outputs.eos_token_id,
                               self.outputs.texts, lora_request, req.prompt)
         self._enqueue(req, on_output)
         return req
+
+    def add_pooling_request(self, request_id: str, prompt: PromptInput, params: PoolingParams,
+                            priority: int = 0, arrival_time: float | None = None,
+                            on_output: Callable[[PoolingRequestOutput], None] | None = None
+                            ) -> Request:
+        """Queues a pooling request (embed / classify / score / encode, `engine/pooling.py`);
+        its one output (finished) is a `PoolingRequestOutput`. Prompts may use the whole
+        context (up to max_model_len tokens)."""
+        params = params.verify(self.pooling_tasks, self.served_model_name,
+                               self.model.config.hidden_size,
+                               default_normalize=getattr(self.loaded, "normalize", True)
+                               if self.is_pooling_model else True)
+        kwargs = {"priority": priority}
+        if arrival_time is not None:
+            kwargs["arrival_time"] = arrival_time
+        req = pooling_request(self.inputs, request_id, prompt, params, **kwargs)
+        self._enqueue(req, on_output)
+        return req
+
+    @property
+    def pooling_tasks(self) -> tuple[str, ...]:
+        """The pooling tasks this model serves, its default first."""
+        if self.is_pooling_model:
+            return ("embed", "score", "encode")
+        return ("classify", "score", "embed", "encode")
+
+    @property
+    def classifier_labels(self) -> list[str]:
+        """The label words a generative model classifies with (none for an embedding model)."""
+        return [] if self.is_pooling_model else list(self.config.classifier_labels)
+
+    def _refuse_generation(self) -> None:
+        if self.is_pooling_model:
+            raise ValidationError(
+                f"Model '{self.served_model_name}' is an embedding model: it cannot generate "
+                f"text. It serves the pooling tasks {self.pooling_tasks} (embed, score, encode).",
+                parameter="model", value=self.served_model_name)
 
     def _enqueue(self, req: Request, on_output: Callable | None) -> None:
         request_id = req.request_id
@@ -200,6 +270,8 @@ class LLMEngine:
 
     def _start(self, seq: Sequence) -> None:
         self.outputs.start(seq)
+        if seq.request.grammar is not None:  # each sample its own matcher
+            seq.grammar = seq.request.grammar.start()
         seed = seq.request.params.seed
         if seed is not None:
             seq.generator = torch.Generator().manual_seed(_seed_for(seed, seq.index))
@@ -228,6 +300,21 @@ class LLMEngine:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
 
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """Part of a step failed for this request only: it ends with 'error'; others go on."""
+        if req.errored:
+            return
+        logger.error("request %s failed in the engine step", req.request_id, exc_info=exc)
+        req.errored = True
+        try:
+            self._finish_all(req, "error")
+        except Exception:  # noqa: BLE001 - e.g. the detokenizer of the unborn samples failed
+            req.forked = True
+            for seq in req.sequences:
+                if not seq.is_finished:
+                    seq.finish_reason = "error"
+                    self.scheduler.finish(seq)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -241,7 +328,13 @@ class LLMEngine:
             self._finished_outside_step = []
             out = self.scheduler.schedule()
             if out.scheduled:
-                touched += self._run(out)
+                try:
+                    touched += self._run(out)
+                except Exception as exc:  # noqa: BLE001 - not attributable: this step's requests
+                    failed = {id(s.seq.request): s.seq.request for s in out.scheduled}
+                    for req in failed.values():
+                        self._fail(req, exc)
+                    touched += list(failed.values())
             return self._collect(touched)
 
     def _run(self, out) -> list[Request]:
@@ -268,37 +361,74 @@ class LLMEngine:
             return list(failed.values())
         to_sample: list[tuple[Sequence, int]] = []
         beams: list[tuple[Sequence, int]] = []
+        pooled: list[tuple[Sequence, int]] = []
         for s in out.scheduled:
             seq, req = s.seq, s.seq.request
+            if req.errored:  # a sibling failed earlier in this step: its blocks are gone
+                continue
             seq.num_computed_tokens += s.num_tokens
             self.block_manager.commit(seq)
-            if id(seq) in rows.prompt_rows:
-                first_row, count, first_pos = rows.prompt_rows[id(seq)]
-                self.outputs.record_prompt_logprobs(
-                    req, first_pos, rows.logits[first_row:first_row + count])
-            if id(seq) in rows.last_row and req.beam is not None:
-                beams.append((seq, rows.last_row[id(seq)]))
-            elif id(seq) in rows.last_row:
-                row = rows.last_row[id(seq)]
-                to_sample.append((seq, row))
-                if req.params.n > 1 and not req.forked:
-                    to_sample += [(child, row) for child in self._fork(seq)]
-        self._sample(to_sample, rows.logits)
-        self._advance_beams(beams, rows.logits)
-        return list({id(s.request): s.request for s, _ in to_sample + beams}.values())
+            try:
+                if req.pooling is not None:  # computing its prompt is its whole job
+                    if id(seq) in rows.last_row:
+                        pooled.append((seq, rows.last_row[id(seq)]))
+                    continue
+                if id(seq) in rows.prompt_rows:
+                    first_row, count, first_pos = rows.prompt_rows[id(seq)]
+                    self.outputs.record_prompt_logprobs(
+                        req, first_pos, rows.logits[first_row:first_row + count])
+                if id(seq) in rows.last_row and req.beam is not None:
+                    beams.append((seq, rows.last_row[id(seq)]))
+                elif id(seq) in rows.last_row:
+                    row = rows.last_row[id(seq)]
+                    to_sample.append((seq, row))
+                    if req.params.n > 1 and not req.forked:
+                        to_sample += [(child, row) for child in self._fork(seq)]
+            except Exception as exc:  # noqa: BLE001 - contained to this request
+                self._fail(req, exc)
+        failed = {id(s.seq.request): s.seq.request for s in out.scheduled if s.seq.request.errored}
+        self._sample([(s, r) for s, r in to_sample if not s.request.errored], rows.logits)
+        self._advance_beams([(s, r) for s, r in beams if not s.request.errored], rows.logits)
+        self._pool(pooled, rows)
+        return list({id(s.request): s.request for s, _ in to_sample + beams + pooled}.values()
+                    ) + list(failed.values())
+
+    def _pool(self, pooled: list[tuple[Sequence, int]], rows) -> None:
+        """Pooling requests whose prompt is computed get their result and finish (blocks freed)."""
+        now = time.time()
+        for seq, row in pooled:
+            req = seq.request
+            try:
+                logits = rows.logits[row] if rows.logits.shape[-1] else None  # none: an encoder
+                req.pooled = pool_finish(req.pooling, rows.hidden[row], logits, self._label_ids)
+            except Exception as exc:  # noqa: BLE001 - contained to this request
+                self._fail(req, exc)
+                continue
+            req.metrics.first_token_time = req.metrics.last_token_time = now
+            seq.finish_reason = "stop"
+            self.scheduler.finish(seq)
 
     def _advance_beams(self, beams: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
         """Records each beam's candidates; a search whose beams all have theirs takes a step."""
         if not beams:
             return
-        k = max(s.request.beam.num_candidates for s, _ in beams)
-        ids, lps = top_candidates(logits[[r for _, r in beams]], k, self.vocab_size)
+        searches = {id(s.request): s.request for s, _ in beams}
+        try:
+            k = max(s.request.beam.num_candidates for s, _ in beams)
+            ids, lps = top_candidates(logits[[r for _, r in beams]], k, self.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - the batch can't be attributed: its searches
+            for req in searches.values():
+                self._fail(req, exc)
+            return
         for i, (seq, _) in enumerate(beams):
             n = seq.request.beam.num_candidates
             seq.beam_candidates = (ids[i][:n], lps[i][:n])
-        for req in {id(s.request): s.request for s, _ in beams}.values():
-            if all(s.beam_candidates is not None for s in req.sequences):
-                self._beam_step(req)
+        for req in searches.values():
+            try:
+                if all(s.beam_candidates is not None for s in req.sequences):
+                    self._beam_step(req)
+            except Exception as exc:  # noqa: BLE001 - contained to this search
+                self._fail(req, exc)
 
     def _beam_step(self, req: Request) -> None:
         """The next beams: forks of their parents plus one token; parents left behind are freed."""
@@ -348,28 +478,52 @@ class LLMEngine:
     def _sample(self, to_sample: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
         if not to_sample:
             return
-        rows = [SamplingRow(s.request.params, s.request.prompt_token_ids, s.output_token_ids,
-                            s.generator, s.request.min_tokens_stop_ids) for s, _ in to_sample]
         picked = [r for _, r in to_sample]
         if picked != list(range(len(logits))):  # most steps: every row, in order: no copy
             logits = logits[picked]
-        result = self.sampler(logits, rows)
-        tokens = result.tokens.tolist()
-        lps = result.token_logprobs.tolist() if result.token_logprobs is not None else None
-        ranks = result.ranks.tolist() if result.ranks is not None else None
-        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
-        top_lps = result.top_logprobs.tolist() if result.top_logprobs is not None else None
+        seqs = [s for s, _ in to_sample]
+        try:
+            sampled = list(zip(seqs, self._sample_rows(seqs, logits)))
+        except Exception:  # noqa: BLE001 - one request's row may be at fault: each row alone
+            sampled = []
+            for i, seq in enumerate(seqs):
+                if seq.request.errored:
+                    continue
+                try:
+                    sampled += zip([seq], self._sample_rows([seq], logits[i:i + 1]))
+                except Exception as exc:  # noqa: BLE001 - contained to this request
+                    self._fail(seq.request, exc)
         now = time.time()
-        for i, (seq, _) in enumerate(to_sample):
+        for seq, values in sampled:
+            if seq.request.errored:  # a sibling of this sample failed
+                continue
             m = seq.request.metrics
             m.first_token_time = m.first_token_time or now
             m.last_token_time = now
-            self.outputs.append_token(
-                seq, tokens[i], lps[i] if lps else None, ranks[i] if ranks else None,
-                top_ids[i] if top_ids else None, top_lps[i] if top_lps else None)
+            try:
+                self.outputs.append_token(seq, *values)
+            except Exception as exc:  # noqa: BLE001 - e.g. detokenization: this request only
+                self._fail(seq.request, exc)
+                continue
             self.generation_tokens_total += 1
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
+
+    def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple]:
+        """One token per row: (token, logprob, rank, top ids, top logprobs) for each."""
+        rows = [SamplingRow(s.request.params,  # embedded prompts have no ids to penalize
+                            [] if s.request.prompt_embeds is not None else s.request.prompt_token_ids,
+                            s.output_token_ids,
+                            s.generator, s.request.min_tokens_stop_ids) for s in seqs]
+        attach_grammar_masks(seqs, rows, logits, self.vocab_size)
+        result = self.sampler(logits, rows)
+        n = len(seqs)
+
+        def column(t: torch.Tensor | None) -> list:
+            return t.tolist() if t is not None else [None] * n
+
+        return list(zip(result.tokens.tolist(), column(result.token_logprobs),
+                        column(result.ranks), column(result.top_ids), column(result.top_logprobs)))
 
     def _collect(self, touched: list[Request]) -> list[RequestOutput]:
         results, seen = [], set()
@@ -377,18 +531,54 @@ class LLMEngine:
             if id(req) in seen:
                 continue
             seen.add(id(req))
-            out = self._beam_output(req) if req.beam is not None else self.outputs.make_output(req)
+            try:
+                out = (self._pooling_output(req) if req.pooling is not None
+                       else self._beam_output(req) if req.beam is not None
+                       else self.outputs.make_output(req))
+            except Exception as exc:  # noqa: BLE001 - building its output failed: it ends here
+                self._fail(req, exc)
+                out = self._error_output(req)
             listener = self._listeners.get(req.request_id)
             if req.finished:
                 self.requests.pop(req.request_id, None)
                 self._listeners.pop(req.request_id, None)
             if out is None:
                 continue
-            if listener is not None:
-                listener(out)
-            else:
+            if listener is None:
                 results.append(out)
+                continue
+            try:
+                listener(out)
+            except Exception:  # noqa: BLE001 - its consumer is gone (a closed event loop)
+                logger.warning("request %s: its listener failed; aborting it", req.request_id)
+                if not req.finished:
+                    self._listeners[req.request_id] = lambda _out: None  # nobody listens now
+                    self._finish_all(req, "abort")
+                    self._finished_outside_step.append(req)
         return results
+
+    def _error_output(self, req: Request) -> RequestOutput | BeamSearchOutput:
+        """The smallest output of a failed request, built without the detokenizer."""
+        if req.pooling is not None:
+            return self._pooling_output(req)
+        if req.beam is not None:
+            return req.beam.error(req.request_id)
+        outputs = [CompletionOutput(index=s.index, text="", token_ids=list(s.output_token_ids),
+                                    cumulative_logprob=None, logprobs=None, finish_reason="error")
+                   for s in req.sequences]
+        return RequestOutput(request_id=req.request_id, prompt=req.prompt,
+                             prompt_token_ids=req.prompt_token_ids, prompt_logprobs=None,
+                             outputs=outputs, finished=True)
+
+    def _pooling_output(self, req: Request) -> PoolingRequestOutput | None:
+        """A pooling request reports once, when it ends: its result, or empty data with
+        finish_reason 'abort' or 'error'."""
+        if not req.finished:
+            return None
+        reason = req.sequences[0].finish_reason or "abort"
+        data = req.pooled if reason == "stop" and req.pooled is not None else torch.empty(0)
+        return PoolingRequestOutput(req.request_id, PoolingOutput(data), req.prompt_token_ids,
+                                    req.num_cached_tokens, True, reason, req.prompt)
 
     def _beam_output(self, req: Request) -> BeamSearchOutput | None:
         """A beam search reports once, when it ends: its result, or a single error output."""
