@@ -5,7 +5,8 @@ The KV tensors themselves live in the model runner; this module only hands out b
   slot `p % block_size`.
 - Prefix caching: a full block is named by a hash chained over every token before it (plus the
   request's cache salt and adapter). A new sequence reuses the longest chain of cached blocks;
-  freed blocks keep their hash and are evicted least-recently-freed first.
+  freed blocks keep their hash and are evicted least-recently-freed first. Blocks of a prompt
+  given as embeddings are never cached (its token ids are placeholders).
 - Copy-on-write: forked sequences (n > 1, beams) share blocks by reference count; a sequence about
   to write into a shared, partly filled block gets its own copy first (returned as `(src, dst)`).
 Torch-free; unit-tested without a model.
@@ -91,7 +92,9 @@ class BlockManager:
         is always left to compute, so the step that finishes the prompt has logits.
         """
         assert not seq.block_table
-        if not self.enable_prefix_caching or seq.request.params.prompt_logprobs is not None:
+        req = seq.request
+        if (not self.enable_prefix_caching or req.params.prompt_logprobs is not None
+                or req.prompt_embeds is not None):  # embeddings: placeholder ids, never shared
             return 0
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
         self.prefix_queries += max_blocks
@@ -110,7 +113,7 @@ class BlockManager:
 
     def commit(self, seq: Sequence) -> None:
         """Registers the blocks that `seq` has just filled with computed tokens."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.request.prompt_embeds is not None:
             return
         num_full = seq.num_computed_tokens // self.block_size
         first_unhashed = next(

@@ -1,4 +1,5 @@
-"""Turns what a caller submits (text or token ids, `SamplingParams`) into a checked `Request`.
+"""Turns what a caller submits (text, token ids or embeddings, `SamplingParams`) into a checked
+`Request`.
 
 Every check that depends on the model happens here, before anything is scheduled, and fails
 with a `ValidationError` naming the parameter: empty or out-of-vocabulary prompts, prompts too
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.engine.prompt_embeds import PLACEHOLDER_TOKEN_ID, check_prompt_embeds
 from workbench.engine.request import Request
 from workbench.errors import ValidationError
 from workbench.sampling_params import SamplingParams
@@ -20,8 +22,9 @@ class InputProcessor:
     """Tokenizes and validates requests for one model."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, max_logprobs: int,
-                 eos_token_id: int | None, extra_eos_ids: set[int]):
+                 eos_token_id: int | None, extra_eos_ids: set[int], hidden_size: int | None = None):
         self.tokenizer = tokenizer
+        self.hidden_size = hidden_size  # of `prompt_embeds` rows
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
@@ -36,7 +39,8 @@ class InputProcessor:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self.tokenize(prompt["prompt"])
-            raise ValidationError("A prompt dict needs 'prompt' or 'prompt_token_ids'.",
+            raise ValidationError("A prompt dict needs 'prompt', 'prompt_token_ids' or "
+                                  "'prompt_embeds'.",
                                   parameter="prompt", value=sorted(prompt))
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
@@ -45,9 +49,22 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: PromptInput, params: SamplingParams,
                 **request_kwargs) -> Request:
-        text, ids = self.tokenize(prompt)
+        embeds = prompt.get("prompt_embeds") if isinstance(prompt, dict) else None
+        if embeds is not None:  # placeholder ids stand for the embedded positions
+            embeds = check_prompt_embeds(embeds, self.hidden_size)
+            text, ids = prompt.get("prompt"), [PLACEHOLDER_TOKEN_ID] * len(embeds)
+            if params.prompt_logprobs is not None:
+                raise ValidationError("prompt_logprobs is not compatible with prompt embeds.",
+                                      parameter="prompt_logprobs", value=params.prompt_logprobs)
+        else:
+            text, ids = self.tokenize(prompt)
+        if isinstance(prompt, dict) and request_kwargs.get("cache_salt") is None:
+            request_kwargs["cache_salt"] = prompt.get("cache_salt")
         params = params.clone()
         ids = self._truncate(ids, params.truncate_prompt_tokens)
+        if embeds is not None:
+            embeds = embeds[len(embeds) - len(ids):]
+            request_kwargs["prompt_embeds"] = embeds
         self._check_prompt(ids)
         params.verify(self.vocab_size, self.max_logprobs)
         self._resolve_max_tokens(params, len(ids))

@@ -59,7 +59,8 @@ class OutputProcessor:
 
     def start(self, seq: Sequence) -> None:
         req = seq.request
-        seq.detok = IncrementalDetokenizer(self.tokenizer, req.params, req.prompt_token_ids)
+        context = [] if req.prompt_embeds is not None else req.prompt_token_ids  # no text there
+        seq.detok = IncrementalDetokenizer(self.tokenizer, req.params, context)
 
     def append_token(self, seq: Sequence, token: int, lp: float | None, rank: int | None,
                      top_ids: list[int] | None, top_lps: list[float] | None) -> None:
@@ -140,7 +141,8 @@ class OutputProcessor:
         if prompt_lps is not None:
             req.prompt_logprobs_sent = True
         return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+            request_id=req.request_id, prompt=req.prompt,
+            prompt_token_ids=None if req.prompt_embeds is not None else req.prompt_token_ids,
             prompt_logprobs=prompt_lps, outputs=outputs, finished=finished,
             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics,
             lora_request=req.lora_request)

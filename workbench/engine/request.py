@@ -35,6 +35,7 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     cache_salt: str | None = None
     lora_request: Any = None
+    prompt_embeds: Any = None  # [tokens, hidden] tensor: the prompt's ids are then placeholders
     sequences: list["Sequence"] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0

@@ -138,6 +138,7 @@ class ModelRunner:
         self.copy_blocks(out.block_copies)
         ordered, input_ids, pos, ctx = self._prepare(out.scheduled)
         hidden = self.base.embed_tokens(input_ids.unsqueeze(0))  # [1, T, H]
+        self._splice_prompt_embeds(hidden, ordered)
         pos = pos.unsqueeze(0)  # [1, T]
         rope = self.base.rotary_emb(hidden, position_ids=pos)
         for layer in self.base.layers:
@@ -147,6 +148,18 @@ class ModelRunner:
         hidden = self.base.norm(hidden[0, rows])  # [R, H]
         logits = self.model.lm_head(hidden).float()  # [R, V]
         return LogitRows(logits, last_row, prompt_rows)
+
+    @staticmethod
+    def _splice_prompt_embeds(hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> None:
+        """Prompt positions of a request given as embeddings take its rows, not the table's."""
+        start = 0
+        for s in ordered:
+            seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
+            embeds = seq.request.prompt_embeds  # [P, H] on the CPU
+            if embeds is not None and c < seq.num_prompt_tokens:
+                stop = min(c + n, seq.num_prompt_tokens)
+                hidden[0, start:start + stop - c] = embeds[c:stop].to(hidden.device, hidden.dtype)
+            start += n
 
     @staticmethod
     def _select_rows(ordered: list[ScheduledSequence]):
