@@ -36,6 +36,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # fcfs | priority
     max_logprobs: int = 20  # -1: no limit
     served_model_name: str | None = None
+    classifier_labels: tuple[str, ...] = ("no", "yes")  # label words of a generative classifier
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -58,6 +59,13 @@ class EngineConfig:
             raise ValidationError(
                 f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}.",
                 parameter="scheduling_policy", value=self.scheduling_policy)
+        labels = (self.classifier_labels,) if isinstance(self.classifier_labels, str) else tuple(
+            self.classifier_labels)
+        object.__setattr__(self, "classifier_labels", labels)
+        if len(labels) < 2 or not all(isinstance(x, str) and x for x in labels):
+            raise ValidationError(
+                f"classifier_labels must be at least two non-empty words, got {list(labels)}.",
+                parameter="classifier_labels", value=list(labels))
         if self.max_logprobs < -1:
             raise ValidationError(f"max_logprobs must be -1 or at least 0, got {self.max_logprobs}.",
                                   parameter="max_logprobs", value=self.max_logprobs)

@@ -1,4 +1,5 @@
-"""`LLM`: the offline, synchronous API with vLLM's names (`generate`, `chat`, `beam_search`).
+"""`LLM`: the offline, synchronous API with vLLM's names (`generate`, `chat`, `beam_search`,
+and the pooling calls `embed`, `classify`, `score`, `encode`).
 
 >>> from workbench import LLM, SamplingParams                        # doctest: +SKIP
 >>> llm = LLM(model="smollm2-135m-instruct", dtype="float32")        # doctest: +SKIP
@@ -11,13 +12,17 @@ is one continuously batched run. Outputs come back in the order of the prompts.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from workbench.config import EngineConfig
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import LLMEngine
-from workbench.engine.outputs import RequestOutput
+from workbench.engine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput,
+                                      PoolingRequestOutput, RequestOutput, ScoringRequestOutput)
+from workbench.engine.pooling import bi_encoder_score, judgement_prompt, score_pairs
+from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 _CONFIG_FIELDS = set(EngineConfig.__dataclass_fields__)
@@ -78,6 +83,68 @@ class LLM:
                                                                 on_output=collect)
 
         return self._drive([adder(*a) for a in zip(prompts, loras)], "beam", use_tqdm)
+
+    # -- pooling (engine/pooling.py) --------------------------------------------------------
+    def encode(self, prompts: Any, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+               truncate_prompt_tokens: int | None = None, use_tqdm: bool = False,
+               pooling_task: str | None = None, priority: list[int] | None = None
+               ) -> list[PoolingRequestOutput]:
+        """Pools one prompt or a list, batched in the same engine steps; `pooling_task` (or the
+        params' `task`, else the model's default) says what: embed, classify, score, encode."""
+        prompts = _as_list(prompts)
+        params = pooling_params or PoolingParams()
+        params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"Got {len(params)} pooling params for {len(prompts)} prompts.")
+        params = [replace(p, task=pooling_task or p.task,
+                          truncate_prompt_tokens=truncate_prompt_tokens or p.truncate_prompt_tokens)
+                  for p in params]
+        engine = self.llm_engine
+
+        def adder(prompt, p: PoolingParams, prio: int):
+            return lambda rid, collect: engine.add_pooling_request(rid, prompt, p, priority=prio,
+                                                                   on_output=collect)
+
+        prios = priority or [0] * len(prompts)
+        outs = self._drive([adder(*a) for a in zip(prompts, params, prios)], "pool", use_tqdm)
+        failed = [o.request_id for o in outs if o.finish_reason != "stop"]
+        if failed:
+            raise RuntimeError(f"Pooling failed for requests {failed} (see the engine log).")
+        return outs
+
+    def embed(self, prompts: Any, pooling_params: PoolingParams | None = None,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = False
+              ) -> list[EmbeddingRequestOutput]:
+        """Embeddings of one prompt or a list (`.outputs.embedding`)."""
+        outs = self.encode(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, "embed")
+        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+    def classify(self, prompts: Any, pooling_params: PoolingParams | None = None,
+                 truncate_prompt_tokens: int | None = None, use_tqdm: bool = False
+                 ) -> list[ClassificationRequestOutput]:
+        """Label probabilities (`.outputs.probs`, in `llm_engine.classifier_labels` order) of one
+        prompt or a list: the next-token preference of a generative model among its labels."""
+        outs = self.encode(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, "classify")
+        return [ClassificationRequestOutput.from_base(o) for o in outs]
+
+    def score(self, text_1: Any, text_2: Any, pooling_params: PoolingParams | None = None,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = False
+              ) -> list[ScoringRequestOutput]:
+        """Scores of (text_1, text_2) pairs, 1:1, 1:N or N:N (`.outputs.score`): the cosine of
+        their embeddings on an embedding model; on a generative model the probability of the
+        last label ("yes") for `judgement_prompt(query, document)`."""
+        pairs = score_pairs(text_1, text_2)
+        if self.llm_engine.is_pooling_model:
+            unique = {repr(t): t for pair in pairs for t in pair}  # each text embedded once
+            outs = self.encode(list(unique.values()), pooling_params, truncate_prompt_tokens,
+                               use_tqdm, "score")
+            by_key = dict(zip(unique, outs))
+            return [ScoringRequestOutput.from_base(bi_encoder_score(by_key[repr(q)], by_key[repr(d)]))
+                    for q, d in pairs]
+        tok = self.get_tokenizer()
+        prompts = [judgement_prompt(q, d, tok) for q, d in pairs]
+        outs = self.encode(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, "score")
+        return [ScoringRequestOutput.from_base(o) for o in outs]
 
     def _drive(self, adders: list[Callable[[str, Callable], Any]], kind: str,
                use_tqdm: bool) -> list:

@@ -2,6 +2,7 @@
 
 `generate(prompt, params, request_id)` is an async generator of `RequestOutput`s;
 `beam_search(prompt, request_id, params)` yields one `BeamSearchOutput` when the search ends;
+`encode(prompt, pooling_params, request_id)` yields one `PoolingRequestOutput`;
 `abort` stops a request. The step loop runs in its own daemon thread, never on the event loop, so it
 works under uvicorn and inside a running Jupyter kernel alike; outputs travel back to the
 caller's loop with `call_soon_threadsafe`. Each instance owns its thread: several engines (and
@@ -19,9 +20,10 @@ from typing import Any
 from workbench.config import EngineConfig
 from workbench.engine.engine import EngineStats, LLMEngine
 from workbench.engine.input_processor import PromptInput
-from workbench.engine.outputs import RequestOutput
+from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
 from workbench.errors import EngineDeadError
 from workbench.engine.beam_search import BeamSearchOutput
+from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,18 @@ class AsyncLLMEngine:
         return str(getattr(self.engine.loaded, "path", None) or self.engine.config.model)
 
     @property
+    def is_pooling_model(self) -> bool:
+        return self.engine.is_pooling_model
+
+    @property
+    def pooling_tasks(self) -> tuple[str, ...]:
+        return self.engine.pooling_tasks
+
+    @property
+    def classifier_labels(self) -> list[str]:
+        return self.engine.classifier_labels
+
+    @property
     def generation_defaults(self) -> dict[str, Any]:
         return dict(self.engine.generation_defaults)
 
@@ -98,6 +112,14 @@ class AsyncLLMEngine:
         """Runs a beam search in the engine's steps; yields its one, final `BeamSearchOutput`."""
         async for out in self._submit(self.engine.add_beam_request, prompt, params, request_id,
                                       priority=priority, lora_request=lora_request):
+            yield out
+
+    async def encode(self, prompt: PromptInput, pooling_params: PoolingParams, request_id: str,
+                     priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+        """Runs a pooling request (embed / classify / score / encode); yields its one, final
+        `PoolingRequestOutput` (finish_reason 'error' if the model failed); aborts if cancelled."""
+        async for out in self._submit(self.engine.add_pooling_request, prompt, pooling_params,
+                                      request_id, priority=priority):
             yield out
 
     async def _submit(self, add, prompt, params, request_id: str, **kwargs: Any):

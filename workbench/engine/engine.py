@@ -250,7 +250,7 @@ class LLMEngine:
         if self.is_pooling_model:
             raise ValidationError(
                 f"Model '{self.served_model_name}' is an embedding model: it cannot generate "
-                f"text. It serves the pooling tasks {self.pooling_tasks} (embed, score, encode).",
+                f"text. It serves the pooling tasks {self.pooling_tasks}.",
                 parameter="model", value=self.served_model_name)
 
     def _enqueue(self, req: Request, on_output: Callable | None) -> None:

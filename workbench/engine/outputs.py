@@ -65,3 +65,100 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     lora_request: object | None = None
     kv_transfer_params: dict | None = field(default=None, repr=False)
+
+
+@dataclass
+class PoolingOutput:
+    """The pooled result of one request: an embedding, label probabilities or a score."""
+
+    data: "torch.Tensor"  # [D] float32 on the CPU; empty when the request did not finish well
+
+    def __repr__(self) -> str:
+        return f"PoolingOutput(data=<tensor of shape {tuple(self.data.shape)}>)"
+
+
+@dataclass
+class PoolingRequestOutput:
+    """One pooling request's result (vLLM's shape); `finish_reason` is ours: "stop" when pooled,
+    "abort" or "error" otherwise (then `outputs.data` is empty), as `CompletionOutput`'s."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    finished: bool = True
+    finish_reason: str = "stop"
+    prompt: str | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]  # softmax over the labels (raw logits when use_activation=False)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class _TypedPoolingOutput:
+    request_id: str
+    outputs: object
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    finished: bool = True
+    finish_reason: str = "stop"
+    prompt: str | None = None
+
+    @classmethod
+    def _fields_of(cls, base: PoolingRequestOutput) -> dict:
+        return dict(request_id=base.request_id, prompt_token_ids=base.prompt_token_ids,
+                    num_cached_tokens=base.num_cached_tokens, finished=base.finished,
+                    finish_reason=base.finish_reason, prompt=base.prompt)
+
+
+@dataclass
+class EmbeddingRequestOutput(_TypedPoolingOutput):
+    """`.outputs.embedding`: list[float]."""
+
+    @classmethod
+    def from_base(cls, base: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        return cls(outputs=EmbeddingOutput(base.outputs.data.tolist()), **cls._fields_of(base))
+
+
+@dataclass
+class ClassificationRequestOutput(_TypedPoolingOutput):
+    """`.outputs.probs`: list[float], one per label."""
+
+    @classmethod
+    def from_base(cls, base: PoolingRequestOutput) -> "ClassificationRequestOutput":
+        return cls(outputs=ClassificationOutput(base.outputs.data.tolist()),
+                   **cls._fields_of(base))
+
+
+@dataclass
+class ScoringRequestOutput(_TypedPoolingOutput):
+    """`.outputs.score`: float."""
+
+    @classmethod
+    def from_base(cls, base: PoolingRequestOutput) -> "ScoringRequestOutput":
+        data = base.outputs.data
+        if data.numel() == 0 and base.finish_reason != "stop":  # aborted or failed: no score
+            return cls(outputs=ScoringOutput(float("nan")), **cls._fields_of(base))
+        if data.numel() != 1:
+            raise ValueError(f"A score is one number; this output has shape {tuple(data.shape)}.")
+        return cls(outputs=ScoringOutput(float(data.item())), **cls._fields_of(base))

@@ -45,6 +45,8 @@ class Request:
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
     errored: bool = False
     beam: Any = None  # a `BeamSearch` when the request is a beam search: its sequences are beams
+    pooling: Any = None  # its `PoolingParams` when it is a pooling request: ends when its prompt is
+    pooled: Any = None  # computed, with this result (a tensor) instead of sampled tokens
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

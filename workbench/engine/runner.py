@@ -28,6 +28,7 @@ class LogitRows:
     logits: torch.Tensor  # [R, V] float32
     last_row: dict[int, int]  # id(seq) -> row of the logits of its last computed token
     prompt_rows: dict[int, tuple[int, int, int]]  # id(seq) -> (first row, count, first position)
+    hidden: torch.Tensor | None = None  # [R, H] final hidden states of the same rows (pooling)
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -147,7 +148,7 @@ class ModelRunner:
         rows, last_row, prompt_rows = self._select_rows(ordered)
         hidden = self.base.norm(hidden[0, rows])  # [R, H]
         logits = self.model.lm_head(hidden).float()  # [R, V]
-        return LogitRows(logits, last_row, prompt_rows)
+        return LogitRows(logits, last_row, prompt_rows, hidden)
 
     @staticmethod
     def _splice_prompt_embeds(hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> None:
