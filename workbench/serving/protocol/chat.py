@@ -16,6 +16,7 @@ from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
     INT64_MAX, INT64_MIN, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions, UsageInfo,
 )
+from workbench.serving.protocol.tools import DeltaToolCall, ToolCall
 
 # The usual roles are system, developer, user, assistant, tool and function; as the reference,
 # any other role is passed to the chat template, which decides what it means.
@@ -189,7 +190,7 @@ class ChatMessage(OpenAIBaseModel):
     annotations: Any | None = None
     audio: Any | None = None
     function_call: Any | None = None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     reasoning: str | None = None
 
     @model_serializer(mode="wrap")
@@ -245,7 +246,7 @@ class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[DeltaToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
