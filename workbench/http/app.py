@@ -19,7 +19,7 @@ from workbench.http.errors import (
     http_exception_handler, request_validation_handler, unexpected_error_handler,
 )
 from workbench.http.middleware import ApiKeyMiddleware, RequestCounterMiddleware
-from workbench.http.routes import openai, system, tokenize
+from workbench.http.routes import openai, responses, system, tokenize
 from workbench.serving import ServerConfig, ServingMetrics, Servings
 
 
@@ -37,7 +37,7 @@ def build_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.state.server_config = config
     app.state.registry = registry
     app.state.servings = Servings.build(engine, config, metrics)
-    for router in (openai.router, tokenize.router, system.router):
+    for router in (openai.router, tokenize.router, system.router, responses.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, request_validation_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)

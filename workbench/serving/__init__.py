@@ -19,6 +19,7 @@ from workbench.serving.config import ServerConfig
 from workbench.serving.errors import ServingError, error_response
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
+from workbench.serving.responses import ResponsesServing
 from workbench.serving.tokenize import TokenizeServing
 
 
@@ -30,15 +31,17 @@ class Servings:
     chat: ChatServing
     tokenize: TokenizeServing
     models: ModelsServing
+    responses: ResponsesServing | None = None  # `/v1/responses` (`serving/responses/`)
 
     @classmethod
     def build(cls, engine: Any, config: ServerConfig | None = None,
-              metrics: ServingMetrics | None = None) -> "Servings":
+              metrics: ServingMetrics | None = None, *, tool_server: Any = None) -> "Servings":
         config = config or ServerConfig()
         return cls(completions=CompletionServing(engine, config, metrics),
                    chat=ChatServing(engine, config, metrics),
                    tokenize=TokenizeServing(engine, config),
-                   models=ModelsServing(engine, config))
+                   models=ModelsServing(engine, config),
+                   responses=ResponsesServing(engine, config, metrics, tool_server=tool_server))
 
 
 __all__ = [

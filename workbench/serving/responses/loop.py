@@ -1,0 +1,272 @@
+"""The built-in tool loop of one response (the reference's `_generate_with_builtin_tools`).
+
+    render the conversation -> generate (sub-request `<id>_<round>`) -> parse the round
+    -> the model called built-in tools only? run them, append the calls and their outputs,
+       render the next turn and go on; otherwise (text, or a client function call) stop.
+
+Each round is one engine request with its own id; rounds after the first run at the
+reference's priority `priority - 1` (under `--scheduling-policy priority` lower values run
+first, so a loop already holding context finishes before new requests start). Bounds: the
+context (a next turn that would not fit ends the response `incomplete`, reason
+`context_length`), `max_output_tokens` over all rounds (reason `max_output_tokens`) and
+`max_tool_calls` (default `DEFAULT_MAX_TOOL_CALLS`; reason `max_tool_calls`). A tool's failure
+is its output (`Error: ...`), handed back to the model; it never fails the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import ValidationError
+from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.serving.errors import GenerationError
+from workbench.serving.prompts import EnginePrompt
+from workbench.serving.protocol.chat import ChatCompletionRequest, ChatMessageParam
+from workbench.serving.protocol.responses import ResponsesRequest
+from workbench.serving.responses import items as it
+from workbench.serving.responses.events import OutputBuilder
+from workbench.serving.responses.parsing import ParsedCall, TurnParser
+from workbench.serving.sampling import NEUTRAL_DEFAULTS
+from workbench.tools.base import ToolServer, ToolSpec
+
+DEFAULT_MAX_TOOL_CALLS = 8
+
+
+@dataclass
+class ToolSet:
+    """The tools of one request: the client's function tools and the enabled built-ins."""
+
+    functions: list[dict[str, Any]] = field(default_factory=list)  # chat-format tools
+    builtins: list[ToolSpec] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, tools: list[dict[str, Any]], server: ToolServer) -> "ToolSet":
+        toolset, names = cls(), set()
+        available = {spec.name: spec for spec in server.list_tools()}
+        for tool in tools:
+            kind = tool.get("type")
+            if kind == "function":
+                if not tool.get("name"):
+                    raise ValidationError("A function tool needs a `name`.", parameter="tools")
+                name = tool["name"]
+                toolset.functions.append({"type": "function", "function": {
+                    key: tool[key] for key in ("name", "description", "parameters")
+                    if tool.get(key) is not None}})
+            elif kind in available:
+                name = kind
+                toolset.builtins.append(available[kind])
+            else:
+                offered = ", ".join(["function", *available]) or "function"
+                raise ValidationError(f"Tool type '{kind}' is not available on this server "
+                                      f"(tool types: {offered}).", parameter="tools", value=kind)
+            if name in names:
+                raise ValidationError(f"Tool '{name}' is declared twice.", parameter="tools")
+            names.add(name)
+        return toolset
+
+    def __bool__(self) -> bool:
+        return bool(self.functions or self.builtins)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        tools = [*self.functions, *(spec.as_function() for spec in self.builtins)]
+        return tools or None
+
+    def is_builtin(self, name: str) -> bool:
+        return any(spec.name == name for spec in self.builtins)
+
+
+@dataclass
+class ToolCallRecord:
+    """One call the model made in a round; `output` is None for a client function tool."""
+
+    call_id: str
+    name: str
+    arguments: str
+    builtin: bool
+    output: str | None = None
+    error: bool = False
+
+
+@dataclass
+class ToolRound:
+    """One generation round of a response: its engine request and the calls it made."""
+
+    index: int
+    request_id: str
+    priority: int
+    prompt_tokens: int
+    output_tokens: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    tool_output_tokens: int = 0
+
+
+def sampling_params(request: ResponsesRequest, max_tokens: int,
+                    defaults: dict[str, Any]) -> SamplingParams:
+    """Request > the model's generation config > neutral, as the chat endpoint."""
+    values = {name: getattr(request, name) if getattr(request, name) is not None
+              else defaults.get(name, neutral) for name, neutral in NEUTRAL_DEFAULTS.items()}
+    stop_ids = list(request.stop_token_ids or [])
+    stop_ids += [t for t in defaults.get("stop_token_ids") or [] if t not in stop_ids]
+    return SamplingParams(**values, seed=request.seed, stop=request.stop, stop_token_ids=stop_ids,
+                          ignore_eos=request.ignore_eos, max_tokens=max_tokens,
+                          logit_bias=request.logit_bias, output_kind=RequestOutputKind.DELTA)
+
+
+class ToolLoop:
+    """Runs one response's rounds (see the module docstring); `run()` yields stream events."""
+
+    def __init__(self, serving: Any, request: ResponsesRequest, response_id: str,
+                 messages: list[dict[str, Any]], tools: ToolSet, priority: int):
+        self.serving = serving
+        self.request = request
+        self.response_id = response_id
+        self.input_messages = messages  # the conversation before this response (no instructions)
+        self.tools = tools
+        self.priority = priority
+        self.builder = OutputBuilder()
+        self.rounds: list[ToolRound] = []
+        self.status = "in_progress"
+        self.incomplete_reason: str | None = None
+        self.reasoning_text = ""  # every round's parsed reasoning (for reasoning_tokens)
+        self.max_tool_calls = (DEFAULT_MAX_TOOL_CALLS if request.max_tool_calls is None
+                               else request.max_tool_calls)
+        self.parse_tools = bool(tools) and request.tool_choice != "none"
+        self.tool_request = self._tool_request() if self.parse_tools else None
+
+    def _tool_request(self) -> ChatCompletionRequest:
+        """The chat-shaped request tool parsers read (its tools and tool choice)."""
+        return ChatCompletionRequest(messages=[ChatMessageParam(role="user", content="")],
+                                     tools=self.tools.template_tools(), tool_choice="auto")
+
+    # -- prompts ------------------------------------------------------------------------------
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        """The input conversation and this response's output so far, as chat messages."""
+        return self.input_messages + it.output_messages(self.builder.items)
+
+    def render(self) -> EnginePrompt:
+        messages = it.with_instructions(self.conversation, self.request.instructions)
+        effort = (self.request.reasoning or {}).get("effort")
+        rendered = self.serving.renderer.render(
+            [ChatMessageParam(**m) for m in messages], tools=self.tools.template_tools(),
+            chat_template_kwargs=self.request.chat_template_kwargs, reasoning_effort=effort)
+        ids = self.serving.tokenizer(rendered.prompt, add_special_tokens=False).input_ids
+        return EnginePrompt(token_ids=list(ids), text=rendered.prompt)
+
+    def first_prompt(self) -> EnginePrompt:
+        """The first round's prompt; too long for the context -> the reference's 400."""
+        prompt = self.render()
+        max_len = self.serving.max_model_len
+        if len(prompt.token_ids) >= max_len:
+            raise ValidationError(f"The engine prompt length {len(prompt.token_ids)} exceeds the "
+                                  f"max_model_len {max_len}. Please reduce prompt.",
+                                  parameter="input", value=len(prompt.token_ids))
+        return prompt
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _budget(self) -> int | None:
+        if self.request.max_output_tokens is None:
+            return None
+        return self.request.max_output_tokens - sum(r.output_tokens for r in self.rounds)
+
+    def _stop(self, status: str, reason: str | None = None) -> None:
+        self.status, self.incomplete_reason = status, reason
+
+    async def run(self, prompt: EnginePrompt) -> AsyncIterator[list[dict[str, Any]]]:
+        calls_made = 0
+        while True:
+            room, budget = self.serving.max_model_len - len(prompt.token_ids), self._budget()
+            if room < 1:
+                self._stop("incomplete", "context_length")
+                break
+            if budget is not None and budget < 1:
+                self._stop("incomplete", "max_output_tokens")
+                break
+            limit = self.serving.defaults.get("max_tokens")
+            max_tokens = min(v for v in (room, budget, limit) if v is not None)
+            async for events in self._round(prompt, max_tokens):
+                yield events
+            last = self.rounds[-1]
+            if last.finish_reason == "length":
+                bound = "context_length" if max_tokens == room and max_tokens != budget else \
+                    "max_output_tokens"
+                self._stop("incomplete", bound)
+                break
+            if last.finish_reason == "abort":
+                self._stop("cancelled")
+                break
+            builtin = [c for c in last.calls if c.builtin]
+            if not builtin or len(builtin) < len(last.calls):
+                self._stop("completed")  # text, or a function call for the client to run
+                break
+            if calls_made + len(builtin) > self.max_tool_calls:
+                self._stop("incomplete", "max_tool_calls")
+                break
+            calls_made += len(builtin)
+            for call in builtin:
+                await self._run_tool(call, last)
+            yield self.builder.drain()
+            prompt = self.render()
+        if not self.builder.items:
+            self.builder.empty_message()  # the model said nothing: one empty message
+        self.builder.close()
+        yield self.builder.drain()
+
+    async def _round(self, prompt: EnginePrompt, max_tokens: int
+                     ) -> AsyncIterator[list[dict[str, Any]]]:
+        index = len(self.rounds)
+        record = ToolRound(index=index, request_id=f"{self.response_id}_{index}",
+                           priority=self.priority if index == 0 else self.priority - 1,
+                           prompt_tokens=len(prompt.token_ids))
+        self.rounds.append(record)
+        parser = TurnParser(self.serving.tokenizer, tool_parser=self.serving.tool_parser_name,
+                            reasoning_parser=self.serving.reasoning_parser_name,
+                            tool_request=self.tool_request)
+        params = sampling_params(self.request, max_tokens, self.serving.defaults)
+        async for output in self.serving.engine_stream(prompt, params, record.request_id,
+                                                       record.priority):
+            for out in output.outputs:
+                if out.finish_reason == "error":
+                    raise GenerationError()
+                record.text += out.text or ""
+                record.output_tokens += len(out.token_ids or [])
+                record.finish_reason = out.finish_reason or record.finish_reason
+                self._send(parser.feed(out.text or ""))
+            yield self.builder.drain()
+        turn = parser.finish(record.text)
+        self._send(parser.pending_pieces(turn))
+        self.reasoning_text += turn.reasoning
+        calls = turn.calls if self.request.parallel_tool_calls is not False else turn.calls[:1]
+        for call in calls:
+            self.builder.function_call(call.call_id, call.name, call.arguments)
+            record.calls.append(ToolCallRecord(call.call_id, call.name, call.arguments,
+                                               builtin=self.tools.is_builtin(call.name)))
+        yield self.builder.drain()
+
+    def _send(self, pieces: list[tuple[str, str]]) -> None:
+        for kind, text in pieces:
+            if kind == "reasoning":
+                if self.request.include_reasoning:
+                    self.builder.reasoning(text)
+            else:
+                self.builder.text(text)
+
+    async def _run_tool(self, call: ToolCallRecord, record: ToolRound) -> None:
+        """Runs a built-in tool off the event loop; any failure is the model's to read."""
+        try:
+            call.output = await asyncio.to_thread(self.serving.tool_server.call, call.name,
+                                                  call.arguments)
+        except Exception as exc:  # noqa: BLE001 - a tool error is an answer for the model
+            call.output, call.error = f"Error: {exc}", True
+        record.tool_output_tokens += len(self.serving.tokenizer(
+            call.output, add_special_tokens=False).input_ids)
+        self.builder.function_call_output(call.call_id, call.output)
+
+
+__all__ = ["DEFAULT_MAX_TOOL_CALLS", "ParsedCall", "ToolCallRecord", "ToolLoop", "ToolRound",
+           "ToolSet", "sampling_params"]

@@ -1,0 +1,201 @@
+"""`ResponsesServing`: `POST /v1/responses`, retrieval and cancel, on the serving pipeline.
+
+    check model, headers -> the request's checks -> the previous response (404 if unknown)
+    -> conversation = stored history + input -> tools (function + built-in) -> first prompt
+    -> `ToolLoop` (rounds of generate / built-in tools) -> the response, stored when asked
+
+`create` returns the `ResponsesResponse`; `create_stream` returns its events as dicts
+(`response.created`, `response.in_progress`, the items' events, `response.completed`) with
+a `sequence_number` counting from 0; the HTTP layer writes them as `event:` / `data:` pairs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+from typing import Any
+
+from workbench.errors import ValidationError
+from workbench.serving.base import GenerationServing, RequestMeta
+from workbench.serving.chat_template import ChatRenderer
+from workbench.serving.errors import ServingError, error_response, make_error
+from workbench.serving.protocol.responses import (
+    IncompleteDetails, InputTokensDetails, OutputTokensDetails, ResponsesRequest,
+    ResponsesResponse, ResponseUsage,
+)
+from workbench.serving.responses import checks
+from workbench.serving.responses.items import conversation
+from workbench.serving.responses.loop import ToolLoop, ToolSet, sampling_params
+from workbench.serving.responses.store import ResponseStore
+from workbench.tools.base import ToolServer, default_tool_server
+
+DEFAULT_STORE_SIZE = 1000
+
+
+def not_found(response_id: str) -> ServingError:
+    return ServingError(make_error(f"Response with id '{response_id}' not found.",
+                                   "invalid_request_error", HTTPStatus.NOT_FOUND, "response_id"))
+
+
+class ResponsesServing(GenerationServing):
+    id_prefix = "resp"
+
+    def __init__(self, engine: Any, config: Any = None, metrics: Any = None, *,
+                 tool_server: ToolServer | None = None, store: ResponseStore | None = None):
+        super().__init__(engine, config, metrics)
+        self.renderer = ChatRenderer(
+            self.tokenizer, chat_template=self.config.chat_template,
+            trust_request_chat_template=self.config.trust_request_chat_template,
+            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+        self.tool_server = tool_server if tool_server is not None else default_tool_server()
+        size = getattr(self.config, "responses_store_size", DEFAULT_STORE_SIZE)
+        self.store = store if store is not None else ResponseStore(size)
+        self.tool_parser_name = getattr(self.config, "tool_call_parser", None)
+        self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
+
+    # -- stages -------------------------------------------------------------------------------
+    def start(self, request: ResponsesRequest, meta: RequestMeta) -> tuple[ToolLoop, Any]:
+        """Every check, then the loop and its first prompt; raises to answer with an error."""
+        self.check_model(request.model)
+        self.check_headers(meta)
+        checks.check_request(request, store_enabled=self.store.enabled)
+        history = []
+        if request.previous_response_id is not None:
+            previous = self.store.get(request.previous_response_id)
+            if previous is None:
+                raise not_found(request.previous_response_id)
+            history = previous.conversation
+        tools = ToolSet.build(request.tools, self.tool_server)
+        self.check_tool_choice(request, tools)
+        sampling_params(request, 1, self.defaults).verify(self.engine.vocab_size,
+                                                           self.engine.config.max_logprobs)
+        header_priority = meta.int_header("x-vllm-priority")
+        loop = ToolLoop(self, request, self.response_id(request, meta),
+                        conversation(request.input, history), tools,
+                        request.priority if header_priority is None else header_priority)
+        return loop, loop.first_prompt()
+
+    def response_id(self, request: ResponsesRequest, meta: RequestMeta) -> str:
+        base = self.base_request_id(meta, request.request_id)
+        return base if base.startswith("resp_") else f"resp_{base}"
+
+    def check_tool_choice(self, request: ResponsesRequest, tools: ToolSet) -> None:
+        choice = request.tool_choice
+        if not tools or choice == "none":
+            return
+        if choice == "auto":
+            if self.tool_parser_name is None:
+                raise ValidationError(
+                    '"auto" tool choice requires --enable-auto-tool-choice and '
+                    "--tool-call-parser to be set", parameter="tool_choice")
+            return
+        if choice == "required" or isinstance(choice, dict):
+            raise ValidationError(
+                f"tool_choice {choice!r} {checks.NOT_YET} for /v1/responses (use \"auto\").",
+                parameter="tool_choice")
+        raise ValidationError(
+            f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", \"auto\" or "
+            "\"required\" are supported.", parameter="tool_choice")
+
+    def engine_stream(self, prompt: Any, params: Any, request_id: str, priority: int):
+        """One round's engine request, aborted if its consumer goes away (see `base.py`)."""
+        return self._engine_stream(prompt, params, request_id, priority)
+
+    # -- responses ----------------------------------------------------------------------------
+    async def create(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
+        loop, prompt = self.start(request, meta)
+        started, created = time.perf_counter(), int(time.time())
+        async for _ in loop.run(prompt):
+            pass
+        return self.finish(loop, created, started)
+
+    async def create_stream(self, request: ResponsesRequest, meta: RequestMeta
+                            ) -> AsyncIterator[dict[str, Any]]:
+        loop, prompt = self.start(request, meta)
+        return self._stream(loop, prompt)
+
+    async def _stream(self, loop: ToolLoop, prompt: Any) -> AsyncIterator[dict[str, Any]]:
+        started, created = time.perf_counter(), int(time.time())
+        numbers = itertools.count()
+        opening = self.build(loop, created, status="in_progress").model_dump(mode="json")
+        for kind in ("response.created", "response.in_progress"):
+            yield {"type": kind, "sequence_number": next(numbers), "response": opening}
+        try:
+            async for events in loop.run(prompt):
+                for event in events:
+                    yield {**event, "sequence_number": next(numbers)}
+        except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
+            error = error_response(exc, log_stack=self.config.log_error_stack).error
+            yield {"type": "error", "sequence_number": next(numbers), "code": str(error.code),
+                   "message": error.message, "param": error.param}
+            return
+        final = self.finish(loop, created, started).model_dump(mode="json")
+        yield {"type": "response.completed", "sequence_number": next(numbers), "response": final}
+
+    def finish(self, loop: ToolLoop, created: int, started: float) -> ResponsesResponse:
+        response = self.build(loop, created)
+        if response.store:
+            self.store.put(response, loop.conversation)
+        if self.metrics is not None:
+            self.metrics.finished(time.perf_counter() - started, response.usage.input_tokens,
+                                  response.usage.output_tokens,
+                                  [loop.rounds[-1].finish_reason] if loop.rounds else [])
+        return response
+
+    def build(self, loop: ToolLoop, created: int, status: str | None = None) -> ResponsesResponse:
+        request = loop.request
+        params = sampling_params(request, 1, self.defaults)
+        incomplete = (IncompleteDetails(reason=loop.incomplete_reason)
+                      if loop.incomplete_reason and status is None else None)
+        output = [] if status is not None else loop.builder.items
+        return ResponsesResponse(
+            id=loop.response_id, created_at=created, status=status or loop.status,
+            incomplete_details=incomplete, instructions=request.instructions,
+            max_output_tokens=request.max_output_tokens, max_tool_calls=request.max_tool_calls,
+            metadata=request.metadata, model=self.model_name, output=output,
+            parallel_tool_calls=request.parallel_tool_calls is not False,
+            previous_response_id=request.previous_response_id, reasoning=request.reasoning,
+            service_tier=request.service_tier,
+            store=bool(request.store) and self.store.enabled, temperature=params.temperature,
+            text=request.text or {"format": {"type": "text"}}, tool_choice=request.tool_choice,
+            tools=request.tools, top_logprobs=request.top_logprobs, top_p=params.top_p,
+            truncation=request.truncation, user=request.user,
+            usage=None if status is not None else self.usage(loop),
+            input_messages=loop.input_messages if request.enable_response_messages else None,
+            output_messages=(loop.conversation[len(loop.input_messages):]
+                             if request.enable_response_messages else None))
+
+    def usage(self, loop: ToolLoop) -> ResponseUsage:
+        rounds = loop.rounds
+        inputs = [r.prompt_tokens for r in rounds]
+        outputs = [r.output_tokens for r in rounds]
+        reasoning = (len(self.tokenizer(loop.reasoning_text, add_special_tokens=False).input_ids)
+                     if loop.reasoning_text else 0)
+        return ResponseUsage(
+            input_tokens=sum(inputs), output_tokens=sum(outputs),
+            total_tokens=sum(inputs) + sum(outputs),
+            input_tokens_details=InputTokensDetails(input_tokens_per_turn=inputs),
+            output_tokens_details=OutputTokensDetails(
+                reasoning_tokens=reasoning,
+                tool_output_tokens=sum(r.tool_output_tokens for r in rounds),
+                output_tokens_per_turn=outputs,
+                tool_output_tokens_per_turn=[r.tool_output_tokens for r in rounds]))
+
+    # -- stored responses ---------------------------------------------------------------------
+    def retrieve(self, response_id: str, stream: bool | None = None) -> ResponsesResponse:
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise not_found(response_id)
+        if stream:  # only background responses replay their events (the reference's message)
+            raise ValidationError(f"Unknown response_id: {response_id}",
+                                         parameter="response_id", value=response_id)
+        return entry.response
+
+    def cancel(self, response_id: str) -> ResponsesResponse:
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise not_found(response_id)
+        raise ServingError(make_error("Cannot cancel a synchronous response.",
+                                      "invalid_request_error", param="response_id"))
