@@ -6,7 +6,7 @@
 
 The public names load lazily, so `import workbench` stays fast and does not import torch:
 `LLM`, `SamplingParams`, `BeamSearchParams`, `RequestOutputKind`, `serve_in_kernel`,
-`Workbench`.
+`Workbench`, `LoRARequest`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from workbench.llm import LLM
     from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
     from workbench.workbench import Workbench
+    from workbench.lora.request import LoRARequest
 
 _LAZY = {
     "LLM": "workbench.llm",
@@ -29,9 +30,11 @@ _LAZY = {
     "RequestOutputKind": "workbench.sampling_params",
     "serve_in_kernel": "workbench.http.kernel_server",
     "Workbench": "workbench.workbench",
+    "LoRARequest": "workbench.lora.request",
 }
 
-__all__ = ["BeamSearchParams", "LLM", "RequestOutputKind", "SamplingParams", "Workbench",
+__all__ = ["BeamSearchParams", "LLM", "LoRARequest", "RequestOutputKind", "SamplingParams",
+           "Workbench",
            "__version__", "serve_in_kernel"]
 
 

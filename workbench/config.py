@@ -36,6 +36,10 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # fcfs | priority
     max_logprobs: int = 20  # -1: no limit
     served_model_name: str | None = None
+    enable_lora: bool = False  # LoRA adapters per request (workbench.lora)
+    max_loras: int = 1  # distinct adapters in one step (resident slots), as vLLM's
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept loaded in memory; None: max_loras
     classifier_labels: tuple[str, ...] = ("no", "yes")  # label words of a generative classifier
 
     def __post_init__(self) -> None:
@@ -69,3 +73,11 @@ class EngineConfig:
         if self.max_logprobs < -1:
             raise ValidationError(f"max_logprobs must be -1 or at least 0, got {self.max_logprobs}.",
                                   parameter="max_logprobs", value=self.max_logprobs)
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValidationError(f"{name} must be at least 1, got {getattr(self, name)}.",
+                                      parameter=name, value=getattr(self, name))
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValidationError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})",
+                parameter="max_cpu_loras", value=self.max_cpu_loras)

@@ -47,23 +47,30 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
-        """Generates for one prompt or a list (text, token ids, or {"prompt_token_ids": [...]})."""
+                 use_tqdm: bool = False, priority: list[int] | None = None,
+                 lora_request: Any = None) -> list[RequestOutput]:
+        """Generates for one prompt or a list (text, token ids, or {"prompt_token_ids": [...]}).
+
+        `lora_request`: one `LoRARequest` for all prompts, or a list with one per prompt (None:
+        the base model); needs `LLM(..., enable_lora=True)`.
+        """
         prompts = _as_list(prompts)
+        loras = _per_prompt(lora_request, len(prompts))
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"Got {len(params)} sampling params for {len(prompts)} prompts.")
         engine = self.llm_engine
 
-        def adder(prompt, p: SamplingParams, prio: int):
+        def adder(prompt, p: SamplingParams, prio: int, lora: Any):
             p = p.clone()
             p.output_kind = RequestOutputKind.FINAL_ONLY
             return lambda rid, collect: engine.add_request(rid, prompt, p, priority=prio,
-                                                           on_output=collect)
+                                                           lora_request=lora, on_output=collect)
 
         prios = priority or [0] * len(prompts)
-        return self._drive([adder(*a) for a in zip(prompts, params, prios)], "llm", use_tqdm)
+        return self._drive([adder(*a) for a in zip(prompts, params, prios, loras)], "llm",
+                           use_tqdm)
 
     def beam_search(self, prompts: Any, params: BeamSearchParams, lora_request: Any = None,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -74,7 +81,7 @@ class LLM:
         `lora_request`: one for all prompts or a list with one per prompt.
         """
         prompts = _as_list(prompts)
-        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        loras = _per_prompt(lora_request, len(prompts))
         engine = self.llm_engine
 
         def adder(prompt, lora):
@@ -179,8 +186,9 @@ class LLM:
              sampling_params: SamplingParams | None = None, use_tqdm: bool = False,
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-             tools: list[dict] | None = None) -> list[RequestOutput]:
-        """Applies the chat template to one conversation or a list of them, then generates.
+             tools: list[dict] | None = None, lora_request: Any = None) -> list[RequestOutput]:
+        """Applies the chat template to one conversation or a list of them, then generates
+        (`lora_request` as in `generate`: one for all conversations or one per conversation).
 
         Rendering is the server's (`workbench.serving.chat_template`), so offline and HTTP
         prompts are the same tokens.
@@ -202,7 +210,17 @@ class LLM:
                 chat_template_kwargs=chat_template_kwargs, tools=tools)
             ids = tok(rendered.prompt, add_special_tokens=False)["input_ids"]
             prompts.append({"prompt": rendered.prompt, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+
+
+def _per_prompt(lora_request: Any, num_prompts: int) -> list:
+    """One adapter (or None) for every prompt, or a list with one per prompt, as vLLM's."""
+    if isinstance(lora_request, (list, tuple)):
+        if len(lora_request) != num_prompts:
+            raise ValueError("Lora request list should be the same length as the prompts")
+        return list(lora_request)
+    return [lora_request] * num_prompts
 
 
 def _as_list(prompts: Any) -> list:

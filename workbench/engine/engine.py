@@ -63,6 +63,8 @@ def _seed_for(seed: int, index: int) -> int:
 class LLMEngine:
     """Continuous-batching engine over one causal LM (see the module docstring)."""
 
+    lora = None  # a `workbench.lora.LoRAManager` with `enable_lora`
+
     def __init__(self, config: EngineConfig, loaded: Any = None):
         from workbench.models import load_model
 
@@ -101,6 +103,13 @@ class LLMEngine:
                                        config.max_num_batched_tokens, config.enable_chunked_prefill,
                                        config.scheduling_policy)
             self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+            if config.enable_lora:  # adapters per request: LoRA layers with resident slots
+                from workbench.lora.manager import LoRAManager
+
+                self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
+                                        config.max_cpu_loras)
+                self.runner.lora = self.lora
+                self.scheduler.max_loras = config.max_loras
         self._label_ids = (None if self.is_pooling_model
                            else label_token_ids(self.tokenizer, config.classifier_labels))
         self.sampler = Sampler(config.seed, self.vocab_size)
@@ -177,9 +186,7 @@ class LLMEngine:
         steps the engine (those outputs are then not returned by `step`).
         """
         self._refuse_generation()
-        if lora_request is not None:
-            raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
-                                  parameter="lora_request", value=lora_request)
+        self._check_lora(lora_request)
         if params.n > self.config.max_num_seqs:  # its samples could never all run: stuck forever
             raise ValidationError(
                 f"n={params.n} is greater than max_num_seqs={self.config.max_num_seqs}.",
@@ -196,9 +203,7 @@ class LLMEngine:
                          on_output: Callable[[BeamSearchOutput], None] | None = None) -> Request:
         """Queues a beam search; its one output (finished) is a `BeamSearchOutput`."""
         self._refuse_generation()
-        if lora_request is not None:
-            raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
-                                  parameter="lora_request", value=lora_request)
+        self._check_lora(lora_request)
         if params.beam_width > self.config.max_num_seqs:
             raise ValidationError(
                 f"beam_width={params.beam_width} is greater than max_num_seqs="
@@ -215,6 +220,36 @@ class LLMEngine:
                               self.outputs.texts, lora_request, req.prompt)
         self._enqueue(req, on_output)
         return req
+
+    # -- LoRA adapters ----------------------------------------------------------------------
+    def _check_lora(self, lora_request: Any) -> None:
+        """Loads (or touches) a request's adapter; refuses it when LoRA is off or it is bad."""
+        if lora_request is None:
+            return
+        if self.lora is None:
+            raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
+                                  parameter="lora_request", value=lora_request)
+        from workbench.lora.request import LoRARequest
+
+        if not isinstance(lora_request, LoRARequest):
+            raise ValidationError(f"lora_request must be a LoRARequest, got "
+                                  f"{type(lora_request).__name__}.", parameter="lora_request")
+        self.lora.add(lora_request)
+
+    def add_lora(self, lora_request: Any) -> bool:
+        """Loads an adapter ahead of its requests (vLLM's `add_lora`); raises if it is bad."""
+        self._check_lora(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forgets an adapter; requests still using it read it again from its path."""
+        if self.lora is None:
+            return False
+        with self.lock:  # never in the middle of a step
+            return self.lora.remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return set() if self.lora is None else self.lora.list_loras()
 
     def add_pooling_request(self, request_id: str, prompt: PromptInput, params: PoolingParams,
                             priority: int = 0, arrival_time: float | None = None,

@@ -40,6 +40,8 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
 class ModelRunner:
     """Executes `SchedulerOutput`s on a causal LM from transformers; see the module docstring."""
 
+    lora = None  # a `workbench.lora.LoRAManager` when the engine serves adapters
+
     def __init__(self, model, num_blocks: int, block_size: int):
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
@@ -142,9 +144,15 @@ class ModelRunner:
         self._splice_prompt_embeds(hidden, ordered)
         pos = pos.unsqueeze(0)  # [1, T]
         rope = self.base.rotary_emb(hidden, position_ids=pos)
-        for layer in self.base.layers:
-            hidden = layer(hidden, attention_mask=None, position_ids=pos,
-                           position_embeddings=rope, wb_ctx=ctx)
+        if self.lora is not None:  # which rows use which adapter, for the LoRA layers
+            self.lora.begin_step(ordered)
+        try:
+            for layer in self.base.layers:
+                hidden = layer(hidden, attention_mask=None, position_ids=pos,
+                               position_embeddings=rope, wb_ctx=ctx)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
         rows, last_row, prompt_rows = self._select_rows(ordered)
         hidden = self.base.norm(hidden[0, rows])  # [R, H]
         logits = self.model.lm_head(hidden).float()  # [R, V]

@@ -44,6 +44,8 @@ class SchedulerOutput:
 class Scheduler:
     """Waiting and running queues over a `BlockManager`; see the module docstring."""
 
+    max_loras: int | None = None  # LoRA: at most this many distinct adapters run at once
+
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True, policy: str = "fcfs"):
         self.block_manager = block_manager
@@ -158,9 +160,12 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
+        loras = self._running_loras()
         while self.waiting and budget > 0:
-            # a beam parked with its candidates waits for its siblings, not for the model
-            seq = next((s for s in self.waiting if s.beam_candidates is None), None)
+            # a beam parked with its candidates waits for its siblings, not for the model;
+            # a sequence of yet another adapter waits while every LoRA slot is taken (vLLM's rule)
+            seq = next((s for s in self.waiting if s.beam_candidates is None
+                        and self._lora_fits(s, loras)), None)
             if seq is None:
                 break
             req = seq.request
@@ -188,3 +193,14 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num))
             budget -= num
+            if seq.request.lora_request is not None:
+                loras.add(seq.request.lora_request.lora_int_id)
+
+    def _running_loras(self) -> set[int]:
+        return {s.request.lora_request.lora_int_id for s in self.running
+                if s.request.lora_request is not None}
+
+    def _lora_fits(self, seq: Sequence, loras: set[int]) -> bool:
+        lora = seq.request.lora_request
+        return (self.max_loras is None or lora is None or lora.lora_int_id in loras
+                or len(loras) < self.max_loras)
