@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench.engine.prompt_embeds import PLACEHOLDER_TOKEN_ID, check_prompt_embeds
 from workbench.engine.request import Request
+from workbench.engine.structured import GrammarCompiler
 from workbench.errors import ValidationError
 from workbench.sampling_params import SamplingParams
 
@@ -30,6 +31,9 @@ class InputProcessor:
         self.max_logprobs = max_logprobs
         self.eos_token_id = eos_token_id
         self.extra_eos_ids = extra_eos_ids
+        # structured outputs: compiled grammars, cached (engine/structured.py)
+        self.grammars = GrammarCompiler(tokenizer, vocab_size,
+                                        [eos_token_id, *sorted(extra_eos_ids)])
 
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -73,6 +77,8 @@ class InputProcessor:
         params._bad_words_token_ids = self._bad_words(params.bad_words)
         banned = params._all_stop_token_ids | (
             {self.eos_token_id} if self.eos_token_id is not None else set())
+        if params.structured_outputs is not None:  # compiled now: a schema it can't take is a 400
+            request_kwargs["grammar"] = self.grammars.compile(params.structured_outputs)
         return Request(request_id, text, ids, params, min_tokens_stop_ids=frozenset(banned),
                        **request_kwargs)
 

@@ -67,6 +67,8 @@ class OutputProcessor:
         """Adds a sampled token, its logprobs, and finishes the sequence if it should stop."""
         p = seq.request.params
         seq.token_ids.append(token)
+        if seq.grammar is not None:  # structured outputs: the matcher takes the token
+            seq.grammar.accept(token)
         if lp is not None:
             seq.cumulative_logprob += lp
             if seq.logprobs is not None:
@@ -167,4 +169,5 @@ class OutputProcessor:
             index=seq.index, text=text, token_ids=ids,
             cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
             logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-            lora_request=seq.request.lora_request)
+            lora_request=seq.request.lora_request,
+            grammar_steps=None if seq.grammar is None else seq.grammar.steps[start:])

@@ -22,6 +22,20 @@ class Logprob:
 
 
 @dataclass
+class GrammarStep:
+    """What a structured-output grammar did at one generated position: how many tokens it
+    allowed, and which of the model's top candidates (by raw logprob) it masked."""
+
+    num_allowed: int
+    masked: dict[int, float] = field(default_factory=dict)  # token id -> its raw logprob
+
+    @property
+    def forced(self) -> bool:
+        """Only one token was possible here."""
+        return self.num_allowed == 1
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence of a request (there are `n` of them)."""
 
@@ -33,6 +47,8 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # matched stop string, or stop token id
     lora_request: object | None = None
+    # structured outputs: one `GrammarStep` per token (None where no constraint applied yet)
+    grammar_steps: list[GrammarStep | None] | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -45,6 +45,7 @@ class Request:
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
     errored: bool = False
     beam: Any = None  # a `BeamSearch` when the request is a beam search: its sequences are beams
+    grammar: Any = None  # a `CompiledGrammar` (engine/structured.py) when the output is constrained
     pooling: Any = None  # its `PoolingParams` when it is a pooling request: ends when its prompt is
     pooled: Any = None  # computed, with this result (a tensor) instead of sampled tokens
 
@@ -86,6 +87,7 @@ class Sequence:
         self.num_sent_tokens = 0  # DELTA outputs: output tokens already handed out
         self.final_sent = False  # DELTA outputs: the finishing output went out
         self.beam_candidates: tuple[list[int], list[float]] | None = None  # beams: this step's top-2W
+        self.grammar: Any = None  # its own `SequenceGrammar` matcher when the output is constrained
 
     @property
     def seq_id(self) -> str:

@@ -26,6 +26,7 @@ class SamplingRow:
     output_ids: list[int]
     generator: torch.Generator | None
     stop_ids: frozenset[int]  # EOS and stop ids, banned while output < min_tokens
+    grammar_mask: torch.Tensor | None = None  # [V] bool: what a structured-output grammar allows
 
 
 @dataclass
@@ -38,9 +39,11 @@ class SampleResult:
 
 
 def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Allowed ids, bad words, min_tokens and logit bias, row by row (rarely used, cheap)."""
+    """Allowed ids, bad words, min_tokens and logit bias, row by row (rarely used, cheap);
+    then the grammar mask, which wins if the others left its row no token at all."""
     for i, row in enumerate(rows):
         p = row.params
+        before = logits[i].clone() if row.grammar_mask is not None else None
         if p.allowed_token_ids is not None:
             keep = torch.full_like(logits[i], float("-inf"))
             keep[p.allowed_token_ids] = 0.0
@@ -54,6 +57,11 @@ def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Te
         if p.logit_bias:
             ids = torch.tensor(list(p.logit_bias), device=logits.device)
             logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
+        if row.grammar_mask is not None:
+            allowed = row.grammar_mask.to(logits.device)
+            logits[i] = logits[i].masked_fill(~allowed, float("-inf"))
+            if not bool(torch.isfinite(logits[i]).any()):  # e.g. min_tokens banned EOS at the end
+                logits[i] = before.masked_fill(~allowed, float("-inf"))
     return logits
 
 
@@ -143,7 +151,7 @@ class Sampler:
         """logits: [R, V] float32 raw logits, one row per `rows` entry."""
         logits = logits[:, :self.vocab_size]
         raw = logits
-        if any(_edits_logits(r.params) for r in rows):
+        if any(_edits_logits(r.params) or r.grammar_mask is not None for r in rows):
             logits = apply_penalties(apply_token_masks(logits.clone(), rows), rows)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]

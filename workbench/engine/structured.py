@@ -1,0 +1,245 @@
+"""Structured outputs in the engine: a grammar matcher per sequence, a token mask per step.
+
+A request's `StructuredOutputsParams` is compiled once into an llguidance grammar; compiled
+matchers are cached by the grammar's text, so the same schema in many requests compiles once,
+and each sequence starts from a copy of the cached matcher. Before sampling, each constrained
+row's matcher says which tokens its grammar allows next (a packed bitmask, unpacked to bool
+[V]); the sampler sets every other logit to -inf. After sampling the matcher consumes the token.
+EOS (and the model's other EOS ids) are allowed only where the grammar may end; once it has
+ended only they are. Every constrained step is recorded as a `GrammarStep` (how many tokens were
+allowed, which of the model's top candidates the grammar masked) for
+`CompletionOutput.grammar_steps`. Logprobs stay those of the raw logits.
+
+n > 1: every sample has its own matcher. Preemption recomputes the KV cache only: the tokens
+and the matcher state stay with the sequence. Beam search does not take constraints.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from workbench.engine.outputs import GrammarStep
+from workbench.errors import ValidationError
+from workbench.sampling_params import StructuredOutputsParams
+
+GRAMMAR_TOP_K = 5  # the model's top candidates checked against the mask at each step
+_CACHE_SIZE = 128
+
+
+def _no_additional_properties(schema: Any) -> Any:
+    """A copy of `schema` whose objects say `additionalProperties: false` where they say nothing."""
+    if isinstance(schema, list):
+        return [_no_additional_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _no_additional_properties(v) for k, v in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def grammar_text(so: StructuredOutputsParams) -> str:
+    """The llguidance grammar (its JSON text) for one constraint; checked later, when compiled."""
+    from llguidance import LLMatcher, grammar_from, regex_to_lark
+
+    if so.json is not None or so.json_object:
+        schema = {"type": "object"} if so.json_object else so.json
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        if so.disable_additional_properties:
+            schema = _no_additional_properties(schema)
+        options: dict[str, Any] = {"whitespace_flexible": not so.disable_any_whitespace}
+        if so.whitespace_pattern is not None and not so.disable_any_whitespace:
+            options["whitespace_pattern"] = so.whitespace_pattern
+        return LLMatcher.grammar_from_json_schema(schema, defaults=options)
+    if so.regex is not None:  # `\d` means ASCII digits, as users expect (Rust's is Unicode)
+        return LLMatcher.grammar_from_lark(f"start: /{regex_to_lark(so.regex, 'd')}/")
+    if so.choice is not None:
+        return grammar_from("choice", so.choice)
+    try:  # Lark, or llama.cpp's GBNF converted to Lark
+        return grammar_from("grammar", so.grammar)
+    except ValueError as exc:
+        raise ValidationError(
+            f"The grammar is neither Lark nor GBNF syntax (llguidance backend): {exc}",
+            parameter=so.parameter, value="grammar") from None
+
+
+def _describe(so: StructuredOutputsParams, error: str) -> str:
+    """The backend's compile error, said in terms of what the request gave."""
+    error = error.strip()
+    if so.json is not None:
+        what = ("The JSON schema in response_format" if so.parameter == "response_format"
+                else "The JSON schema in structured_outputs.json")
+        return f"{what} is not supported: {error}"
+    if so.regex is not None:
+        return f"structured_outputs.regex is not a supported regular expression: {error}"
+    if so.choice is not None:
+        return f"structured_outputs.choice could not be compiled: {error}"
+    if so.grammar is not None:
+        return ("structured_outputs.grammar is not a valid grammar (llguidance takes Lark or "
+                f"GBNF syntax): {error}")
+    return f"The structured output constraint could not be compiled: {error}"
+
+
+class CompiledGrammar:
+    """One compiled constraint: a pristine matcher each sequence copies, and its trigger."""
+
+    def __init__(self, matcher: Any, after_token_ids: list[int] | None, eos_ids: list[int]):
+        self._matcher = matcher
+        self._lock = threading.Lock()
+        self.after_token_ids = list(after_token_ids) if after_token_ids else None
+        self.eos_ids = eos_ids
+
+    def start(self) -> "SequenceGrammar":
+        """A fresh matcher for one sequence (a copy: compiling again is not needed)."""
+        with self._lock:
+            matcher = self._matcher.deep_copy()
+        return SequenceGrammar(matcher, self.after_token_ids, self.eos_ids)
+
+
+class SequenceGrammar:
+    """One sequence's matcher, whether it is active yet, and its record of constrained steps."""
+
+    def __init__(self, matcher: Any, after_token_ids: list[int] | None, eos_ids: list[int]):
+        self.matcher = matcher
+        self.trigger = after_token_ids
+        self.active = after_token_ids is None
+        self.eos_ids = eos_ids
+        self.steps: list[GrammarStep | None] = []  # one per output token; None = unconstrained
+        self._recent: list[int] = []
+        self._pending: GrammarStep | None = None
+
+    @property
+    def finished(self) -> bool:
+        """The grammar has ended (EOS consumed) or failed: only EOS is allowed now."""
+        return self.matcher.is_stopped() or self.matcher.is_error()
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Writes the allowed-token bitmask of the next position into bitmask[row] (int32)."""
+        view = bitmask[row]
+        self.matcher.unsafe_compute_mask_ptr(view.data_ptr(), view.numel() * view.element_size())
+
+    def accept(self, token: int) -> None:
+        """The sampled token: advances the matcher (or watches for the trigger) and records."""
+        if not self.active:
+            self.steps.append(None)
+            self._recent = (self._recent + [token])[-len(self.trigger):]
+            self.active = self._recent == self.trigger
+            return
+        self.steps.append(self._pending)
+        self._pending = None
+        if not self.finished:
+            self.matcher.consume_token(token)  # a refused token leaves it in its error state
+
+    @property
+    def error(self) -> str | None:
+        return self.matcher.get_error() if self.matcher.is_error() else None
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer, caching compiled matchers by grammar text."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_ids = [t for t in dict.fromkeys(eos_ids) if t is not None and t < vocab_size]
+        self._ll_tokenizer = None
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.num_compiled = 0  # cache misses, for tests and stats
+
+    def ll_tokenizer(self) -> Any:
+        """llguidance's view of the tokenizer (built once, on the first constraint: ~0.5 s)."""
+        if self._ll_tokenizer is None:
+            import llguidance.hf
+
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids or None)
+        return self._ll_tokenizer
+
+    def compile(self, so: StructuredOutputsParams) -> CompiledGrammar:
+        """The compiled constraint; `ValidationError` naming what the backend can't take."""
+        from llguidance import LLMatcher
+
+        text = grammar_text(so)
+        key = text
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return self._with_trigger(hit, so)
+            tokenizer = self.ll_tokenizer()
+            is_error, messages = LLMatcher.validate_grammar_with_warnings(text, tokenizer)
+            if is_error:
+                raise ValidationError(_describe(so, messages[0] if messages else "invalid"),
+                                      parameter=so.parameter, value=so.kind)
+            matcher = LLMatcher(tokenizer, text, log_level=0)
+            if matcher.is_error():
+                raise ValidationError(_describe(so, matcher.get_error()),
+                                      parameter=so.parameter, value=so.kind)
+            compiled = CompiledGrammar(matcher, None, self.eos_ids)
+            self.num_compiled += 1
+            self._cache[key] = compiled
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return self._with_trigger(compiled, so)
+
+    @staticmethod
+    def _with_trigger(compiled: CompiledGrammar, so: StructuredOutputsParams) -> CompiledGrammar:
+        if not so.after_token_ids:
+            return compiled
+        view = CompiledGrammar.__new__(CompiledGrammar)
+        view.__dict__.update(compiled.__dict__)
+        view.after_token_ids = list(so.after_token_ids)
+        return view
+
+
+def grammar_masks(grammars: list[SequenceGrammar | None], logits: torch.Tensor,
+                  top_k: list[int]) -> list[torch.Tensor | None]:
+    """Bool [V] allowed-token masks for the active grammars among `grammars` (None elsewhere);
+    records each one's pending `GrammarStep` against the raw logits [R, V]."""
+    masks: list[torch.Tensor | None] = [None] * len(grammars)
+    rows = [i for i, g in enumerate(grammars) if g is not None and g.active]
+    if not rows:
+        return masks
+    vocab = logits.shape[1]
+    bitmask = torch.zeros((len(rows), (vocab + 31) // 32), dtype=torch.int32)  # [G, W]
+    ended = []
+    for j, i in enumerate(rows):
+        if grammars[i].finished:
+            ended.append((j, grammars[i].eos_ids))
+        else:
+            grammars[i].fill(bitmask, j)
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()  # [G, V]
+    for j, eos_ids in ended:  # the grammar is over: only EOS may follow
+        allowed[j, eos_ids] = True
+    k = max(top_k[i] for i in rows)
+    raw = logits[rows].float().log_softmax(-1)  # [G, V]
+    top_lp, top_ids = raw.topk(min(k, vocab), dim=-1)  # [G, k]
+    top_ok = allowed.gather(1, top_ids)  # [G, k]
+    counts = allowed.sum(-1).tolist()
+    for j, i in enumerate(rows):
+        masks[i] = allowed[j]
+        kk = top_k[i]
+        masked = {int(t): float(lp) for t, lp, ok in zip(
+            top_ids[j, :kk].tolist(), top_lp[j, :kk].tolist(), top_ok[j, :kk].tolist()) if not ok}
+        grammars[i]._pending = GrammarStep(num_allowed=int(counts[j]), masked=masked)
+    return masks
+
+
+def attach_grammar_masks(seqs: list[Any], rows: list[Any], logits: torch.Tensor,
+                         vocab_size: int) -> None:
+    """Sets `grammar_mask` on the `SamplingRow`s of constrained sequences (logits: [R, V+])."""
+    grammars = [s.grammar for s in seqs]
+    if all(g is None for g in grammars):
+        return
+    top_k = [max(GRAMMAR_TOP_K, s.request.params.num_logprobs(vocab_size) or 0) for s in seqs]
+    masks = grammar_masks(grammars, logits[:, :vocab_size], top_k)
+    for row, mask in zip(rows, masks):
+        row.grammar_mask = mask
