@@ -4,6 +4,8 @@ Everything the routes need hangs on `app.state` (engine, serving objects, config
 Prometheus registry), so several apps coexist in one process. Routes: `routes/openai.py`
 (`/v1/models`, `/v1/completions`, `/v1/chat/completions`), `routes/tokenize.py`,
 `routes/system.py` (`/health`, `/version`, `/metrics`, `/docs`); `/openapi.json` is FastAPI's.
+By model kind: an embedding model gets `/v1/models` but no generation routes; the pooling
+routes follow the engine's pooling tasks (`routes/pooling.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from workbench.http.errors import (
     http_exception_handler, request_validation_handler, unexpected_error_handler,
 )
-from workbench.http.middleware import ApiKeyMiddleware, RequestCounterMiddleware
-from workbench.http.routes import openai, responses, system, tokenize
+from workbench.http.middleware import (
+    ApiKeyMiddleware, BodyLimitMiddleware, RequestCounterMiddleware,
+)
+from workbench.http.routes import lora, openai, pooling, responses, system, tokenize
 from workbench.serving import ServerConfig, ServingMetrics, Servings
 
 
@@ -37,12 +41,28 @@ def build_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.state.server_config = config
     app.state.registry = registry
     app.state.servings = Servings.build(engine, config, metrics)
-    for router in (openai.router, tokenize.router, system.router, responses.router):
+    tasks = pooling.engine_attr(engine, "pooling_tasks", ())
+    generates = not pooling.engine_attr(engine, "is_pooling_model", False)
+    for router in (openai.router if generates else pooling.models_only(openai.router),
+                   tokenize.router, system.router, *pooling.routers_for(tuple(tasks)),
+                   *([responses.router] if generates else [])):
         app.include_router(router)
+    if app.state.servings.adapters.allow_runtime:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
+        app.include_router(lora.router)
     app.add_exception_handler(RequestValidationError, request_validation_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-    app.add_middleware(RequestCounterMiddleware, registry=registry)
+    # outermost last: counting -> API key -> body limit -> routes
+    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_body_bytes)
     if config.api_keys:
-        app.add_middleware(ApiKeyMiddleware, keys=config.api_keys)
+        app.add_middleware(ApiKeyMiddleware, keys=config.api_keys, exempt=config.api_key_exempt)
+    app.add_middleware(RequestCounterMiddleware, registry=registry)
+    apply_engine_limits(engine, config)
     return app
+
+
+def apply_engine_limits(engine: Any, config: ServerConfig) -> None:
+    """The waiting-queue bound and the request deadline live on the async engine front."""
+    for name in ("max_waiting_requests", "request_timeout"):
+        if hasattr(engine, name):
+            setattr(engine, name, getattr(config, name))

@@ -19,6 +19,9 @@ from workbench.serving.config import ServerConfig
 from workbench.serving.errors import ServingError, error_response
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
+from workbench.serving.pooling import (
+    ClassifyServing, EmbeddingServing, PoolingEndpointServing, RerankServing, ScoreServing,
+)
 from workbench.serving.responses import ResponsesServing
 from workbench.serving.tokenize import TokenizeServing
 
@@ -31,7 +34,24 @@ class Servings:
     chat: ChatServing
     tokenize: TokenizeServing
     models: ModelsServing
+    embeddings: EmbeddingServing | None = None  # pooling endpoints (`serving/pooling/`)
+    pooling: PoolingEndpointServing | None = None
+    classify: ClassifyServing | None = None
+    score: ScoreServing | None = None
+    rerank: RerankServing | None = None
     responses: ResponsesServing | None = None  # `/v1/responses` (`serving/responses/`)
+
+    def __post_init__(self) -> None:
+        """One `ServedAdapters` (LoRA adapter names) shared by every endpoint; a server's
+        static adapters load here, so a bad one stops the start."""
+        from workbench.lora.serving import ServedAdapters
+        from workbench.serving.base import OpenAIServing
+
+        self.adapters = ServedAdapters.from_config(self.completions.engine,
+                                                   self.completions.config)
+        for serving in list(vars(self).values()):
+            if isinstance(serving, OpenAIServing):
+                serving.adapters = self.adapters
 
     @classmethod
     def build(cls, engine: Any, config: ServerConfig | None = None,
@@ -41,6 +61,11 @@ class Servings:
                    chat=ChatServing(engine, config, metrics),
                    tokenize=TokenizeServing(engine, config),
                    models=ModelsServing(engine, config),
+                   embeddings=EmbeddingServing(engine, config, metrics),
+                   pooling=PoolingEndpointServing(engine, config, metrics),
+                   classify=ClassifyServing(engine, config, metrics),
+                   score=ScoreServing(engine, config, metrics),
+                   rerank=RerankServing(engine, config, metrics),
                    responses=ResponsesServing(engine, config, metrics, tool_server=tool_server))
 
 

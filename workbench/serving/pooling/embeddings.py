@@ -1,0 +1,52 @@
+"""`/v1/embeddings`: texts, token ids or chat messages -> one embedding each.
+
+Pipeline stages come from `PoolingServing`; this module supplies the hooks and the response:
+`{"object": "list", "data": [{"index", "object": "embedding", "embedding"}], "usage"}`, the
+embedding as floats or base64 (`encoding.py`). `dimensions` (Matryoshka truncation) goes to the
+engine's `PoolingParams.verify`, which refuses it with the reference's message on models not
+trained for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.serving.pooling.base import PoolingContext, PoolingServing
+from workbench.serving.pooling.checks import check_common, check_encoding
+from workbench.serving.pooling.encoding import encode
+from workbench.serving.protocol.common import UsageInfo
+from workbench.serving.protocol.pooling import EmbeddingResponse, EmbeddingResponseData
+
+
+def pooling_usage(ctx: PoolingContext) -> UsageInfo:
+    tokens = ctx.num_prompt_tokens
+    return UsageInfo(prompt_tokens=tokens, total_tokens=tokens, completion_tokens=0)
+
+
+class EmbeddingServing(PoolingServing):
+    id_prefix = "embd"
+    operation = "embedding generation"
+
+    def validate(self, request: Any) -> None:
+        check_common(request)
+        check_encoding(request)
+
+    def preprocess(self, ctx: PoolingContext) -> None:
+        ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
+
+    def pooling_params(self, ctx: PoolingContext) -> list[Any]:
+        from workbench.pooling_params import PoolingParams
+
+        self.check_task("embed")
+        params = PoolingParams(task="embed", dimensions=ctx.request.dimensions,
+                               use_activation=ctx.request.use_activation)
+        return [params] * len(ctx.engine_prompts)
+
+    async def build_response(self, ctx: PoolingContext) -> EmbeddingResponse:
+        request = ctx.request
+        data = [EmbeddingResponseData(index=i, embedding=encode(
+                    out.outputs.data, request.encoding_format, request.embed_dtype,
+                    request.endianness))
+                for i, out in enumerate(ctx.final_res_batch)]
+        return EmbeddingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
+                                 data=data, usage=pooling_usage(ctx))

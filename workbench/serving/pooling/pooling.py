@@ -1,0 +1,51 @@
+"""`/pooling`: the pooler's raw output for any pooling task the model serves.
+
+`task` picks the output (`embed`: the embedding; `classify`: label probabilities; `encode`:
+per-token hidden states; `score`: a relevance score); unset, it is `embed` where the model
+embeds, else the model's first task. The response's `data` items carry the tensor as nested
+floats or base64 (`encoding.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.serving.pooling.base import PoolingContext, PoolingServing
+from workbench.serving.pooling.checks import check_common, check_encoding
+from workbench.serving.pooling.embeddings import pooling_usage
+from workbench.serving.pooling.encoding import encode
+from workbench.serving.protocol.pooling import PoolingResponse, PoolingResponseData
+
+
+class PoolingEndpointServing(PoolingServing):
+    id_prefix = "pool"
+    operation = "embedding generation"  # the reference names pooling inputs so too
+
+    def default_task(self) -> str:
+        return "embed" if "embed" in self.tasks else (self.tasks[0] if self.tasks else "embed")
+
+    def validate(self, request: Any) -> None:
+        check_common(request)
+        check_encoding(request)
+
+    def preprocess(self, ctx: PoolingContext) -> None:
+        ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
+
+    def pooling_params(self, ctx: PoolingContext) -> list[Any]:
+        from workbench.pooling_params import PoolingParams
+
+        request = ctx.request
+        task = request.task or self.default_task()
+        self.check_task(task)
+        params = PoolingParams(task=task, dimensions=request.dimensions,
+                               use_activation=request.use_activation)
+        return [params] * len(ctx.engine_prompts)
+
+    async def build_response(self, ctx: PoolingContext) -> PoolingResponse:
+        request = ctx.request
+        data = [PoolingResponseData(index=i, data=encode(
+                    out.outputs.data, request.encoding_format, request.embed_dtype,
+                    request.endianness))
+                for i, out in enumerate(ctx.final_res_batch)]
+        return PoolingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
+                               data=data, usage=pooling_usage(ctx))
