@@ -59,6 +59,8 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--response-role", default="assistant")
     p.add_argument("--return-tokens-as-token-ids", action="store_true")
     p.add_argument("--enable-force-include-usage", action="store_true")
+    p.add_argument("--enable-prompt-embeds", action="store_true",
+                   help="accept `prompt_embeds` (base64 torch.save tensors) on /v1/completions")
     p.add_argument("--enable-log-requests", action="store_true")
     p.add_argument("--max-log-len", type=int, default=None)
     p.add_argument("--log-error-stack", action="store_true")
@@ -127,7 +129,8 @@ def configs_from_args(args: argparse.Namespace):
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
         log_error_stack=args.log_error_stack,
-        enable_force_include_usage=args.enable_force_include_usage)
+        enable_force_include_usage=args.enable_force_include_usage,
+        enable_prompt_embeds=args.enable_prompt_embeds)
     return engine, server
 
 

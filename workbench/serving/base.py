@@ -182,6 +182,8 @@ class GenerationServing(OpenAIServing):
         rec.fields(request)
         with rec.stage("preprocess"), rec.check(self.preprocess_check, "preprocess"):   # 3
             prompts = self.preprocess(request)
+        for prompt in prompts:  # keys the request's prefix-cache blocks apart from others'
+            prompt.cache_salt = getattr(request, "cache_salt", None)
         with rec.stage("sampling params"), rec.check("sampling parameters", "sampling params"):
             params = [self.sampling_params(request, prompt) for prompt in prompts]
             for p in params:

@@ -17,6 +17,7 @@ from workbench.serving import unsupported
 from workbench.serving.base import Generation, GenerationServing, RequestMeta
 from workbench.serving.errors import error_response
 from workbench.serving.logprobs import completion_logprobs, prompt_logprobs_json
+from workbench.serving.prompt_embeds import embeds_prompts
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.common import UsageInfo
 from workbench.serving.protocol.completion import (
@@ -43,10 +44,17 @@ class CompletionServing(GenerationServing):
     id_prefix = "cmpl"
 
     def validate(self, request: CompletionRequest) -> None:
-        unsupported.check_completion(request)
+        unsupported.check_completion(request, enable_prompt_embeds=self.config.enable_prompt_embeds)
 
     def preprocess(self, request: CompletionRequest) -> list[EnginePrompt]:
-        return self.prompts.completion_prompts(
+        """Embedding prompts first, then text / token prompts (as the reference orders them)."""
+        prompts = []
+        if request.prompt_embeds is not None:
+            prompts = embeds_prompts(self.engine, self.prompts, request.prompt_embeds,
+                                     request.truncate_prompt_tokens)
+        if prompts and request.prompt in (None, "", []):
+            return prompts
+        return prompts + self.prompts.completion_prompts(
             request.prompt, add_special_tokens=request.add_special_tokens,
             truncate=request.truncate_prompt_tokens, side=request.truncation_side)
 
@@ -126,7 +134,7 @@ class CompletionServing(GenerationServing):
         prompt_ids = None
         if not cursor.opened:  # the first piece of a choice carries the prompt (echo, ids)
             cursor.opened = True
-            prompt_ids = prompt.token_ids
+            prompt_ids = prompt.token_ids if prompt.embeds is None else None  # no ids to show
             if request.echo:
                 prompt_lps = gen.prompt_logprobs.get(prompt_index)
                 text = self.prompts.prompt_text(prompt) + text
@@ -143,7 +151,8 @@ class CompletionServing(GenerationServing):
         fields = {"index": delta.index, "text": text, "logprobs": lp_object,
                   "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason,
                   "token_ids": generated if request.return_token_ids else None,
-                  "prompt_token_ids": (prompt.token_ids if final else prompt_ids)
+                  "prompt_token_ids": ((None if prompt.embeds is not None else prompt.token_ids)
+                                       if final else prompt_ids)
                   if request.return_token_ids else None}
         if final:
             fields["prompt_logprobs"] = prompt_logprobs_json(gen.prompt_logprobs.get(prompt_index))

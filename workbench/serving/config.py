@@ -32,6 +32,7 @@ class ServerConfig:
     max_log_len: int | None = None
     log_error_stack: bool = False
     enable_force_include_usage: bool = False
+    enable_prompt_embeds: bool = False  # accept `prompt_embeds` on /v1/completions
 
     def __post_init__(self) -> None:
         if isinstance(self.served_model_names, str):

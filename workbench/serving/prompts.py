@@ -20,11 +20,17 @@ from workbench.errors import ValidationError
 class EnginePrompt:
     """One prompt as the engine will see it."""
 
-    token_ids: list[int]
+    token_ids: list[int]  # placeholders (one per row) when the prompt is `embeds`
     text: str | None = None  # None for token-id prompts until someone decodes it
+    embeds: Any = None  # [tokens, hidden] tensor of a `prompt_embeds` prompt
+    cache_salt: str | None = None  # the request's `cache_salt`
 
-    def as_engine_input(self) -> dict[str, list[int]]:
-        return {"prompt_token_ids": self.token_ids}
+    def as_engine_input(self) -> dict[str, Any]:
+        prompt: dict[str, Any] = ({"prompt_token_ids": self.token_ids} if self.embeds is None
+                                  else {"prompt_embeds": self.embeds})
+        if self.cache_salt is not None:
+            prompt["cache_salt"] = self.cache_salt
+        return prompt
 
 
 def context_length_message(max_model_len: int, num_tokens: int) -> str:

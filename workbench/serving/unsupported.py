@@ -46,7 +46,7 @@ def check_common(request: Any) -> None:
     if response_format.get("type", "text") != "text":
         _refuse(f"response_format type '{response_format.get('type')}' {_NOT_YET} "
                 "(no structured-output backend).", "response_format")
-    for name in ("structured_outputs", "cache_salt", "kv_transfer_params", "vllm_xargs",
+    for name in ("structured_outputs", "kv_transfer_params", "vllm_xargs",
                  "repetition_detection", "stream_interval"):
         if getattr(request, name) is not None:
             _refuse(f"`{name}` {_NOT_YET}.", name)
@@ -65,14 +65,18 @@ def check_common(request: Any) -> None:
                 extra.get("best_of"))
 
 
-def check_completion(request: Any) -> None:
+def check_completion(request: Any, *, enable_prompt_embeds: bool = False) -> None:
     """vLLM's completion-only checks, in its order, then the common refusals."""
     if request.echo and request.suffix is not None:
         _refuse("Echo is unsupported with suffix.", "echo")
     if request.echo and request.prompt_embeds is not None:
         _refuse("Echo is unsupported with prompt embeds.", "echo")
-    if request.prompt_embeds is not None:
+    if request.prompt_logprobs is not None and request.prompt_embeds is not None:
+        _refuse("prompt_logprobs is not compatible with prompt embeds.", "prompt_logprobs")
+    if request.prompt_embeds is not None and not enable_prompt_embeds:
         _refuse("You must set `--enable-prompt-embeds` to input `prompt_embeds`.", "prompt_embeds")
+    if request.prompt_embeds is not None and request.use_beam_search:
+        _refuse("Beam search is not supported with prompt embeds.", "prompt_embeds")
     if request.suffix is not None:
         _refuse("suffix is only supported for models with FIM completion rendering", "suffix")
     if request.use_beam_search and request.echo and request.logprobs is not None:

@@ -52,7 +52,10 @@ def check_cache_salt(data: dict[str, Any]) -> None:
     salt = data.get("cache_salt")
     if salt is None:
         return
-    if not isinstance(salt, str) or len(salt) > 128 or any(c in salt for c in _CACHE_SALT_FORBIDDEN):
+    if not isinstance(salt, str) or not salt:
+        raise ValidationError("Parameter 'cache_salt' must be a non-empty string if provided.",
+                              parameter="cache_salt")
+    if len(salt) > 128 or any(c in salt for c in _CACHE_SALT_FORBIDDEN):
         raise ValidationError(
             "Parameter 'cache_salt' must be at most 128 characters and must not contain "
             "'@', '/', '\\', or NUL.", parameter="cache_salt")
