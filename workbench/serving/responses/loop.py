@@ -28,7 +28,7 @@ from workbench.serving.protocol.chat import ChatCompletionRequest, ChatMessagePa
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.responses import items as it
 from workbench.serving.responses.events import OutputBuilder
-from workbench.serving.responses.parsing import ParsedCall, TurnParser
+from workbench.serving.responses.parsing import TurnParser
 from workbench.serving.sampling import NEUTRAL_DEFAULTS
 from workbench.tools.base import ToolServer, ToolSpec
 
@@ -133,6 +133,7 @@ class ToolLoop:
         self.status = "in_progress"
         self.incomplete_reason: str | None = None
         self.reasoning_text = ""  # every round's parsed reasoning (for reasoning_tokens)
+        self._space = ""  # whitespace-only text not sent yet
         self.max_tool_calls = (DEFAULT_MAX_TOOL_CALLS if request.max_tool_calls is None
                                else request.max_tool_calls)
         self.parse_tools = bool(tools) and request.tool_choice != "none"
@@ -226,7 +227,7 @@ class ToolLoop:
         self.rounds.append(record)
         parser = TurnParser(self.serving.tokenizer, tool_parser=self.serving.tool_parser_name,
                             reasoning_parser=self.serving.reasoning_parser_name,
-                            tool_request=self.tool_request)
+                            tool_request=self.tool_request, prompt_text=prompt.text)
         params = sampling_params(self.request, max_tokens, self.serving.defaults)
         async for output in self.serving.engine_stream(prompt, params, record.request_id,
                                                        record.priority):
@@ -238,23 +239,33 @@ class ToolLoop:
                 record.finish_reason = out.finish_reason or record.finish_reason
                 self._send(parser.feed(out.text or ""))
             yield self.builder.drain()
-        turn = parser.finish(record.text)
-        self._send(parser.pending_pieces(turn))
-        self.reasoning_text += turn.reasoning
-        calls = turn.calls if self.request.parallel_tool_calls is not False else turn.calls[:1]
-        for call in calls:
-            self.builder.function_call(call.call_id, call.name, call.arguments)
-            record.calls.append(ToolCallRecord(call.call_id, call.name, call.arguments,
-                                               builtin=self.tools.is_builtin(call.name)))
+        self._send(parser.finish(), final=True)
+        self.builder.close()
+        self.reasoning_text += parser.turn.reasoning
+        calls = parser.turn.calls[:1 if self.request.parallel_tool_calls is False else None]
+        record.calls = [ToolCallRecord(c.call_id, c.name, c.arguments,
+                                       builtin=self.tools.is_builtin(c.name)) for c in calls]
         yield self.builder.drain()
 
-    def _send(self, pieces: list[tuple[str, str]]) -> None:
-        for kind, text in pieces:
+    def _send(self, pieces: list[tuple[str, Any]], final: bool = False) -> None:
+        """Pieces into the builder. Whitespace-only text waits: before a tool call it is
+        dropped (a template's newline, not a message), as the reference does."""
+        for kind, value in pieces:
             if kind == "reasoning":
                 if self.request.include_reasoning:
-                    self.builder.reasoning(text)
+                    self.builder.reasoning(value)
+            elif kind == "text":
+                self._space += value
+                if self._space.strip():
+                    self.builder.text(self._space)
+                    self._space = ""
             else:
-                self.builder.text(text)
+                self._space = ""
+                if value.index == 0 or self.request.parallel_tool_calls is not False:
+                    self.builder.call(value)
+        if final and self._space:
+            self.builder.text(self._space)
+            self._space = ""
 
     async def _run_tool(self, call: ToolCallRecord, record: ToolRound) -> None:
         """Runs a built-in tool off the event loop; any failure is the model's to read."""
@@ -268,5 +279,5 @@ class ToolLoop:
         self.builder.function_call_output(call.call_id, call.output)
 
 
-__all__ = ["DEFAULT_MAX_TOOL_CALLS", "ParsedCall", "ToolCallRecord", "ToolLoop", "ToolRound",
+__all__ = ["DEFAULT_MAX_TOOL_CALLS", "ToolCallRecord", "ToolLoop", "ToolRound",
            "ToolSet", "sampling_params"]

@@ -1,23 +1,26 @@
-"""`TurnParser`: one generation round's text -> reasoning, content and tool calls.
+"""`TurnParser`: one generation round's text, as it streams -> reasoning, content, tool calls.
 
-It wraps the server's parsers (`--reasoning-parser`, `--tool-call-parser`). With neither in
-play the text streams through as content, delta by delta; with a parser the round is parsed
-when it ends (`finish`), and its pieces are sent then, so streamed and returned output come
-from the same parse.
+It chains the server's parsers in their streaming form: the reasoning parser
+(`--reasoning-parser`) splits reasoning from content, the tool parser (`--tool-call-parser`,
+when the request has tools and `tool_choice` is not "none") finds calls in the content. Each
+`feed(delta)` returns the pieces to send now: `("reasoning", text)`, `("text", text)` or
+`("call", DeltaToolCall)` (id and name first, then argument fragments); `finish()` releases
+what the parsers held back. Streamed and returned output are built from the same pieces.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+Piece = tuple[str, Any]
 
-@dataclass(frozen=True)
+
+@dataclass
 class ParsedCall:
     call_id: str
     name: str
-    arguments: str  # a JSON object, as text
+    arguments: str = ""  # a JSON object, as text (the concatenated fragments)
 
 
 @dataclass
@@ -26,9 +29,17 @@ class ParsedTurn:
     content: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
 
-
-def _parser_instance(factory: Any, tokenizer: Any) -> Any:
-    return factory(tokenizer)
+    def add(self, pieces: list[Piece]) -> None:
+        for kind, value in pieces:
+            if kind == "reasoning":
+                self.reasoning += value
+            elif kind == "text":
+                self.content += value
+            elif value.index == len(self.calls):
+                self.calls.append(ParsedCall(value.id, value.function.name,
+                                             value.function.arguments or ""))
+            else:
+                self.calls[value.index].arguments += value.function.arguments or ""
 
 
 class TurnParser:
@@ -36,44 +47,68 @@ class TurnParser:
     (with the round's tools) that tool parsers read, None when tool calls are not parsed."""
 
     def __init__(self, tokenizer: Any, *, tool_parser: str | None, reasoning_parser: str | None,
-                 tool_request: Any = None):
+                 tool_request: Any = None, prompt_text: str | None = None):
         self.tool_request = tool_request
-        self.tools = None
-        self.reasoning = None
+        self.tools = self.reasoning = None
         if tool_request is not None and tool_parser:
             from workbench.serving.tool_parsers import get_tool_parser
 
-            self.tools = _parser_instance(get_tool_parser(tool_parser), tokenizer)
+            self.tools = get_tool_parser(tool_parser)(tokenizer)
         if reasoning_parser:
             from workbench.serving.reasoning import get_reasoning_parser
 
-            self.reasoning = _parser_instance(get_reasoning_parser(reasoning_parser), tokenizer)
+            self.reasoning = get_reasoning_parser(reasoning_parser)(tokenizer)
+            if prompt_text is not None:
+                self.reasoning.adjust_initial_state_from_prompt(prompt_text)
+        self.text = ""  # the round's raw text so far
+        self.content = ""  # its content (after reasoning) so far, as the tool parser saw it
+        self.turn = ParsedTurn()
 
-    @property
-    def streams_live(self) -> bool:
-        return self.tools is None and self.reasoning is None
-
-    def feed(self, delta: str) -> list[tuple[str, str]]:
-        """Pieces (`"text"` or `"reasoning"`, text) to send now."""
-        return [("text", delta)] if self.streams_live and delta else []
-
-    def finish(self, text: str) -> ParsedTurn:
-        turn = ParsedTurn(content=text)
-        if self.reasoning is not None:
-            reasoning, content = self.reasoning.extract_reasoning(text, self.tool_request)
-            turn.reasoning, turn.content = reasoning or "", content or ""
-        if self.tools is not None and turn.content:
-            info = self.tools.extract_tool_calls(turn.content, self.tool_request)
-            if info.tools_called:
-                turn.content = info.content or ""
-                turn.calls = [ParsedCall(call.id or f"call_{uuid.uuid4().hex}",
-                                         call.function.name, call.function.arguments or "{}")
-                              for call in info.tool_calls]
-        return turn
-
-    def pending_pieces(self, turn: ParsedTurn) -> list[tuple[str, str]]:
-        """What `feed` held back: everything, when a parser ran."""
-        if self.streams_live:
+    def feed(self, delta: str) -> list[Piece]:
+        """The pieces to send after `delta` arrived."""
+        if not delta:
             return []
-        pieces = [("reasoning", turn.reasoning)] if turn.reasoning else []
-        return pieces + ([("text", turn.content)] if turn.content.strip() or not turn.calls else [])
+        previous, self.text = self.text, self.text + delta
+        if self.reasoning is None:
+            return self._record(self._content(delta, final=False))
+        message = self.reasoning.extract_reasoning_streaming(previous, self.text, delta)
+        return self._record(self._split(message, final=False))
+
+    def finish(self) -> list[Piece]:
+        """What the parsers held back until the end of the round."""
+        if self.reasoning is None:
+            return self._record(self._content("", final=True))
+        message = self.reasoning.finish_streaming(self.text)
+        return self._record(self._split(message, final=True))
+
+    def _record(self, pieces: list[Piece]) -> list[Piece]:
+        self.turn.add(pieces)
+        return pieces
+
+    def _split(self, message: Any, final: bool) -> list[Piece]:
+        pieces: list[Piece] = []
+        if message is not None and message.reasoning:
+            pieces.append(("reasoning", message.reasoning))
+        content = message.content if message is not None and message.content else ""
+        return pieces + self._content(content, final)
+
+    def _content(self, delta: str, final: bool) -> list[Piece]:
+        """Content through the tool parser (when there is one)."""
+        previous, self.content = self.content, self.content + delta
+        if self.tools is None:
+            return [("text", delta)] if delta else []
+        message = (self.tools.extract_tool_calls_streaming(previous, self.content, delta,
+                                                            request=self.tool_request)
+                   if delta else None)
+        pieces = self._message_pieces(message)
+        if final:
+            pieces += self._message_pieces(self.tools.finish_streaming(self.content,
+                                                                       self.tool_request))
+        return pieces
+
+    @staticmethod
+    def _message_pieces(message: Any) -> list[Piece]:
+        if message is None:
+            return []
+        pieces: list[Piece] = [("text", message.content)] if message.content else []
+        return pieces + [("call", call) for call in message.tool_calls or []]
