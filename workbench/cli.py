@@ -51,6 +51,9 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-logprobs", type=int, default=20)
+    p.add_argument("--classifier-labels", nargs="+", default=None, metavar="WORD",
+                   help="label words a generative model classifies and scores with (one token "
+                   "each; the last is the positive one for /score and /rerank; default: no yes)")
     p.add_argument("--api-key", nargs="+", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes")
     p.add_argument("--chat-template", default=None, help="jinja file path or inline template")
@@ -117,6 +120,8 @@ def configs_from_args(args: argparse.Namespace):
     model = args.model or args.model_tag or DEFAULT_MODEL
     names = tuple(args.served_model_name or (resolve_model(model, prepare=False).served_name,))
     engine_kwargs = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    if args.classifier_labels:
+        engine_kwargs["classifier_labels"] = tuple(args.classifier_labels)
     engine = EngineConfig(model=model, dtype=args.dtype, device=args.device, seed=args.seed,
                           max_model_len=args.max_model_len, max_logprobs=args.max_logprobs,
                           served_model_name=names[0], **engine_kwargs)

@@ -1,8 +1,8 @@
 """`/pooling`: the pooler's raw output for any pooling task the model serves.
 
 `task` picks the output (`embed`: the embedding; `classify`: label probabilities; `encode`:
-per-token hidden states; `score`: a relevance score); unset, it is `embed` where the model
-embeds, else the model's first task. The response's `data` items carry the tensor as nested
+the pooled hidden state unnormalized; `score`: a relevance score); unset, it is the model's
+default task (`embed` on an embedding model, `classify` on a generative one). The response's `data` items carry the tensor as nested
 floats or base64 (`encoding.py`).
 """
 
@@ -22,7 +22,8 @@ class PoolingEndpointServing(PoolingServing):
     operation = "embedding generation"  # the reference names pooling inputs so too
 
     def default_task(self) -> str:
-        return "embed" if "embed" in self.tasks else (self.tasks[0] if self.tasks else "embed")
+        """The model's default task (the engine lists it first)."""
+        return self.tasks[0] if self.tasks else "embed"
 
     def validate(self, request: Any) -> None:
         check_common(request)
