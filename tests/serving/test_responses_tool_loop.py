@@ -30,12 +30,12 @@ def call(name: str, **arguments) -> str:
 
 
 def serving(tokenizer, scripts, *, tool_parser="hermes", reasoning_parser=None, tool_server=None,
-            max_model_len=2048):
+            max_model_len=2048, auto=True):
     engine = ScriptedEngine(tokenizer, list(scripts), max_model_len=max_model_len)
-    config = ServerConfig(chat_template=TOOLS_TEMPLATE.read_text())
-    s = ResponsesServing(engine, config, tool_server=tool_server)
-    s.tool_parser_name, s.reasoning_parser_name = tool_parser, reasoning_parser
-    return s, engine
+    config = ServerConfig(chat_template=TOOLS_TEMPLATE.read_text(), tool_call_parser=tool_parser,
+                          enable_auto_tool_choice=auto and tool_parser is not None,
+                          reasoning_parser=reasoning_parser)
+    return ResponsesServing(engine, config, tool_server=tool_server), engine
 
 
 async def create(s, **body):
@@ -198,6 +198,50 @@ async def test_tools_without_a_tool_parser_are_the_reference_400(tokenizer):
                                               "--enable-auto-tool-choice and --tool-call-parser"):
         await create(s, input="Hi", tools=CALCULATOR)
     assert not engine.submitted
+
+
+async def test_auto_needs_enable_auto_tool_choice_but_a_named_choice_does_not(tokenizer):
+    s, _ = serving(tokenizer, [call("calculator", expression="2+2"), "Four."], auto=False)
+    with pytest.raises(ValidationError, match="requires --enable-auto-tool-choice"):
+        await create(s, input="Hi", tools=CALCULATOR)
+    response = await create(s, input="Hi", tools=CALCULATOR, tool_choice="none")
+    assert response.status == "completed"
+
+
+async def test_named_builtin_choice_constrains_the_first_round_only(tokenizer):
+    s, engine = serving(tokenizer, ['{"expression": "2 + 2"}', "Four."])
+    response = await create(s, input="Two plus two?", tools=CALCULATOR,
+                            tool_choice={"type": "calculator"})
+    first, second = (sub["params"].structured_outputs for sub in engine.submitted)
+    assert first.json == {"type": "object", "properties": {"expression": {
+        "type": "string", "description": "for example (3 + 4) * 12 / 7"}},
+        "required": ["expression"]}
+    assert second is None  # later rounds are "auto": the loop can end
+    assert [i["type"] for i in response.output] == [
+        "function_call", "function_call_output", "message"]
+    assert response.output[1]["output"] == "4" and response.output_text == "Four."
+
+
+async def test_required_choice_writes_a_json_array_of_calls(tokenizer):
+    s, engine = serving(tokenizer, ['[{"name": "weather", "parameters": {"city": "Oslo"}}]'])
+    response = await create(s, input="Weather?", tools=[WEATHER, *CALCULATOR],
+                            tool_choice="required")
+    schema = engine.submitted[0]["params"].structured_outputs.json
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert [(i["name"], json.loads(i["arguments"])) for i in response.output] == [
+        ("weather", {"city": "Oslo"})]
+
+
+@pytest.mark.parametrize("choice, message", [
+    ({"type": "function", "name": "nope"}, "does not match any of the specified `tools`"),
+    ({"type": "code_interpreter"}, "does not match any of the specified `tools`"),
+    ("sometimes", "Invalid value for `tool_choice`: sometimes!"),
+])
+async def test_bad_tool_choice_is_400(tokenizer, choice, message):
+    s, _ = serving(tokenizer, ["x"])
+    with pytest.raises(ValidationError, match=message) as info:
+        await create(s, input="Hi", tools=[WEATHER, *CALCULATOR], tool_choice=choice)
+    assert info.value.parameter == "tool_choice"
 
 
 @pytest.mark.parametrize("tools, message", [

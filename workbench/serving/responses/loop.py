@@ -105,6 +105,12 @@ class ToolRound:
     tool_output_tokens: int = 0
 
 
+def forced_name(choice: dict[str, Any]) -> str | None:
+    """The tool a dict `tool_choice` names: `{"type": "function", "name": N}`, or a built-in
+    tool by its type (`{"type": "calculator"}`)."""
+    return choice.get("name") if choice.get("type") == "function" else choice.get("type")
+
+
 def sampling_params(request: ResponsesRequest, max_tokens: int,
                     defaults: dict[str, Any]) -> SamplingParams:
     """Request > the model's generation config > neutral, as the chat endpoint."""
@@ -136,8 +142,8 @@ class ToolLoop:
         self._space = ""  # whitespace-only text not sent yet
         self.max_tool_calls = (DEFAULT_MAX_TOOL_CALLS if request.max_tool_calls is None
                                else request.max_tool_calls)
-        self.parse_tools = bool(tools) and request.tool_choice != "none"
-        self.tool_request = self._tool_request() if self.parse_tools else None
+        parse_tools = bool(tools) and request.tool_choice != "none"
+        self.tool_request = self._tool_request() if parse_tools else None
 
     def _tool_request(self) -> ChatCompletionRequest:
         """The chat-shaped request tool parsers read (its tools and tool choice)."""
@@ -225,10 +231,14 @@ class ToolLoop:
                            priority=self.priority if index == 0 else self.priority - 1,
                            prompt_tokens=len(prompt.token_ids))
         self.rounds.append(record)
-        parser = TurnParser(self.serving.tokenizer, tool_parser=self.serving.tool_parser_name,
+        params = sampling_params(self.request, max_tokens, self.serving.defaults)
+        tool_parser = None
+        if self.tool_request is not None:
+            tool_parser = self._forced_parser(params) if index == 0 else None
+            tool_parser = tool_parser or self._auto_parser()
+        parser = TurnParser(self.serving.tokenizer, tool_parser=tool_parser,
                             reasoning_parser=self.serving.reasoning_parser_name,
                             tool_request=self.tool_request, prompt_text=prompt.text)
-        params = sampling_params(self.request, max_tokens, self.serving.defaults)
         async for output in self.serving.engine_stream(prompt, params, record.request_id,
                                                        record.priority):
             for out in output.outputs:
@@ -246,6 +256,40 @@ class ToolLoop:
         record.calls = [ToolCallRecord(c.call_id, c.name, c.arguments,
                                        builtin=self.tools.is_builtin(c.name)) for c in calls]
         yield self.builder.drain()
+
+    def _auto_parser(self) -> Any:
+        from workbench.serving.tool_parsers import get_tool_parser
+
+        return get_tool_parser(self.serving.tool_parser_name)(self.serving.tokenizer)
+
+    def _forced_parser(self, params: SamplingParams) -> Any:
+        """`required` or a named tool in the first round: constrained decoding writes the
+        calls as JSON (the reference's schemas), parsed by the matching constrained parser.
+        Later rounds are "auto", so the loop can end."""
+        from workbench.sampling_params import StructuredOutputsParams
+        from workbench.serving.tool_parsers.constrained import (
+            NamedToolParser, RequiredToolParser, named_tool_schema, tools_json_schema,
+        )
+
+        choice, tools = self.request.tool_choice, self.tool_request.tools
+        if choice == "required":
+            schema = tools_json_schema(tools, self.request.parallel_tool_calls is not False)
+            parser = RequiredToolParser(self.serving.tokenizer)
+        elif isinstance(choice, dict):
+            name = forced_name(choice)
+            schema = named_tool_schema(tools, name)
+            parser = NamedToolParser(self.serving.tokenizer, function_name=name)
+        else:
+            return None
+        after = None
+        if self.serving.reasoning_parser_name:  # the constraint starts once reasoning ends
+            from workbench.serving.reasoning import get_reasoning_parser
+
+            after = get_reasoning_parser(self.serving.reasoning_parser_name)(
+                self.serving.tokenizer).end_token_ids or None
+        params.structured_outputs = StructuredOutputsParams(json=schema, after_token_ids=after,
+                                                            parameter="tool_choice")
+        return parser
 
     def _send(self, pieces: list[tuple[str, Any]], final: bool = False) -> None:
         """Pieces into the builder. Whitespace-only text waits: before a tool call it is

@@ -44,16 +44,14 @@ class ParsedTurn:
 
 class TurnParser:
     """Parses one round (see the module docstring); `tool_request` is the chat-shaped request
-    (with the round's tools) that tool parsers read, None when tool calls are not parsed."""
+    (with the round's tools) that tool parsers read, None when tool calls are not parsed;
+    `tool_parser` is a fresh parser instance (the server's, or a constrained-choice one)."""
 
-    def __init__(self, tokenizer: Any, *, tool_parser: str | None, reasoning_parser: str | None,
+    def __init__(self, tokenizer: Any, *, tool_parser: Any = None, reasoning_parser: str | None,
                  tool_request: Any = None, prompt_text: str | None = None):
         self.tool_request = tool_request
-        self.tools = self.reasoning = None
-        if tool_request is not None and tool_parser:
-            from workbench.serving.tool_parsers import get_tool_parser
-
-            self.tools = get_tool_parser(tool_parser)(tokenizer)
+        self.tools = tool_parser if tool_request is not None else None  # a parser instance
+        self.reasoning = None
         if reasoning_parser:
             from workbench.serving.reasoning import get_reasoning_parser
 

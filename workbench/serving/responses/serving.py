@@ -27,7 +27,7 @@ from workbench.serving.protocol.responses import (
 )
 from workbench.serving.responses import checks
 from workbench.serving.responses.items import conversation
-from workbench.serving.responses.loop import ToolLoop, ToolSet, sampling_params
+from workbench.serving.responses.loop import ToolLoop, ToolSet, forced_name, sampling_params
 from workbench.serving.responses.store import ResponseStore
 from workbench.tools.base import ToolServer, default_tool_server
 
@@ -53,6 +53,7 @@ class ResponsesServing(GenerationServing):
         size = getattr(self.config, "responses_store_size", DEFAULT_STORE_SIZE)
         self.store = store if store is not None else ResponseStore(size)
         self.tool_parser_name = getattr(self.config, "tool_call_parser", None)
+        self.auto_tools = getattr(self.config, "enable_auto_tool_choice", False)
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
 
     # -- stages -------------------------------------------------------------------------------
@@ -82,22 +83,27 @@ class ResponsesServing(GenerationServing):
         return base if base.startswith("resp_") else f"resp_{base}"
 
     def check_tool_choice(self, request: ResponsesRequest, tools: ToolSet) -> None:
+        """The reference's tool-choice rules: `auto` needs --enable-auto-tool-choice and a
+        parser; `required` and named choices need a parser (for the rounds after the first)."""
         choice = request.tool_choice
+        if isinstance(choice, dict):
+            name = forced_name(choice)
+            if name is None or not (tools.is_builtin(name) or any(
+                    t["function"]["name"] == name for t in tools.functions)):
+                raise ValidationError("The tool specified in `tool_choice` does not match any of "
+                                      "the specified `tools`", parameter="tool_choice")
+        elif choice not in ("none", "auto", "required"):
+            raise ValidationError(
+                f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
+                "\"auto\" or \"required\" are supported.", parameter="tool_choice")
         if not tools or choice == "none":
             return
-        if choice == "auto":
-            if self.tool_parser_name is None:
-                raise ValidationError(
-                    '"auto" tool choice requires --enable-auto-tool-choice and '
-                    "--tool-call-parser to be set", parameter="tool_choice")
-            return
-        if choice == "required" or isinstance(choice, dict):
-            raise ValidationError(
-                f"tool_choice {choice!r} {checks.NOT_YET} for /v1/responses (use \"auto\").",
-                parameter="tool_choice")
-        raise ValidationError(
-            f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", \"auto\" or "
-            "\"required\" are supported.", parameter="tool_choice")
+        if choice == "auto" and not (self.auto_tools and self.tool_parser_name):
+            raise ValidationError('"auto" tool choice requires --enable-auto-tool-choice and '
+                                  "--tool-call-parser to be set", parameter="tool_choice")
+        if self.tool_parser_name is None:
+            raise ValidationError('tool_choice="required" requires --tool-call-parser to be set',
+                                  parameter="tool_choice")
 
     def engine_stream(self, prompt: Any, params: Any, request_id: str, priority: int):
         """One round's engine request, aborted if its consumer goes away (see `base.py`)."""
