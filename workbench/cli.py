@@ -1,8 +1,8 @@
 """`workbench`: the command line. `serve` runs the OpenAI-compatible server, `bench` the benchmark.
 
-Flags follow `vllm serve` (interface.md lists them). Flags for features not built yet (tool
-parsers, reasoning parsers, LoRA) stop the command at start-up with a clear message rather
-than being accepted and ignored.
+Flags follow `vllm serve` (interface.md lists them). Flags for features not built yet (LoRA)
+stop the command at start-up with a clear message rather than being accepted and ignored;
+unknown tool or reasoning parser names stop it too, listing the valid ones.
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ import sys
 from typing import Any
 
 NOT_BUILT = {
-    "enable_auto_tool_choice": "--enable-auto-tool-choice: tool calling is not built yet",
-    "tool_call_parser": "--tool-call-parser: tool parsers are not built yet",
-    "reasoning_parser": "--reasoning-parser: reasoning parsers are not built yet",
     "enable_lora": "--enable-lora: LoRA serving is not built yet",
     "lora_modules": "--lora-modules: LoRA serving is not built yet",
     "max_loras": "--max-loras: LoRA serving is not built yet",
@@ -134,6 +131,8 @@ def configs_from_args(args: argparse.Namespace):
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
         log_error_stack=args.log_error_stack,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_prompt_embeds=args.enable_prompt_embeds)
     return engine, server

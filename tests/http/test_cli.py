@@ -42,6 +42,14 @@ def test_flags_reach_the_configs(monkeypatch, tmp_path):
     assert server.enable_log_requests and got["port"] == 9000
 
 
+def test_tool_and_reasoning_parser_flags_reach_the_server_config(monkeypatch):
+    got = run_serve(monkeypatch, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                    "--reasoning-parser", "deepseek_r1")
+    server = got["server"]
+    assert (server.enable_auto_tool_choice, server.tool_call_parser, server.reasoning_parser) \
+        == (True, "hermes", "deepseek_r1")
+
+
 def test_a_model_directory_is_served_under_its_name(monkeypatch, tmp_path):
     model_dir = tmp_path / "my-model"
     model_dir.mkdir()
@@ -51,9 +59,9 @@ def test_a_model_directory_is_served_under_its_name(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--tool-call-parser", "hermes"], "tool parsers are not built yet"),
-    (["--enable-auto-tool-choice"], "tool calling is not built yet"),
-    (["--reasoning-parser", "deepseek_r1"], "reasoning parsers are not built yet"),
+    (["--tool-call-parser", "nope"], "invalid tool call parser: nope (chose from { hermes,"),
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
+    (["--reasoning-parser", "nope"], "invalid reasoning parser: nope (chose from { deepseek_r1"),
     (["--enable-lora"], "LoRA serving is not built yet"),
     (["--lora-modules", "a=b"], "LoRA serving is not built yet"),
     (["--chat-template", "missing.jinja"], "looks like a file path, but it failed to be opened"),

@@ -17,13 +17,14 @@ from workbench.sampling_params import SamplingParams
 from workbench.serving import unsupported
 from workbench.serving.base import Generation, GenerationServing, RequestMeta
 from workbench.serving.chat_template import ChatRenderer, content_text
+from workbench.serving.chat_tools import ChatTools, chat_message, stream_parts
 from workbench.serving.errors import error_response
 from workbench.serving.logprobs import chat_logprobs, prompt_logprobs_json
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import (
     ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
     ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
-    ChatCompletionStreamResponse, ChatMessage, DeltaMessage,
+    ChatCompletionStreamResponse, DeltaMessage,
 )
 from workbench.serving.sampling import build_sampling_params, resolve_max_tokens
 from workbench.serving.streaming import (
@@ -40,14 +41,17 @@ class ChatServing(GenerationServing):
             self.tokenizer, chat_template=self.config.chat_template,
             trust_request_chat_template=self.config.trust_request_chat_template,
             default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+        self.tools = ChatTools(self.config, self.tokenizer)  # tool and reasoning parsers
 
     def engine_request_id(self, request_id: str, index: int) -> str:
         return request_id
 
     def validate(self, request: ChatCompletionRequest) -> None:
+        self.tools.check(request)
         unsupported.check_chat(request)
 
     def preprocess(self, request: ChatCompletionRequest) -> list[EnginePrompt]:
+        self.tools.adjust_request(request)
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         rendered = self.renderer.render(
             request.messages, add_generation_prompt=request.add_generation_prompt,
@@ -105,17 +109,23 @@ class ChatServing(GenerationServing):
         gen = self.prepare(request, meta)
         deltas = await self.collect(gen)
         role, echo = self.response_role(request), self.echo_text(request)
-        choices = []
+        choices, reasoning_tokens = [], 0
+        prompt = gen.prompts[0]
         for delta in deltas:
             text, logprobs, token_ids = self.choice_parts(gen, delta)
+            parser = self.tools.choice_parser(request, prompt.text)
+            message, called, _ = chat_message(parser, role, echo, text, request)
+            reasoning_tokens += self.tools.reasoning_tokens(parser, delta.token_ids, delta.text)
             choices.append(ChatCompletionResponseChoice(
-                index=delta.index, message=ChatMessage(role=role, content=echo + text),
-                logprobs=logprobs, finish_reason=delta.finish_reason or "stop",
+                index=delta.index, message=message, logprobs=logprobs,
+                finish_reason=parser.finish_reason(delta.finish_reason or "stop", called),
                 stop_reason=delta.stop_reason, token_ids=token_ids))
-        prompt = gen.prompts[0]
+        usage = usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas))
+        if self.tools.counts_reasoning:
+            usage.completion_tokens_details = {"reasoning_tokens": reasoning_tokens}
         return ChatCompletionResponse(
             id=gen.request_id, created=gen.created, model=gen.model_name, choices=choices,
-            usage=usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)),
+            usage=usage,
             prompt_logprobs=prompt_logprobs_json(gen.prompt_logprobs.get(0)),
             prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
             prompt_text=prompt.text if request.return_prompt_text else None,
@@ -159,6 +169,7 @@ class ChatServing(GenerationServing):
                                                   self.config.enable_force_include_usage)
         num_prompt = len(gen.prompts[0].token_ids)
         merged = {i: ChoiceDelta(index=i) for i in range(gen.n)}
+        parsers = {i: self.tools.choice_parser(request, gen.prompts[0].text) for i in merged}
         for event in self._opening(gen, continuous):  # prime() saw the first output
             yield event
         try:
@@ -169,9 +180,16 @@ class ChatServing(GenerationServing):
                         continue  # nothing generated yet (a prefill step)
                     so_far.extend(delta)
                     text, logprobs, token_ids = self.choice_parts(gen, delta)
+                    message, finish_reason = DeltaMessage(content=text), delta.finish_reason
+                    parser = parsers[delta.index]
+                    if parser.active:  # reasoning / tool calls out of the text so far
+                        message, logprobs, token_ids, finish_reason = stream_parts(
+                            parser, so_far, request, logprobs, token_ids)
+                        if message is None and not (logprobs or token_ids or finish_reason):
+                            continue
                     choice = ChatCompletionResponseStreamChoice(
-                        index=delta.index, delta=DeltaMessage(content=text), logprobs=logprobs,
-                        finish_reason=delta.finish_reason, token_ids=token_ids)
+                        index=delta.index, delta=message or DeltaMessage(), logprobs=logprobs,
+                        finish_reason=finish_reason, token_ids=token_ids)
                     if delta.finish_reason is not None:
                         choice.stop_reason = delta.stop_reason
                     chunk = self._chunk(gen, [choice])
@@ -186,6 +204,10 @@ class ChatServing(GenerationServing):
         choices = list(merged.values())
         self.finished(gen, choices)
         if include_usage:
-            yield usage_chunk_json(self._chunk(
-                gen, [], usage=usage_info(num_prompt, sum(len(c.token_ids) for c in choices)),
-                system_fingerprint=self.system_fingerprint))
+            usage = usage_info(num_prompt, sum(len(c.token_ids) for c in choices))
+            if self.tools.counts_reasoning:
+                usage.completion_tokens_details = {"reasoning_tokens": sum(
+                    self.tools.reasoning_tokens(parsers[c.index], c.token_ids, c.text)
+                    for c in choices)}
+            yield usage_chunk_json(self._chunk(gen, [], usage=usage,
+                                               system_fingerprint=self.system_fingerprint))

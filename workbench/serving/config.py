@@ -32,6 +32,9 @@ class ServerConfig:
     max_log_len: int | None = None
     log_error_stack: bool = False
     enable_force_include_usage: bool = False
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
+    tool_call_parser: str | None = None  # a name of workbench.serving.tool_parsers
+    reasoning_parser: str | None = None  # a name of workbench.serving.reasoning
     enable_prompt_embeds: bool = False  # accept `prompt_embeds` on /v1/completions
 
     def __post_init__(self) -> None:
@@ -42,6 +45,26 @@ class ServerConfig:
         if any(not name for name in self.served_model_names):
             raise ValidationError("served model names must be non-empty strings.",
                                   parameter="served_model_names", value=self.served_model_names)
+        _check_parsers(self)
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ValidationError(f"max_log_len must be non-negative, got {self.max_log_len}.",
                                   parameter="max_log_len", value=self.max_log_len)
+
+
+def _check_parsers(config: ServerConfig) -> None:
+    """Parser names exist (the reference's messages, listing the valid ones)."""
+    from workbench.serving.reasoning import get_reasoning_parser
+    from workbench.serving.tool_parsers import get_tool_parser
+
+    if config.enable_auto_tool_choice and not config.tool_call_parser:
+        raise ValidationError("--enable-auto-tool-choice requires --tool-call-parser",
+                              parameter="tool_call_parser")
+    for name, get in (("tool_call_parser", get_tool_parser),
+                      ("reasoning_parser", get_reasoning_parser)):
+        value = getattr(config, name)
+        if value is None:
+            continue
+        try:
+            get(value)
+        except KeyError as exc:
+            raise ValidationError(exc.args[0], parameter=name, value=value) from None

@@ -14,8 +14,6 @@ from workbench.errors import ValidationError
 IGNORED_FIELDS = {
     "user": "identifies the end user to OpenAI; no effect on generation",
     "session_id": "session affinity for routers; single engine here",
-    "parallel_tool_calls": "only meaningful with a tool parser",
-    "include_reasoning": "only meaningful with a reasoning parser; all text is content",
 }
 
 # As in the reference, beam search takes only width, length, EOS handling, length_penalty and
@@ -53,8 +51,8 @@ def check_common(request: Any) -> None:
     if request.watermarking:
         _refuse(f"`watermarking` {_NOT_YET}.", "watermarking")
     if request.thinking_token_budget not in (None, -1):
-        _refuse("`thinking_token_budget` requires a reasoning parser, which this server does "
-                "not have yet.", "thinking_token_budget")
+        _refuse("`thinking_token_budget` is not supported by this server yet (ending the "
+                "reasoning after N tokens needs an engine hook).", "thinking_token_budget")
     extra = request.model_extra or {}
     for name in _REMOVED:
         if extra.get(name) is not None:
@@ -87,14 +85,9 @@ def check_completion(request: Any, *, enable_prompt_embeds: bool = False) -> Non
     check_common(request)
 
 
-def check_chat(request: Any, *, tool_parser: str | None = None) -> None:
-    """Chat-only refusals (tools without a parser, multimodal kwargs), then the common ones."""
-    choice = request.tool_choice
-    if request.tools and choice == "auto" and tool_parser is None:
-        _refuse('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
-                "to be set", "tool_choice")
-    if request.tools and (choice == "required" or isinstance(choice, dict)) and tool_parser is None:
-        _refuse('tool_choice="required" requires --tool-call-parser to be set', "tool_choice")
+def check_chat(request: Any) -> None:
+    """Chat-only refusals (multimodal kwargs), then the common ones. Tool-choice rules that
+    depend on the server's parsers are in `chat_tools.check_tools`."""
     for name in ("media_io_kwargs", "mm_processor_kwargs"):
         if getattr(request, name):
             _refuse(f"`{name}` is not supported: the served model is text-only.", name)

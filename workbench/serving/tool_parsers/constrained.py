@@ -1,0 +1,104 @@
+"""Parsers for `tool_choice="required"` and named choices, whose output constrained decoding
+shapes as JSON (vLLM's `get_json_schema_from_tools`), whatever the model's native format.
+
+- required: `[{"name": "get_weather", "parameters": {...}}, ...]`, at least one call (at most
+  one when `parallel_tool_calls` is false);
+- named: the output is the named tool's arguments object.
+
+Both stream with the same machinery as the native parsers (`ToolParser`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
+from workbench.serving.tool_parsers.json_scan import (
+    InvalidCall, normalize_json, scan_call_object, scan_json, skip_ws,
+)
+
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def _function(tool: Any) -> tuple[str, dict[str, Any] | None]:
+    fn = tool.function
+    return fn.name, fn.parameters
+
+
+def tools_json_schema(tools: list[Any], parallel_tool_calls: bool = True) -> dict[str, Any]:
+    """The JSON schema of `required` output: an array of `{name, parameters}`, one per call."""
+    variants = [{"type": "object",
+                 "properties": {"name": {"type": "string", "enum": [name]},
+                                "parameters": parameters or EMPTY_PARAMETERS},
+                 "required": ["name", "parameters"]}
+                for name, parameters in map(_function, tools)]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "object", "anyOf": variants}}
+    if not parallel_tool_calls:
+        schema["maxItems"] = 1
+    return schema
+
+
+def named_tool_schema(tools: list[Any], name: str) -> dict[str, Any]:
+    """The JSON schema of a named choice's output: that tool's parameters."""
+    for tool_name, parameters in map(_function, tools):
+        if tool_name == name:
+            return parameters or EMPTY_PARAMETERS
+    raise KeyError(name)
+
+
+class RequiredToolParser(ToolParser):
+    name = "required"
+
+    def parse(self, text: str, request: Any, final: bool) -> Parsed:
+        parsed = Parsed()
+        i = skip_ws(text, 0)
+        if i >= len(text):
+            parsed.valid = not final
+            return parsed
+        if text[i] != "[":
+            parsed.valid = False
+            return parsed
+        i += 1
+        while True:
+            try:
+                scan = scan_call_object(text, i, argument_keys=("parameters", "arguments"))
+            except InvalidCall:
+                parsed.valid = False
+                return parsed
+            if scan.end is None:
+                if scan.name is not None or scan.arguments:
+                    parsed.calls.append(PartialCall(scan.name, scan.arguments, False))
+                return parsed
+            parsed.calls.append(PartialCall(scan.name, scan.arguments, True))
+            i = skip_ws(text, scan.end)
+            if i >= len(text) or text[i] == "]":
+                return parsed
+            if text[i] != ",":
+                parsed.valid = False
+                return parsed
+            i += 1
+
+
+class NamedToolParser(ToolParser):
+    name = "named"
+
+    def __init__(self, tokenizer: Any = None, function_name: str = ""):
+        super().__init__(tokenizer)
+        self.function_name = function_name
+
+    def parse(self, text: str, request: Any, final: bool) -> Parsed:
+        if skip_ws(text, 0) >= len(text):
+            return Parsed(valid=not final)
+        arguments, end = scan_json(text, 0)
+        if not arguments.startswith("{"):
+            return Parsed(valid=False)
+        call = PartialCall(self.function_name, arguments, end is not None)
+        if final and end is not None:
+            import json
+
+            try:
+                call.done = isinstance(json.loads(normalize_json(arguments)), dict)
+            except json.JSONDecodeError:
+                call.done = False
+        return Parsed(calls=[call])
