@@ -232,7 +232,12 @@ async def cached_tokens(s, request) -> int:
     recorder = PipelineRecorder()
     await (s.chat if isinstance(request, ChatCompletionRequest) else s.completions).create(
         request, RequestMeta(recorder=recorder))
-    return recorder.outputs[0].num_cached_tokens
+    from workbench.inspect import Trace
+
+    trace = Trace.from_recorder(recorder)  # the request trace shows what the engine found
+    assert trace.to_dict()["num_cached_tokens"] == recorder.outputs[0].num_cached_tokens
+    assert f"cached prompt tokens {trace.num_cached_tokens}" in trace._repr_html_()
+    return trace.num_cached_tokens
 
 
 async def test_different_salts_never_share_blocks_and_equal_salts_do(engine):

@@ -41,6 +41,7 @@ class Trace:
     spans: tuple[Span, ...]
     num_prefill_steps: int | None = None
     num_decode_steps: int | None = None
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
 
     @classmethod
     def from_recorder(cls, recorder: Any) -> "Trace":
@@ -53,19 +54,21 @@ class Trace:
             last = max(e[3] for e in events)
             events.append(("collect", "pipeline", min(last, recorder.finished_at),
                            recorder.finished_at))
-        return cls._build(events, metrics)
+        return cls._build(events, metrics, output)
 
     @classmethod
     def from_request_output(cls, output: Any) -> "Trace":
         """Engine phases only (an offline `LLM.generate` result)."""
-        return cls._build(_engine_events(output.metrics), output.metrics)
+        return cls._build(_engine_events(output.metrics), output.metrics, output)
 
     @classmethod
-    def _build(cls, events: list[tuple[str, str, float, float]], metrics: Any) -> "Trace":
+    def _build(cls, events: list[tuple[str, str, float, float]], metrics: Any,
+               output: Any = None) -> "Trace":
         t0 = min((e[2] for e in events), default=0.0)
         spans = tuple(Span(n, k, s - t0, e - t0) for n, k, s, e in events)
         return cls(spans, getattr(metrics, "num_prefill_steps", None),
-                   getattr(metrics, "num_decode_steps", None))
+                   getattr(metrics, "num_decode_steps", None),
+                   getattr(output, "num_cached_tokens", None))
 
     def __getitem__(self, key: int | str) -> Span:
         if isinstance(key, int):
@@ -85,7 +88,8 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         return {"spans": [asdict(s) for s in self.spans], "total": self.total,
                 "num_prefill_steps": self.num_prefill_steps,
-                "num_decode_steps": self.num_decode_steps}
+                "num_decode_steps": self.num_decode_steps,
+                "num_cached_tokens": self.num_cached_tokens}
 
     def to_frame(self):
         import pandas as pd
@@ -109,6 +113,8 @@ class Trace:
             rows.append((h.escape(s.kind), h.escape(s.name), bar, h.duration(s.duration)))
         steps = (f"prefill steps {self.num_prefill_steps}, decode steps {self.num_decode_steps}"
                  if self.num_prefill_steps is not None else "")
+        if self.num_cached_tokens is not None:
+            steps += f", cached prompt tokens {self.num_cached_tokens}"
         return (f'<div><div style="font-size:12px">Trace: {len(self.spans)} spans, total '
                 f'{h.duration(self.total)} {h.escape(steps)}</div>'
                 + h.table(["kind", "span", "timeline", "duration"], rows, escape_cells=False)
