@@ -92,8 +92,10 @@ class EncoderRunner:
 
     def __init__(self, model, pooling: str):
         from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
         AttentionInterface.register(ENCODER_ATTENTION, encoder_attention)
+        AttentionMaskInterface.register(ENCODER_ATTENTION, sdpa_mask)  # plain forwards: SDPA's masks
         model.set_attn_implementation(ENCODER_ATTENTION)
         if next(model.parameters()).dtype != torch.float32:
             prepack_linears(model)  # float32 stays exactly as loaded, for numerical tests
