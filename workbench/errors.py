@@ -41,5 +41,17 @@ class NotFoundError(LookupError):
         self.parameter = parameter
 
 
+class ServiceUnavailableError(RuntimeError):
+    """The server can't take a request now (its waiting queue is full): 503 with Retry-After."""
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestTimeoutError(TimeoutError):
+    """A request ran past the server's `--request-timeout` and was aborted: 504."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop stopped after an unrecoverable error; no request can be served."""

@@ -41,10 +41,10 @@ def test_valid_request_passes_with_ignored_and_coerced_fields(servings):
     from workbench.serving.protocol import ChatCompletionRequest
 
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-            "temperature": 0.001, "user": "me", "colour": "blue"}
+            "temperature": 0.001, "user": "me"}
     report = validate(servings, body)
     assert report.ok and report.status_code == 200 and not report.failed
-    assert {c.name for c in report.ignored} == {"user", "colour"}
+    assert {c.name for c in report.ignored} == {"user"}
     coerced = {c.name: c for c in report.coerced}
     assert coerced["temperature"].value == 0.01
     prompt = servings.chat.preprocess(ChatCompletionRequest.model_validate(body))[0]
@@ -94,3 +94,10 @@ def test_frame_dict_and_html(servings):
     assert html == validate(servings, {"model": MODEL, "prompt": "hi", "user": "u"})._repr_html_()
     assert "ignored" in html and "<script" not in html
     assert repr(report).startswith("ValidationReport(completions: ok, ")
+
+
+def test_an_unknown_field_fails_validation_by_name(servings):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "colour": "blue"}
+    report = validate(servings, body)
+    assert not report.ok and report.status_code == 400
+    assert report.error["error"]["param"] == "colour"

@@ -21,7 +21,7 @@ from workbench.config import EngineConfig
 from workbench.engine.engine import EngineStats, LLMEngine
 from workbench.engine.input_processor import PromptInput
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
-from workbench.errors import EngineDeadError
+from workbench.errors import EngineDeadError, RequestTimeoutError, ServiceUnavailableError
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
@@ -37,6 +37,11 @@ class AsyncLLMEngine:
         self._wake = threading.Event()
         self._stopped = False
         self._dead: BaseException | None = None
+        # server limits (build_app sets them from ServerConfig): None = unbounded
+        self.max_waiting_requests: int | None = None
+        self.request_timeout: float | None = None
+        self.on_dead: Any = None  # called (from the engine thread) if the loop dies
+        self._submitted: set[str] = set()  # this front's requests not finished yet
         self._thread = threading.Thread(target=self._loop, name="workbench-engine", daemon=True)
         self._thread.start()
 
@@ -124,26 +129,54 @@ class AsyncLLMEngine:
 
     async def _submit(self, add, prompt, params, request_id: str, **kwargs: Any):
         self.check_health()
+        self.check_capacity()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
         def deliver(item: RequestOutput | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        deadline = None if self.request_timeout is None else loop.time() + self.request_timeout
         # off the event loop: adding waits for the engine lock while a step runs
         await asyncio.to_thread(add, request_id, prompt, params, on_output=deliver, **kwargs)
+        self._submitted.add(request_id)
         self._wake.set()
         finished = False
         try:
             while not finished:
-                item = await queue.get()
+                item = await self._next(queue, deadline, request_id)
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
                 yield item
         finally:
+            self._submitted.discard(request_id)
             if not finished:
                 self._abort_soon(request_id)
+
+    def check_capacity(self) -> None:
+        """`max_waiting_requests`: a full waiting queue refuses new requests (503)."""
+        limit = self.max_waiting_requests
+        if limit is None:
+            return
+        waiting = len(self.engine.scheduler.waiting)
+        if waiting >= limit:
+            raise ServiceUnavailableError(
+                "The engine is currently busy and cannot accept new requests. Please try again "
+                f"later or on a different instance. ({waiting} requests are waiting; the limit "
+                f"is --max-waiting-requests={limit}.)", retry_after=1)
+
+    async def _next(self, queue: asyncio.Queue, deadline: float | None, request_id: str):
+        """The next output; past `request_timeout` a `RequestTimeoutError` (then aborted)."""
+        if deadline is None:
+            return await queue.get()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await queue.get()
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"Request {request_id} did not finish within --request-timeout="
+                f"{self.request_timeout:g} s and was aborted.") from None
 
     async def abort(self, request_id: str) -> None:
         await asyncio.to_thread(self.engine.abort_request, request_id)
@@ -167,6 +200,8 @@ class AsyncLLMEngine:
                 logger.exception("engine loop died")
                 self._dead = exc
                 self._fail_all(exc)
+                if self.on_dead is not None:
+                    self.on_dead(exc)  # `workbench serve` exits non-zero: a supervisor restarts it
                 return
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -178,6 +213,14 @@ class AsyncLLMEngine:
             deliver(dead)
 
     def shutdown(self) -> None:
+        """Stops the step thread; requests submitted through this front and still running are
+        aborted (their blocks freed), so an `LLM` sharing the engine goes on cleanly."""
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=5)
+        leftover = list(self._submitted)
+        if leftover:
+            self.engine.abort_request(leftover)
+            with self.engine.lock:  # nobody listens any more: whoever steps next collects them
+                for rid in leftover:
+                    self.engine._listeners.pop(rid, None)

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from workbench.http.errors import (
     http_exception_handler, request_validation_handler, unexpected_error_handler,
 )
+from workbench.http.json_guard import JsonGuardMiddleware
 from workbench.http.middleware import (
     ApiKeyMiddleware, BodyLimitMiddleware, RequestCounterMiddleware,
 )
@@ -52,7 +53,8 @@ def build_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, request_validation_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-    # outermost last: counting -> API key -> body limit -> routes
+    # outermost last: counting -> API key -> body limit -> JSON guard -> routes
+    app.add_middleware(JsonGuardMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=config.max_request_body_bytes)
     if config.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=config.api_keys, exempt=config.api_key_exempt)

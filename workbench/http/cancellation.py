@@ -29,10 +29,14 @@ async def with_cancellation(request: Request, handler: Awaitable[T]) -> T | None
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({handler_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this server is shutting down: the handler goes too
+        handler_task.cancel()
+        raise
     finally:
         watcher.cancel()
-        if not handler_task.done():
-            handler_task.cancel()  # the client left (or this server is shutting down)
+    if not handler_task.done():  # the client left: cancel, and let the handler's aborts run
+        handler_task.cancel()
+        await asyncio.wait({handler_task})
     if handler_task.cancelled():
         return None
     return handler_task.result()

@@ -107,7 +107,9 @@ async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResp
 def error_json(exc: BaseException, *, log_stack: bool = False) -> JSONResponse:
     """Any exception a route caught, as the error envelope with its status."""
     body = error_response(exc, log_stack=log_stack)
-    return JSONResponse(body.model_dump(), status_code=body.error.code)
+    retry_after = getattr(exc, "retry_after", None)  # a full queue: when to come back
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(body.model_dump(), status_code=body.error.code, headers=headers)
 
 
 def validate_json_request(request: Request) -> None:

@@ -304,7 +304,9 @@ class GenerationServing(OpenAIServing):
             async for index, output in outputs:
                 for delta in choice_deltas(output, index, gen.n):
                     if delta.finish_reason == "error":
-                        raise GenerationError()
+                        raise GenerationError(f"Request {output.request_id} failed in the "
+                                              "engine (finish_reason 'error'); other requests "
+                                              "are unaffected. See the server log.")
                     yield delta
 
     async def collect(self, gen: Generation) -> list[ChoiceDelta]:

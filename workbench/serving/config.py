@@ -37,7 +37,26 @@ class ServerConfig:
     reasoning_parser: str | None = None  # a name of workbench.serving.reasoning
     enable_prompt_embeds: bool = False  # accept `prompt_embeds` on /v1/completions
 
+    # limits and security (README "Limits and security")
+    api_key_exempt: tuple[str, ...] = ("health", "metrics")  # first path segments left open
+    max_request_body_bytes: int = 8 * 2**20  # larger bodies: 413
+    max_waiting_requests: int | None = None  # a full waiting queue: 503 + Retry-After
+    request_timeout: float | None = None  # seconds; a request running longer is aborted (504)
+    shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
+
+
     def __post_init__(self) -> None:
+        if isinstance(self.api_key_exempt, str):
+            object.__setattr__(self, "api_key_exempt", (self.api_key_exempt,))
+        for name in ("max_request_body_bytes", "max_waiting_requests", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValidationError(f"{name} must be positive, got {value}.", parameter=name,
+                                      value=value)
+        if not self.shutdown_timeout >= 0:
+            raise ValidationError(f"shutdown_timeout must be non-negative, got "
+                                  f"{self.shutdown_timeout}.", parameter="shutdown_timeout",
+                                  value=self.shutdown_timeout)
         if isinstance(self.served_model_names, str):
             object.__setattr__(self, "served_model_names", (self.served_model_names,))
         if isinstance(self.api_keys, str):

@@ -14,7 +14,9 @@ import logging
 import re
 from http import HTTPStatus
 
-from workbench.errors import EngineDeadError, NotFoundError, ValidationError
+from workbench.errors import (
+    EngineDeadError, NotFoundError, RequestTimeoutError, ServiceUnavailableError, ValidationError,
+)
 from workbench.serving.protocol.common import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger("workbench.serving")
@@ -63,6 +65,10 @@ def error_response(exc: BaseException, *, log_stack: bool = False) -> ErrorRespo
         return make_error(exc.message, "NotFoundError", HTTPStatus.NOT_FOUND, exc.parameter)
     if isinstance(exc, GenerationError):
         return make_error(str(exc), "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)
+    if isinstance(exc, ServiceUnavailableError):
+        return make_error(str(exc), "ServiceUnavailableError", HTTPStatus.SERVICE_UNAVAILABLE)
+    if isinstance(exc, RequestTimeoutError):
+        return make_error(str(exc), "TimeoutError", HTTPStatus.GATEWAY_TIMEOUT)
     if isinstance(exc, EngineDeadError):
         return make_error(ENGINE_DEAD_MESSAGE, "InternalServerError",
                           HTTPStatus.INTERNAL_SERVER_ERROR)

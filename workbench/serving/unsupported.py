@@ -61,6 +61,16 @@ def check_common(request: Any) -> None:
     if extra.get("best_of") not in (None, 1):
         _refuse("`best_of` was removed from the API and is not supported.", "best_of",
                 extra.get("best_of"))
+    refuse_unknown_fields(request)
+
+
+def refuse_unknown_fields(request: Any) -> None:
+    """A field the request model does not know is refused by name (vLLM accepts and drops it,
+    so a typo such as `temprature` silently samples at the default)."""
+    extra = sorted(name for name in (request.model_extra or {}) if name != "best_of")
+    if extra:
+        _refuse(f"Unknown field `{extra[0]}`: it is not part of this endpoint's request body "
+                "(check its spelling). Unknown fields are refused rather than ignored.", extra[0])
 
 
 def check_completion(request: Any, *, enable_prompt_embeds: bool = False) -> None:
