@@ -1,7 +1,9 @@
 """`Workbench`: the endpoint suite from a notebook, each response with its inspect objects.
 
 One method per endpoint (`completions`, `chat`, `tokenize`, `detokenize`, `models`, `validate`,
-`stream_completions`, `stream_chat`, and `beam_search` with its `BeamTree`), each taking the request body's fields as keyword
+`stream_completions`, `stream_chat`, `beam_search` with its `BeamTree`, and the pooling
+endpoints `embed`, `score`, `rerank`, `classify`, `pool` with a `SimilarityMatrix` in
+`.similarity`), each taking the request body's fields as keyword
 arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logprobs`
 (`LogprobTable`, when the response has logprobs), `.report` (`ValidationReport`), `.trace`
 (`Trace`), `.error` (the error envelope, instead of raising).
@@ -28,6 +30,7 @@ from typing import Any
 
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.inspect.logprob_table import LogprobTable
+from workbench.inspect.similarity import SimilarityMatrix
 from workbench.inspect.trace import Span, Trace
 from workbench.inspect.validation_report import ValidationReport, endpoint_of
 from workbench.sampling_params import BeamSearchParams
@@ -42,6 +45,7 @@ class Result:
     error: dict[str, Any] | None = None
     report: ValidationReport | None = None
     trace: Trace | None = None
+    similarity: SimilarityMatrix | None = None  # embed / score / rerank
 
     @property
     def ok(self) -> bool:
@@ -114,6 +118,42 @@ class Workbench:
 
     def models(self) -> Result:
         return self._backend.call("models", None)
+
+    # -- pooling endpoints: `.similarity` is a SimilarityMatrix where the call compares texts
+    def embed(self, input: Any = None, **body: Any) -> Result:
+        """`/v1/embeddings`; with a list of texts, `.similarity` is their cosine matrix."""
+        result = self._backend.pooling("embeddings", {"input": input, **body})
+        texts = [input] if isinstance(input, str) else input
+        if result.ok and texts and all(isinstance(t, str) for t in texts):
+            result.similarity = SimilarityMatrix.from_embedding_response(result.response, texts)
+        return result
+
+    def score(self, queries: str | list[str], documents: str | list[str], **body: Any) -> Result:
+        """`/score` of query/document pairs (1:1, 1:N, N:N) with its `.similarity`."""
+        result = self._backend.pooling("score", {"queries": queries, "documents": documents,
+                                                 **body})
+        if result.ok:
+            q = [queries] if isinstance(queries, str) else list(queries)
+            d = [documents] if isinstance(documents, str) else list(documents)
+            result.similarity = SimilarityMatrix.from_score_response(result.response, q, d)
+        return result
+
+    def rerank(self, query: str, documents: list[str], **body: Any) -> Result:
+        """`/rerank`: results best first; `.similarity` in document order."""
+        result = self._backend.pooling("rerank", {"query": query, "documents": documents,
+                                                  **body})
+        if result.ok:
+            result.similarity = SimilarityMatrix.from_rerank_response(result.response, query,
+                                                                      list(documents))
+        return result
+
+    def classify(self, input: Any = None, **body: Any) -> Result:
+        """`/classify`: label probabilities (label tokens on a generative model)."""
+        return self._backend.pooling("classify", {"input": input, **body})
+
+    def pool(self, input: Any = None, task: str | None = None, **body: Any) -> Result:
+        """`/pooling`: the pooler's raw output for `task` (the model's default when None)."""
+        return self._backend.pooling("pooling", {"input": input, "task": task, **body})
 
     def validate(self, body: dict[str, Any] | None = None, **fields: Any) -> ValidationReport:
         """Dry run of a completions or chat body (chat when it has `messages`)."""
@@ -242,6 +282,33 @@ class _Local:
 
         return validate(self.servings, _with_model(body, self.model))
 
+    def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
+        """A pooling endpoint through its serving object, errors as the server answers them."""
+        import pydantic
+        from pydantic import TypeAdapter
+
+        from workbench.http.errors import validation_error_body
+        from workbench.serving.base import RequestMeta
+        from workbench.serving.errors import error_response
+        from workbench.serving.protocol import pooling as proto
+        from workbench.serving.recorder import PipelineRecorder
+
+        model = {"embeddings": proto.EmbeddingRequest, "pooling": proto.PoolingRequest,
+                 "classify": proto.ClassificationRequest, "score": proto.ScoreRequest,
+                 "rerank": proto.RerankRequest}[endpoint]
+        rec = PipelineRecorder()
+        try:
+            request = TypeAdapter(model).validate_python(_with_model(body, self.model))
+            serving = getattr(self.servings, endpoint)
+            response = self.run(serving.create(request, RequestMeta(recorder=rec)))
+        except pydantic.ValidationError as exc:
+            error = validation_error_body(list(exc.errors()))
+            return Result(None, error["error"]["code"], error)
+        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
+            error = error_response(exc).model_dump()
+            return Result(None, error["error"]["code"], error)
+        return Result(response.model_dump(mode="json"), trace=Trace.from_recorder(rec))
+
     def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
         async def search() -> BeamSearchOutput:
             request_id = f"wb-beam-{next(self._beam_ids)}"
@@ -321,6 +388,15 @@ class _Remote:
         with httpx.Client(base_url=self.root, headers=self.client.headers,
                           timeout=self.client.timeout) as client:
             return remote_beam_search(client, self.model, prompt, params, tokenizer)
+
+    def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
+        """`/v1/embeddings` under the base URL; `/pooling`, `/classify`, `/score`, `/rerank` at
+        the server root (where vLLM serves them too)."""
+        url = self.base + "/embeddings" if endpoint == "embeddings" else f"{self.root}/{endpoint}"
+        start = time.time()
+        result = self._result(self.client.post(url, json=_with_model(body, self.model)))
+        result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
+        return result
 
     def validate(self, body: dict[str, Any]) -> ValidationReport:
         """Our server's `/v1/validate`; other servers have no dry run."""

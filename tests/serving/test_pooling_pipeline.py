@@ -274,7 +274,7 @@ def test_recorder_lists_the_stages(engine):
                                            RequestMeta(recorder=rec)))
     names = [name for name, _, _ in rec.stages]
     assert names == ["check model", "validate", "preprocess", "pooling params",
-                     "prepare generators", "collect", "build response"]
+                     "prepare generators", "collect batch", "build response"]
     assert all(c.status == "passed" for c in rec.checks if c.stage != "validate")
 
 

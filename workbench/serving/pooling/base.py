@@ -118,7 +118,7 @@ class PoolingServing(OpenAIServing):
     async def create(self, request: Any, meta: RequestMeta | None = None) -> Any:
         """The whole pipeline: the response model, or an exception for the error envelope."""
         ctx = self.prepare(request, meta)
-        with ctx.recorder.stage("collect"):
+        with ctx.recorder.stage("collect batch"):
             await self.collect_batch(ctx)
         with ctx.recorder.stage("build response"):
             response = await self.build_response(ctx)

@@ -1,0 +1,76 @@
+"""`SimilarityMatrix`: builders, access, frame, deterministic HTML, heatmap."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from workbench.inspect.similarity import SimilarityMatrix
+
+
+def test_from_embeddings_is_cosine():
+    m = SimilarityMatrix.from_embeddings([[1, 0], [1, 1], [0, 2]], ["a", "b", "c"])
+    assert m.shape == (3, 3)
+    assert m["a", "a"] == pytest.approx(1.0)
+    assert m["a", "b"] == pytest.approx(1 / np.sqrt(2))
+    assert m["a", "c"] == pytest.approx(0.0)
+    assert m.best("a") == "b"  # itself skipped
+    assert m.best("a", exclude_self=False) == "a"
+
+
+def test_from_embedding_response_decodes_base64():
+    vecs = np.array([[0.6, 0.8], [1.0, 0.0]], dtype="float32")
+    response = {"data": [{"index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
+                         for i, v in enumerate(vecs)]}
+    m = SimilarityMatrix.from_embedding_response(response, ["x", "y"])
+    assert m["x", "y"] == pytest.approx(0.6, abs=1e-6)
+
+
+def test_from_score_and_rerank_responses():
+    score = {"data": [{"index": 1, "score": 0.2}, {"index": 0, "score": 0.9}]}
+    one = SimilarityMatrix.from_score_response(score, ["q"], ["d0", "d1"])
+    assert (one.rows, one.cols, one.values) == (["q"], ["d0", "d1"], [[0.9, 0.2]])
+    pairs = SimilarityMatrix.from_score_response(score, ["q0", "q1"], ["d0", "d1"])
+    assert pairs.rows == ["q0 | d0", "q1 | d1"] and pairs.values == [[0.9], [0.2]]
+    rerank = {"results": [{"index": 2, "relevance_score": 0.8},
+                          {"index": 0, "relevance_score": 0.5}]}
+    m = SimilarityMatrix.from_rerank_response(rerank, "q", ["a", "b", "c"])
+    assert (m.cols, m.values, m.kind) == (["a", "c"], [[0.5, 0.8]], "relevance")
+
+
+def test_shape_is_checked():
+    with pytest.raises(ValueError, match="values must be 1 rows of 2 columns"):
+        SimilarityMatrix(["q"], ["a", "b"], [[0.1]])
+
+
+def test_frame_and_dict():
+    m = SimilarityMatrix(["q"], ["a", "b"], [[0.25, 0.75]], "score")
+    frame = m.frame()
+    assert list(frame.columns) == ["a", "b"] and frame.loc["q", "b"] == 0.75
+    assert m.to_dict() == {"rows": ["q"], "cols": ["a", "b"], "kind": "score",
+                           "values": [[0.25, 0.75]]}
+    assert repr(m) == "SimilarityMatrix(score, 1x2)"
+
+
+def test_html_is_deterministic_and_escaped():
+    m = SimilarityMatrix(["<q>"], ["a & b", "c"], [[0.123456, 0.9]])
+    html = m._repr_html_()
+    assert html == SimilarityMatrix(["<q>"], ["a & b", "c"], [[0.123456, 0.9]])._repr_html_()
+    assert "&lt;q&gt;" in html and "a &amp; b" in html and "0.1235" in html
+    assert "<script" not in html and "wb-sim-" in html
+    assert html != SimilarityMatrix(["<q>"], ["a & b", "c"], [[0.5, 0.9]])._repr_html_()
+
+
+def test_plot_draws_a_heatmap():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = SimilarityMatrix.from_embeddings([[1, 0], [0, 1]], ["a", "b"])
+    ax = m.plot()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+    assert len(ax.texts) == 4 and ax.images[0].get_array().shape == (2, 2)
+    plt.close(ax.figure)

@@ -1,0 +1,173 @@
+"""`SimilarityMatrix`: scores between row texts and column texts, as a table and a heatmap.
+
+Built from embeddings (cosine of every row with every column), from a `/score` response (one
+query against many documents, or N:N pairs) or from a `/rerank` response (the query against
+its documents, in document order). Plain data: `rows`, `cols`, `values[i][j]`; `frame()` is a
+pandas DataFrame, `best(row)` the best column, `_repr_html_` a deterministic coloured table,
+`plot()` a matplotlib heatmap.
+
+>>> m = SimilarityMatrix(["q"], ["a", "b"], [[0.25, 0.75]])
+>>> m.best("q"), m["q", "b"]
+('b', 0.75)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.inspect.html import content_id, escape, fmt, prob_color
+
+
+@dataclass
+class SimilarityMatrix:
+    """Scores of row texts against column texts (see the module docstring)."""
+
+    rows: list[str]
+    cols: list[str]
+    values: list[list[float]]
+    kind: str = "cosine"  # cosine | score | relevance
+    vmin: float | None = field(default=None)  # colour scale; None: the values' range
+    vmax: float | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if len(self.values) != len(self.rows) or any(len(r) != len(self.cols) for r in self.values):
+            raise ValueError(f"values must be {len(self.rows)} rows of {len(self.cols)} columns")
+
+    # -- builders ---------------------------------------------------------------------------
+    @classmethod
+    def from_embeddings(cls, embeddings: Any, labels: list[str],
+                        col_embeddings: Any = None, col_labels: list[str] | None = None
+                        ) -> "SimilarityMatrix":
+        """Cosine similarity of every row embedding with every column embedding (rows
+        against themselves when no columns are given)."""
+        import numpy as np
+
+        a = _unit(np.asarray(embeddings, dtype="float64"))
+        b = a if col_embeddings is None else _unit(np.asarray(col_embeddings, dtype="float64"))
+        values = (a @ b.T).tolist()
+        return cls(list(labels), list(labels if col_labels is None else col_labels), values,
+                   "cosine", -1.0, 1.0)
+
+    @classmethod
+    def from_embedding_response(cls, response: dict[str, Any], labels: list[str]
+                                ) -> "SimilarityMatrix":
+        """From a `/v1/embeddings` body (float or base64 embeddings)."""
+        return cls.from_embeddings([_vector(d["embedding"]) for d in response["data"]], labels)
+
+    @classmethod
+    def from_score_response(cls, response: dict[str, Any], queries: list[str],
+                            documents: list[str]) -> "SimilarityMatrix":
+        """From a `/score` body: one query -> a row over the documents; N:N -> one row per pair."""
+        scores = [d["score"] for d in sorted(response["data"], key=lambda d: d["index"])]
+        if len(queries) == 1:
+            return cls(list(queries), list(documents), [scores], "score")
+        return cls([f"{q} | {d}" for q, d in zip(queries, documents)], ["score"],
+                   [[s] for s in scores], "score")
+
+    @classmethod
+    def from_rerank_response(cls, response: dict[str, Any], query: str, documents: list[str]
+                             ) -> "SimilarityMatrix":
+        """From a `/rerank` body: the query's relevance to each returned document, in document
+        order (documents cut by `top_n` are left out)."""
+        results = sorted(response["results"], key=lambda r: r["index"])
+        return cls([query], [documents[r["index"]] for r in results],
+                   [[r["relevance_score"] for r in results]], "relevance")
+
+    # -- access -----------------------------------------------------------------------------
+    def __getitem__(self, key: tuple[Any, Any]) -> float:
+        row, col = key
+        i = self.rows.index(row) if isinstance(row, str) else row
+        j = self.cols.index(col) if isinstance(col, str) else col
+        return self.values[i][j]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.rows), len(self.cols)
+
+    def best(self, row: Any = 0, exclude_self: bool = True) -> str:
+        """The column scoring highest for `row` (its own text skipped when `exclude_self`)."""
+        i = self.rows.index(row) if isinstance(row, str) else row
+        candidates = [j for j in range(len(self.cols))
+                      if not (exclude_self and self.cols[j] == self.rows[i])] or [0]
+        return self.cols[max(candidates, key=lambda j: self.values[i][j])]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": list(self.rows), "cols": list(self.cols), "kind": self.kind,
+                "values": [list(r) for r in self.values]}
+
+    def frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.values, index=self.rows, columns=self.cols)
+
+    to_frame = frame
+
+    # -- rendering --------------------------------------------------------------------------
+    def _scale(self) -> tuple[float, float]:
+        flat = [v for row in self.values for v in row]
+        lo = self.vmin if self.vmin is not None else min(flat, default=0.0)
+        hi = self.vmax if self.vmax is not None else max(flat, default=1.0)
+        return lo, (hi if hi > lo else lo + 1.0)
+
+    def _repr_html_(self) -> str:
+        lo, hi = self._scale()
+        head = "".join(f'<th style="padding:2px 6px;text-align:left">{escape(_short(c))}</th>'
+                       for c in self.cols)
+        body = ""
+        for label, row in zip(self.rows, self.values):
+            cells = "".join(
+                f'<td style="padding:2px 6px;text-align:right;background:'
+                f'{prob_color((v - lo) / (hi - lo))}" title="{escape(c)}">{fmt(v)}</td>'
+                for c, v in zip(self.cols, row))
+            body += f'<tr><th style="padding:2px 6px;text-align:left">{escape(_short(label))}' \
+                    f"</th>{cells}</tr>"
+        ident = content_id("wb-sim", self.rows, self.cols, self.values)
+        return (f'<div id="{ident}" class="wb-similarity"><div style="font-size:12px">'
+                f"{escape(self.kind)} similarity, {len(self.rows)}×{len(self.cols)}</div>"
+                f'<table style="border-collapse:collapse;font-size:12px"><thead><tr><th></th>'
+                f"{head}</tr></thead><tbody>{body}</tbody></table></div>")
+
+    def plot(self, ax: Any = None, cmap: str = "viridis", annotate: bool = True) -> Any:
+        """A heatmap of the values (matplotlib); returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(1.2 + 1.1 * len(self.cols), 0.8 + 0.5 * len(self.rows)))
+        lo, hi = self._scale()
+        image = ax.imshow(self.values, cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
+        ax.set_xticks(range(len(self.cols)), [_short(c, 24) for c in self.cols], rotation=30,
+                      ha="right")
+        ax.set_yticks(range(len(self.rows)), [_short(r, 32) for r in self.rows])
+        if annotate:
+            for i, row in enumerate(self.values):
+                for j, v in enumerate(row):
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if (v - lo) / (hi - lo) < 0.5 else "black")
+        ax.figure.colorbar(image, ax=ax, label=self.kind)
+        return ax
+
+    def __repr__(self) -> str:
+        return f"SimilarityMatrix({self.kind}, {len(self.rows)}x{len(self.cols)})"
+
+
+def _unit(x: Any) -> Any:
+    import numpy as np
+
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms == 0, 1.0, norms)
+
+
+def _vector(embedding: Any) -> list[float]:
+    """A float list, or a base64 float32 string decoded as OpenAI's client does."""
+    if isinstance(embedding, str):
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(embedding), dtype="float32").tolist()
+    return list(embedding)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
