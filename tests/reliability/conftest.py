@@ -24,14 +24,15 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def make_server(tiny_llama):
-    """`make_server(**ServerConfig kwargs)` -> a running `KernelServer` on its own engine."""
+    """`make_server(engine={LLM kwargs}, **ServerConfig kwargs)` -> a running `KernelServer`."""
     from workbench import LLM, serve_in_kernel
 
     handles = []
 
-    def make(**config):
-        llm = LLM(tiny_llama, max_model_len=MAX_MODEL_LEN, block_size=16, num_kv_blocks=256,
-                  max_num_seqs=16, seed=0)
+    def make(engine: dict | None = None, **config):
+        kwargs = {"max_model_len": MAX_MODEL_LEN, "block_size": 16, "num_kv_blocks": 256,
+                  "max_num_seqs": 16, "seed": 0, **(engine or {})}
+        llm = LLM(tiny_llama, **kwargs)
         handle = serve_in_kernel(llm, port=0, **config)
         handles.append(handle)
         return handle
@@ -39,3 +40,21 @@ def make_server(tiny_llama):
     yield make
     for handle in handles:
         handle.stop(timeout=5)
+
+
+@pytest.fixture
+def slow_steps(monkeypatch):
+    """`slow_steps(server, seconds)`: every model step of that server's engine takes longer."""
+    import time
+
+    def slow(server, seconds: float = 0.05):
+        runner = server.engine.engine.runner
+        real = runner.execute
+
+        def execute(out):
+            time.sleep(seconds)
+            return real(out)
+
+        monkeypatch.setattr(runner, "execute", execute)
+
+    return slow
