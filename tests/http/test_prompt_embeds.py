@@ -176,3 +176,15 @@ def test_bad_cache_salt_is_400(http):
         "model": MODEL, "messages": [{"role": "user", "content": "x"}], "cache_salt": "a/b"})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "cache_salt"
+
+
+def test_the_cli_flag_reaches_the_server_config(monkeypatch):
+    from workbench import cli
+
+    captured = {}
+    monkeypatch.setattr("workbench.http.server.run_server",
+                        lambda engine, server, host, port: captured.update(server=server))
+    assert cli.main(["serve", "--enable-prompt-embeds"]) == 0
+    assert captured["server"].enable_prompt_embeds is True
+    assert cli.main(["serve"]) == 0
+    assert captured["server"].enable_prompt_embeds is False
