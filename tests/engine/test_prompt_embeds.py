@@ -167,3 +167,17 @@ def test_smollm2_own_embeddings_match_the_token_prompt_alone_and_batched(default
     assert alone == want[:1]
     mixed = [ids[0], {"prompt_embeds": table_rows(default_model, ids[1])}, ids[2]]
     assert tokens_of(llm.generate(mixed, params)) == want
+
+
+def test_cache_salt_in_the_prompt_dict_separates_prefix_blocks(tiny_llama):
+    llm = make_llm(tiny_llama, block_size=4)
+    ids = list(range(1000, 1020))
+
+    def cached(salt):
+        prompt = {"prompt_token_ids": ids, **({"cache_salt": salt} if salt else {})}
+        before = llm.llm_engine.stats().prefix_cache_hits
+        out = llm.generate(prompt, greedy(1))[0]
+        assert llm.llm_engine.stats().prefix_cache_hits - before == out.num_cached_tokens
+        return out.num_cached_tokens
+
+    assert [cached("a"), cached("b"), cached(None), cached("a"), cached(None)] == [0, 0, 0, 16, 16]
