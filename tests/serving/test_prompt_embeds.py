@@ -283,3 +283,14 @@ def test_cache_salt_rules(salt, message):
         assert message in str(error)
         assert error.parameter == "cache_salt"
     CompletionRequest(prompt="x", cache_salt="a" * 128)  # the limit itself is fine
+
+
+def test_the_validation_report_shows_payload_sizes_not_payloads(engine):
+    from workbench.inspect.validation_report import validate
+
+    payload = encode_prompt_embeds(torch.zeros(3, HIDDEN))
+    report = validate(servings(engine, enable_prompt_embeds=True),
+                      {"prompt": "", "prompt_embeds": [payload]})
+    text = repr(report.to_dict())
+    assert payload not in text
+    assert f"'base64_chars': [{len(payload)}]" in text

@@ -92,6 +92,11 @@ class PipelineRecorder:
             elif beam and name in unsupported.BEAM_IGNORED_FIELDS and value is not None:
                 self.add(name, "validate", "ignored", name,
                          unsupported.BEAM_IGNORED_FIELDS[name], value)
+            elif name == "prompt_embeds" and value is not None:  # megabytes: sizes only
+                payloads = value if isinstance(value, list) else [value]
+                self.add(name, "validate", "passed", name, "honoured",
+                         {"base64_chars": [len(p) if isinstance(p, str) else None
+                                           for p in payloads]})
             elif name not in ("model", "prompt", "messages"):
                 self.add(name, "validate", "passed", name, "honoured", value)
         for name, value in (request.model_extra or {}).items():
