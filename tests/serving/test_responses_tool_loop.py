@@ -16,7 +16,7 @@ from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, Servings
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.responses import ResponsesServing
-from workbench.tools import LocalToolServer, ToolSpec
+from workbench.tools import Calculator, LocalToolServer, ToolSpec
 
 TOOLS_TEMPLATE = Path(__file__).parents[2] / "data" / "chat_templates" / "smollm2_tools.jinja"
 CALCULATOR = [{"type": "calculator"}]
@@ -213,13 +213,18 @@ async def test_named_builtin_choice_constrains_the_first_round_only(tokenizer):
     response = await create(s, input="Two plus two?", tools=CALCULATOR,
                             tool_choice={"type": "calculator"})
     first, second = (sub["params"].structured_outputs for sub in engine.submitted)
-    assert first.json == {"type": "object", "properties": {"expression": {
-        "type": "string", "description": "for example (3 + 4) * 12 / 7"}},
-        "required": ["expression"]}
+    assert first.json == Calculator.spec.parameters and first.disable_additional_properties
     assert second is None  # later rounds are "auto": the loop can end
     assert [i["type"] for i in response.output] == [
         "function_call", "function_call_output", "message"]
     assert response.output[1]["output"] == "4" and response.output_text == "Four."
+
+
+async def test_a_loose_function_tool_is_not_strict(tokenizer):
+    s, engine = serving(tokenizer, ['{"city": "Oslo"}'])
+    await create(s, input="Weather?", tools=[{**WEATHER, "strict": False}],
+                 tool_choice={"type": "function", "name": "weather"})
+    assert engine.submitted[0]["params"].structured_outputs.disable_additional_properties is False
 
 
 async def test_required_choice_writes_a_json_array_of_calls(tokenizer):

@@ -125,8 +125,9 @@ class Calculator:
                      "operators + - * / // % ** and returns its value."),
         parameters={"type": "object",
                     "properties": {"expression": {
-                        "type": "string", "description": "for example (3 + 4) * 12 / 7"}},
-                    "required": ["expression"]})
+                        "type": "string", "description": "for example (3 + 4) * 12 / 7",
+                        "pattern": r"^[0-9.+\-*/%() ]+$", "maxLength": 80}},
+                    "required": ["expression"], "additionalProperties": False})
 
     def run(self, arguments: dict[str, Any]) -> str:
         expression = arguments.get("expression")

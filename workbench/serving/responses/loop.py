@@ -41,6 +41,7 @@ class ToolSet:
 
     functions: list[dict[str, Any]] = field(default_factory=list)  # chat-format tools
     builtins: list[ToolSpec] = field(default_factory=list)
+    loose: set[str] = field(default_factory=set)  # function tools declared `strict: false`
 
     @classmethod
     def build(cls, tools: list[dict[str, Any]], server: ToolServer) -> "ToolSet":
@@ -52,6 +53,8 @@ class ToolSet:
                 if not tool.get("name"):
                     raise ValidationError("A function tool needs a `name`.", parameter="tools")
                 name = tool["name"]
+                if tool.get("strict") is False:
+                    toolset.loose.add(name)
                 toolset.functions.append({"type": "function", "function": {
                     key: tool[key] for key in ("name", "description", "parameters")
                     if tool.get(key) is not None}})
@@ -275,10 +278,12 @@ class ToolLoop:
         if choice == "required":
             schema = tools_json_schema(tools, self.request.parallel_tool_calls is not False)
             parser = RequiredToolParser(self.serving.tokenizer)
+            strict = not self.tools.loose
         elif isinstance(choice, dict):
             name = forced_name(choice)
             schema = named_tool_schema(tools, name)
             parser = NamedToolParser(self.serving.tokenizer, function_name=name)
+            strict = name not in self.tools.loose
         else:
             return None
         after = None
@@ -287,8 +292,11 @@ class ToolLoop:
 
             after = get_reasoning_parser(self.serving.reasoning_parser_name)(
                 self.serving.tokenizer).end_token_ids or None
-        params.structured_outputs = StructuredOutputsParams(json=schema, after_token_ids=after,
-                                                            parameter="tool_choice")
+        # `strict` (the Responses API's default for function tools): no properties beyond
+        # the schema's, as OpenAI's strict mode
+        params.structured_outputs = StructuredOutputsParams(
+            json=schema, after_token_ids=after, disable_additional_properties=strict,
+            parameter="tool_choice")
         return parser
 
     def _send(self, pieces: list[tuple[str, Any]], final: bool = False) -> None:
