@@ -45,6 +45,7 @@ class Result:
     error: dict[str, Any] | None = None
     report: ValidationReport | None = None
     trace: Trace | None = None
+    tool_loop: Any = None  # `respond`: a ToolLoopTrace (workbench.inspect.tool_loop)
     similarity: SimilarityMatrix | None = None  # embed / score / rerank
 
     @property
@@ -64,7 +65,10 @@ class Result:
 
     @property
     def text(self) -> str | None:
-        """Choice 0's text (completions) or message content (chat)."""
+        """Choice 0's text (completions), message content (chat) or output text (responses)."""
+        if self.response and self.response.get("object") == "response":
+            return "".join(p.get("text", "") for item in self.response.get("output", [])
+                           if item.get("type") == "message" for p in item.get("content", []))
         if not self.response or not self.response.get("choices"):
             return None
         first = self.response["choices"][0]
@@ -100,6 +104,12 @@ class Workbench:
 
     def chat(self, messages: list[dict[str, Any]], **body: Any) -> Result:
         return self._backend.generate("chat", {"messages": messages, **body})
+
+    def respond(self, input: Any, **body: Any) -> Result:
+        """`/v1/responses` (text or items, tools, `previous_response_id`, ...): the body, and
+        `.tool_loop`, a `ToolLoopTrace` of the rounds (sub-request, tool, arguments, output,
+        tokens); locally every detail, remotely what the body carries."""
+        return self._backend.respond({"input": input, **body})
 
     def stream_completions(self, prompt: Any = None, **body: Any) -> Iterator[dict[str, Any]]:
         """The SSE chunks as dicts (an error mid-stream arrives as an `{"error": ...}` chunk)."""
@@ -277,6 +287,20 @@ class _Local:
             return Result(None, error["error"]["code"], error)
         return Result(response.model_dump(mode="json"))
 
+    def respond(self, body: dict[str, Any]) -> Result:
+        from workbench.inspect.tool_loop import ToolLoopTrace
+        from workbench.serving.base import RequestMeta
+        from workbench.serving.errors import error_response
+        from workbench.serving.protocol.responses import ResponsesRequest
+
+        try:
+            request = ResponsesRequest.model_validate(_with_model(body, self.model))
+            response, loop = self.run(self.servings.responses.run(request, RequestMeta()))
+        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
+            error = error_response(exc).model_dump()
+            return Result(None, error["error"]["code"], error)
+        return Result(response.model_dump(mode="json"), tool_loop=ToolLoopTrace.from_loop(loop))
+
     def validate(self, body: dict[str, Any]) -> ValidationReport:
         from workbench.inspect.validation_report import validate
 
@@ -360,6 +384,15 @@ class _Remote:
         result = self._result(self.client.post(self._url(endpoint),
                                                json=_with_model(body, self.model)))
         result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
+        return result
+
+    def respond(self, body: dict[str, Any]) -> Result:
+        from workbench.inspect.tool_loop import ToolLoopTrace
+
+        result = self._result(self.client.post(self.base + "/responses",
+                                               json=_with_model(body, self.model)))
+        if result.ok:
+            result.tool_loop = ToolLoopTrace.from_response(result.response)
         return result
 
     def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:

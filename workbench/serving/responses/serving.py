@@ -111,11 +111,17 @@ class ResponsesServing(GenerationServing):
 
     # -- responses ----------------------------------------------------------------------------
     async def create(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
+        response, _ = await self.run(request, meta)
+        return response
+
+    async def run(self, request: ResponsesRequest, meta: RequestMeta
+                  ) -> tuple[ResponsesResponse, ToolLoop]:
+        """The response and the loop that made it (its rounds: `ToolLoopTrace.from_loop`)."""
         loop, prompt = self.start(request, meta)
         started, created = time.perf_counter(), int(time.time())
         async for _ in loop.run(prompt):
             pass
-        return self.finish(loop, created, started)
+        return self.finish(loop, created, started), loop
 
     async def create_stream(self, request: ResponsesRequest, meta: RequestMeta
                             ) -> AsyncIterator[dict[str, Any]]:
