@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench.errors import ValidationError
 from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.serving.structured import structured_outputs_from_request
 
 NEUTRAL_DEFAULTS = {
     "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
@@ -62,4 +63,5 @@ def build_sampling_params(request: Any, *, max_tokens: int, logprobs: int | None
         logit_bias=request.logit_bias, allowed_token_ids=request.allowed_token_ids,
         bad_words=request.bad_words, truncate_prompt_tokens=request.truncate_prompt_tokens,
         output_kind=RequestOutputKind.DELTA,
+        structured_outputs=structured_outputs_from_request(request),
     )

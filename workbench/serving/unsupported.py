@@ -40,11 +40,7 @@ def check_common(request: Any) -> None:
     """Refusals shared by completions and chat completions."""
     if request.logprob_token_ids is not None:
         _refuse(f"`logprob_token_ids` {_NOT_YET}.", "logprob_token_ids")
-    response_format = request.response_format or {}
-    if response_format.get("type", "text") != "text":
-        _refuse(f"response_format type '{response_format.get('type')}' {_NOT_YET} "
-                "(no structured-output backend).", "response_format")
-    for name in ("structured_outputs", "kv_transfer_params", "vllm_xargs",
+    for name in ("kv_transfer_params", "vllm_xargs",
                  "repetition_detection", "stream_interval"):
         if getattr(request, name) is not None:
             _refuse(f"`{name}` {_NOT_YET}.", name)
@@ -57,7 +53,8 @@ def check_common(request: Any) -> None:
     for name in _REMOVED:
         if extra.get(name) is not None:
             _refuse(f"`{name}` was removed from the API (vLLM ignores it and returns "
-                    "unconstrained text); structured outputs are not supported yet.", name)
+                    "unconstrained text); use `structured_outputs` or `response_format`.",
+                    name)
     if extra.get("best_of") not in (None, 1):
         _refuse("`best_of` was removed from the API and is not supported.", "best_of",
                 extra.get("best_of"))
