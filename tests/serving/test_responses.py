@@ -107,8 +107,15 @@ async def test_store_is_a_bounded_lru(tokenizer):
     assert len(s.store) == 2 and a.id in s.store and c.id in s.store and b.id not in s.store
 
 
+def test_store_size_is_a_server_setting(tokenizer):
+    s, _ = serving(tokenizer, responses_store_size=7)
+    assert s.store.max_size == 7 and s.store.enabled
+    with pytest.raises(ValidationError, match="responses_store_size must be non-negative"):
+        ServerConfig(responses_store_size=-1)
+
+
 async def test_disabled_store_refuses_an_explicit_store_true(tokenizer):
-    s, _ = serving(tokenizer, store=ResponseStore(max_size=0))
+    s, _ = serving(tokenizer, responses_store_size=0)
     assert (await create(s, input="Hi")).store is False  # the default is not a request
     with pytest.raises(ValidationError) as info:
         await create(s, input="Hi", store=True)

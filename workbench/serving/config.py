@@ -32,6 +32,7 @@ class ServerConfig:
     max_log_len: int | None = None
     log_error_stack: bool = False
     enable_force_include_usage: bool = False
+    responses_store_size: int = 1000  # stored /v1/responses per app (LRU); 0: no store
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
     tool_call_parser: str | None = None  # a name of workbench.serving.tool_parsers
     reasoning_parser: str | None = None  # a name of workbench.serving.reasoning
@@ -65,6 +66,10 @@ class ServerConfig:
             raise ValidationError("served model names must be non-empty strings.",
                                   parameter="served_model_names", value=self.served_model_names)
         _check_parsers(self)
+        if self.responses_store_size < 0:
+            raise ValidationError("responses_store_size must be non-negative, got "
+                                  f"{self.responses_store_size}.", parameter="responses_store_size",
+                                  value=self.responses_store_size)
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ValidationError(f"max_log_len must be non-negative, got {self.max_log_len}.",
                                   parameter="max_log_len", value=self.max_log_len)

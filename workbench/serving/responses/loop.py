@@ -239,6 +239,8 @@ class ToolLoop:
         if self.tool_request is not None:
             tool_parser = self._forced_parser(params) if index == 0 else None
             tool_parser = tool_parser or self._auto_parser()
+        if getattr(tool_parser, "special_markers", False):  # as the parser's adjust_request
+            params.skip_special_tokens = False
         parser = TurnParser(self.serving.tokenizer, tool_parser=tool_parser,
                             reasoning_parser=self.serving.reasoning_parser_name,
                             tool_request=self.tool_request, prompt_text=prompt.text)

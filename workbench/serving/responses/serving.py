@@ -31,9 +31,6 @@ from workbench.serving.responses.loop import ToolLoop, ToolSet, forced_name, sam
 from workbench.serving.responses.store import ResponseStore
 from workbench.tools.base import ToolServer, default_tool_server
 
-DEFAULT_STORE_SIZE = 1000
-
-
 def not_found(response_id: str) -> ServingError:
     return ServingError(make_error(f"Response with id '{response_id}' not found.",
                                    "invalid_request_error", HTTPStatus.NOT_FOUND, "response_id"))
@@ -50,8 +47,7 @@ class ResponsesServing(GenerationServing):
             trust_request_chat_template=self.config.trust_request_chat_template,
             default_chat_template_kwargs=self.config.default_chat_template_kwargs)
         self.tool_server = tool_server if tool_server is not None else default_tool_server()
-        size = getattr(self.config, "responses_store_size", DEFAULT_STORE_SIZE)
-        self.store = store if store is not None else ResponseStore(size)
+        self.store = store if store is not None else ResponseStore(self.config.responses_store_size)
         self.tool_parser_name = getattr(self.config, "tool_call_parser", None)
         self.auto_tools = getattr(self.config, "enable_auto_tool_choice", False)
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
