@@ -230,3 +230,31 @@ async def test_tools_reach_the_chat_template(tokenizer):
     prompt = tokenizer.decode(prompt_ids)
     assert "<tools>" in prompt and '"name": "get_weather"' in prompt
     assert "<tool_call>" in prompt  # the instructions show the call format
+
+
+async def test_required_and_named_set_the_tools_json_schema_as_the_constraint(tokenizer):
+    serving = chat(tokenizer, "[]", tool_call_parser="hermes")
+    await serving.create(request(tool_choice="required", parallel_tool_calls=False),
+                         RequestMeta())
+    so = serving.engine.submitted[-1][2].structured_outputs
+    assert so.after_token_ids is None and so.json["maxItems"] == 1
+    assert so.json["minItems"] == 1 and so.json["type"] == "array"
+    variants = so.json["items"]["anyOf"]
+    assert [v["properties"]["name"] for v in variants] == [{"type": "string", "enum": ["get_weather"]},
+                                                           {"type": "string", "enum": ["get_time"]}]
+    assert variants[0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert variants[1]["properties"]["parameters"] == {"type": "object", "properties": {}}
+    await serving.create(request(tool_choice={"type": "function", "function": {
+        "name": "get_weather"}}), RequestMeta())
+    assert serving.engine.submitted[-1][2].structured_outputs.json == \
+        WEATHER["function"]["parameters"]
+
+
+async def test_with_r1_reasoning_the_constraint_starts_after_the_end_tag(tokenizer):
+    serving = chat(tokenizer, "[]", tool_call_parser="hermes", reasoning_parser="deepseek_r1")
+    await serving.create(request(tool_choice="required"), RequestMeta())
+    so = serving.engine.submitted[-1][2].structured_outputs
+    assert so.after_token_ids == tokenizer.encode("</think>", add_special_tokens=False)
+    serving = chat(tokenizer, "[]", tool_call_parser="hermes", reasoning_parser="qwen3")
+    await serving.create(request(tool_choice="required"), RequestMeta())
+    assert serving.engine.submitted[-1][2].structured_outputs.after_token_ids is None

@@ -75,9 +75,11 @@ class ChatServing(GenerationServing):
         prompt_logprobs = request.prompt_logprobs
         if prompt_logprobs is None and request.echo:
             prompt_logprobs = request.top_logprobs
-        return build_sampling_params(
+        params = build_sampling_params(
             request, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs,
             logprobs=request.top_logprobs if request.logprobs else None, defaults=self.defaults)
+        self.tools.constrain(request, params, prompt.text)  # required / named tool choice
+        return params
 
     def response_role(self, request: ChatCompletionRequest) -> str:
         if request.add_generation_prompt:

@@ -180,10 +180,23 @@ class ChatTools:
             return named_tool_schema(request.tools, named_function(request))
         return None
 
-    def reasoning_end_token_ids(self) -> list[int] | None:
-        if self.reasoning_parser is None:
-            return None
-        return self.reasoning_parser(self.tokenizer).end_token_ids or None
+    def constrain(self, request: Any, params: Any, prompt_text: str | None) -> None:
+        """`required` / named: the tools' JSON schema as the sampling constraint. With a
+        reasoning parser it starts once `</think>` is generated, if the output is expected to
+        reason (R1, or a prompt that opened `<think>`); otherwise from the first token."""
+        schema = self.json_schema(request)
+        if schema is None:
+            return
+        from workbench.sampling_params import StructuredOutputsParams
+
+        after = None
+        if self.reasoning_parser is not None:
+            reasoning = self.reasoning_parser(self.tokenizer)
+            reasoning.adjust_initial_state_from_prompt(prompt_text or "")
+            if reasoning.opened_by_prompt or reasoning.reasoning_without_start:
+                after = reasoning.end_token_ids or None
+        params.structured_outputs = StructuredOutputsParams(
+            json=schema, after_token_ids=after, parameter="tool_choice")
 
     def choice_parser(self, request: Any, prompt_text: str | None) -> ChoiceParser:
         mode = tool_mode(request)

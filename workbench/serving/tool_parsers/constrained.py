@@ -26,11 +26,15 @@ def _function(tool: Any) -> tuple[str, dict[str, Any] | None]:
 
 
 def tools_json_schema(tools: list[Any], parallel_tool_calls: bool = True) -> dict[str, Any]:
-    """The JSON schema of `required` output: an array of `{name, parameters}`, one per call."""
+    """The JSON schema of `required` output: an array of `{name, parameters}`, one per call.
+
+    As the reference's, except that a call object takes no other keys (small models otherwise
+    wander into "description" or "required" keys of their own); the tools' own parameter
+    schemas are used as given."""
     variants = [{"type": "object",
                  "properties": {"name": {"type": "string", "enum": [name]},
                                 "parameters": parameters or EMPTY_PARAMETERS},
-                 "required": ["name", "parameters"]}
+                 "required": ["name", "parameters"], "additionalProperties": False}
                 for name, parameters in map(_function, tools)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": {"type": "object", "anyOf": variants}}
