@@ -68,7 +68,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     tool_choice: str | dict[str, Any] | None = "none"
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     thinking_token_budget: int | None = None
-    include_reasoning: bool = True  # no reasoning parser yet: all text is content
+    include_reasoning: bool = True  # with --reasoning-parser: return `reasoning`
     parallel_tool_calls: bool | None = True
     user: str | None = None  # ignored, as by vLLM
     # vLLM sampling extras
