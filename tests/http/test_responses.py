@@ -176,3 +176,29 @@ def test_function_tool_round_trip_with_the_client(tools_client):
                                       "output": "sunny, 21 C"}])
     assert second.output[-1].type == "message" or second.output[-1].type == "function_call"
     assert second.usage.input_tokens > first.usage.input_tokens
+
+
+def _wait(client, response_id, statuses=("completed", "incomplete", "failed", "cancelled")):
+    import time
+
+    for _ in range(600):
+        response = client.responses.retrieve(response_id)
+        if response.status in statuses:
+            return response
+        time.sleep(0.1)
+    raise AssertionError(f"{response_id} still {response.status}")
+
+
+def test_background_response_completes_and_can_be_cancelled(client):
+    queued = client.responses.create(model=MODEL, input="Say hi.", background=True,
+                                     temperature=0, max_output_tokens=6)
+    assert queued.status == "queued" and queued.background and queued.output == []
+    done = _wait(client, queued.id)
+    plain = client.responses.create(model=MODEL, input="Say hi.", temperature=0,
+                                    max_output_tokens=6)
+    assert done.output_text == plain.output_text and done.status == plain.status
+    long = client.responses.create(model=MODEL, input="Tell a long story.", background=True,
+                                   max_output_tokens=400)
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(long.id).status == "cancelled"

@@ -26,6 +26,8 @@ class ScriptedEngine:
     config: EngineConfig = field(default_factory=lambda: EngineConfig(model="fake"))
     submitted: list = field(default_factory=list)
     aborted: list = field(default_factory=list)
+    step_delay: float = 0.0  # seconds per engine step
+    fail: bool = False  # end every request with finish_reason "error"
 
     @property
     def vocab_size(self) -> int:
@@ -43,11 +45,11 @@ class ScriptedEngine:
         prompt_ids = prompt["prompt_token_ids"]
         yield RequestOutput(request_id, None, prompt_ids, None, [], False)
         for start in range(0, len(ids), 3):
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.step_delay)
             chunk = ids[start:start + 3]
             last = start + 3 >= len(ids)
-            reason = None
-            if last:
+            reason = "error" if self.fail else None
+            if last and not self.fail:
                 reason = "length" if len(ids) == params.max_tokens and len(
                     self.tokenizer(script, add_special_tokens=False).input_ids) > len(ids) \
                     else "stop"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.serving.responses_helpers import ScriptedEngine
@@ -128,10 +130,51 @@ async def test_cancel_of_a_synchronous_response_is_the_reference_400(tokenizer):
     s, _ = serving(tokenizer)
     done = await create(s, input="Hi")
     with pytest.raises(ServingError) as info:
-        s.cancel(done.id)
+        await s.cancel(done.id)
     assert info.value.response.error.message == "Cannot cancel a synchronous response."
     with pytest.raises(ServingError, match="not found"):
-        s.cancel("resp_nope")
+        await s.cancel("resp_nope")
+
+
+async def test_background_response_is_queued_then_completed(tokenizer):
+    s, _ = serving(tokenizer)
+    queued = await create(s, input="Hi", background=True)
+    assert (queued.status, queued.output, queued.usage, queued.background) == (
+        "queued", [], None, True)
+    await asyncio.gather(*s._background.values())
+    done = s.retrieve(queued.id)
+    assert done.status == "completed" and done.output_text == "Hello there, friend."
+
+
+async def test_cancel_stops_a_running_background_response(tokenizer):
+    s, engine = serving(tokenizer, scripts=["word " * 200])
+    engine.step_delay = 0.01
+    queued = await create(s, input="Hi", background=True)
+    while not engine.submitted:
+        await asyncio.sleep(0.01)
+    cancelled = await s.cancel(queued.id)
+    await asyncio.sleep(0.05)  # the abort runs in its own task
+    assert cancelled.status == s.retrieve(queued.id).status == "cancelled"
+    assert engine.aborted == [f"{queued.id}_0"]
+    with pytest.raises(ServingError, match="Cannot cancel a synchronous response."):
+        await s.cancel(queued.id)
+
+
+async def test_a_failed_background_response_is_stored_as_failed(tokenizer):
+    s, engine = serving(tokenizer)
+    engine.fail = True
+    queued = await create(s, input="Hi", background=True)
+    await asyncio.gather(*s._background.values())
+    failed = s.retrieve(queued.id)
+    assert failed.status == "failed" and failed.error["code"] == "500"
+
+
+async def test_background_needs_store_and_no_stream(tokenizer):
+    s, _ = serving(tokenizer)
+    with pytest.raises(ValidationError, match="background can only be used when `store` is"):
+        await create(s, input="Hi", background=True, store=False)
+    with pytest.raises(ValidationError, match="`background` with `stream`"):
+        await create(s, input="Hi", background=True, stream=True)
 
 
 async def test_stream_events_in_the_reference_order_with_sequence_numbers(tokenizer):

@@ -60,9 +60,9 @@ async def retrieve_response(response_id: str, raw: Request, stream: bool | None 
 @router.post("/v1/responses/{response_id}/cancel", response_model=ResponsesResponse,
              responses=_ERRORS)
 async def cancel_response(response_id: str, raw: Request) -> Response:
-    """Cancels a background response; a finished one answers the reference's 400."""
+    """Cancels a queued or running background response; a finished one: the reference's 400."""
     try:
-        response = raw.app.state.servings.responses.cancel(response_id)
+        response = await raw.app.state.servings.responses.cancel(response_id)
     except Exception as exc:  # noqa: BLE001
         return error_json(exc)
     return JSONResponse(response.model_dump(mode="json"))

@@ -34,7 +34,6 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
             _refuse(BACKGROUND_NEEDS_STORE, "background")
         if request.store is False:
             _refuse("background can only be used when `store` is true", "background")
-        _refuse(f"`background` {NOT_YET}.", "background")
     if not store_enabled and request.store and "store" in request.model_fields_set:
         _refuse(STORE_DISABLED, "store")
     if request.truncation == "auto":

@@ -4,13 +4,16 @@
     -> conversation = stored history + input -> tools (function + built-in) -> first prompt
     -> `ToolLoop` (rounds of generate / built-in tools) -> the response, stored when asked
 
-`create` returns the `ResponsesResponse`; `create_stream` returns its events as dicts
+`create` returns the `ResponsesResponse` (with `background`, at once as `queued`, the loop then
+running as a task until the stored response is `completed`, `failed` or `cancelled`);
+`create_stream` returns its events as dicts
 (`response.created`, `response.in_progress`, the items' events, `response.completed`) with
 a `sequence_number` counting from 0; the HTTP layer writes them as `event:` / `data:` pairs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -51,6 +54,7 @@ class ResponsesServing(GenerationServing):
         self.tool_parser_name = getattr(self.config, "tool_call_parser", None)
         self.auto_tools = getattr(self.config, "enable_auto_tool_choice", False)
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
+        self._background: dict[str, asyncio.Task] = {}  # running background responses
 
     # -- stages -------------------------------------------------------------------------------
     def start(self, request: ResponsesRequest, meta: RequestMeta) -> tuple[ToolLoop, Any]:
@@ -107,6 +111,8 @@ class ResponsesServing(GenerationServing):
 
     # -- responses ----------------------------------------------------------------------------
     async def create(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
+        if request.background:
+            return self.start_background(request, meta)
         response, _ = await self.run(request, meta)
         return response
 
@@ -160,6 +166,7 @@ class ResponsesServing(GenerationServing):
         output = [] if status is not None else loop.builder.items
         return ResponsesResponse(
             id=loop.response_id, created_at=created, status=status or loop.status,
+            background=bool(request.background),
             incomplete_details=incomplete, instructions=request.instructions,
             max_output_tokens=request.max_output_tokens, max_tool_calls=request.max_tool_calls,
             metadata=request.metadata, model=self.model_name, output=output,
@@ -201,9 +208,50 @@ class ResponsesServing(GenerationServing):
                                          parameter="response_id", value=response_id)
         return entry.response
 
-    def cancel(self, response_id: str) -> ResponsesResponse:
+    async def cancel(self, response_id: str) -> ResponsesResponse:
+        """Cancels a queued or running background response (its engine requests abort)."""
         entry = self.store.get(response_id)
         if entry is None:
             raise not_found(response_id)
-        raise ServingError(make_error("Cannot cancel a synchronous response.",
-                                      "invalid_request_error", param="response_id"))
+        if entry.response.status not in ("queued", "in_progress"):
+            raise ServingError(make_error("Cannot cancel a synchronous response.",
+                                          "invalid_request_error", param="response_id"))
+        cancelled = entry.response.model_copy(update={"status": "cancelled"})
+        self.store.put(cancelled, entry.conversation)
+        task = self._background.get(response_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return cancelled
+
+    # -- background responses -------------------------------------------------------------------
+    def start_background(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
+        """`background=true`: stored as `queued` and answered at once; the loop runs as a task
+        of this event loop, and the stored response becomes `completed` (or `failed`)."""
+        if request.stream:
+            raise ValidationError(f"`background` with `stream` {checks.NOT_YET}.",
+                                  parameter="background")
+        loop, prompt = self.start(request, meta)
+        created = int(time.time())
+        queued = self.build(loop, created, status="queued")
+        self.store.put(queued, loop.input_messages)
+        task = asyncio.get_running_loop().create_task(self._background_run(loop, prompt, created))
+        self._background[loop.response_id] = task
+        task.add_done_callback(lambda _: self._background.pop(loop.response_id, None))
+        return queued
+
+    async def _background_run(self, loop: ToolLoop, prompt: Any, created: int) -> None:
+        started = time.perf_counter()
+        self.store.put(self.build(loop, created, status="in_progress"), loop.input_messages)
+        try:
+            async for _ in loop.run(prompt):
+                pass
+        except asyncio.CancelledError:
+            raise  # `cancel` stored the cancelled response
+        except Exception as exc:  # noqa: BLE001 - a background failure is stored, not raised
+            error = error_response(exc).error
+            failed = self.build(loop, created, status="failed").model_copy(
+                update={"error": {"code": str(error.code), "message": error.message}})
+            self.store.put(failed, loop.input_messages)
+            return
+        self.finish(loop, created, started)
