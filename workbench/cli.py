@@ -52,7 +52,19 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
                    help="label words a generative model classifies and scores with (one token "
                    "each; the last is the positive one for /score and /rerank; default: no yes)")
     p.add_argument("--api-key", nargs="+", default=None,
-                   help="require `Authorization: Bearer KEY` on /v1 routes")
+                   help="require `Authorization: Bearer KEY` on every route except the "
+                   "--api-key-exempt ones")
+    p.add_argument("--api-key-exempt", nargs="*", default=["health", "metrics"],
+                   metavar="SEGMENT", help="first path segments left open with --api-key "
+                   "(default: health metrics; give none to guard everything)")
+    p.add_argument("--max-request-body-bytes", type=int, default=8 * 2**20,
+                   help="larger request bodies are refused with 413 (default 8 MiB)")
+    p.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="when this many requests wait, new ones get 503 + Retry-After")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                   help="abort a request running longer than this (504)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, in-flight requests get this long to finish (default 10)")
     p.add_argument("--chat-template", default=None, help="jinja file path or inline template")
     p.add_argument("--default-chat-template-kwargs", type=_json_dict, default=None)
     p.add_argument("--trust-request-chat-template", action="store_true")
@@ -124,6 +136,10 @@ def configs_from_args(args: argparse.Namespace):
                           served_model_name=names[0], **engine_kwargs)
     server = ServerConfig(
         served_model_names=names, api_keys=tuple(args.api_key or ()),
+        api_key_exempt=tuple(args.api_key_exempt),
+        max_request_body_bytes=args.max_request_body_bytes,
+        max_waiting_requests=args.max_waiting_requests, request_timeout=args.request_timeout,
+        shutdown_timeout=args.shutdown_timeout,
         chat_template=read_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
@@ -153,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from workbench.http.server import run_server
 
-    run_server(engine_config, server_config, host=args.host, port=args.port)
-    return 0
+    # non-zero when the engine loop died, so a supervisor restarts the server
+    return run_server(engine_config, server_config, host=args.host, port=args.port) or 0
 
 
 if __name__ == "__main__":

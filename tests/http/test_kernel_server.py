@@ -22,14 +22,17 @@ def keyed_server(llm):
     handle.stop()
 
 
-def test_api_key_protects_v1_routes_only(keyed_server):
+def test_api_key_protects_every_route_but_health_and_metrics(keyed_server):
     r = httpx.get(f"{keyed_server.base_url}/models")
     assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"})
     r = httpx.get(f"{keyed_server.base_url}/models", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
-    for path in ("/health", "/version", "/metrics"):
+    for path in ("/health", "/metrics"):
         assert httpx.get(keyed_server.url + path).status_code == 200
-    assert httpx.post(keyed_server.url + "/tokenize", json={"prompt": "x"}).status_code == 200
+    assert httpx.get(keyed_server.url + "/version").status_code == 401
+    assert httpx.post(keyed_server.url + "/tokenize", json={"prompt": "x"}).status_code == 401
+    assert httpx.post(keyed_server.url + "/tokenize", json={"prompt": "x"},
+                      headers={"Authorization": "Bearer sekret"}).status_code == 200
 
 
 def test_api_key_accepted_and_aliases_served(keyed_server):

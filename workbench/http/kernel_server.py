@@ -2,9 +2,9 @@
 
 uvicorn runs with its own event loop in a daemon thread of the current process, so it works
 inside a running Jupyter kernel (whose loop stays free). The socket is bound before the thread
-starts, so `port=0` picks a free port and `handle.url` is known at once; `handle.stop()` shuts
-the server down and frees the port. The `LLM` keeps working synchronously meanwhile: both
-submit to the same engine.
+starts, so `port=0` picks a free port and `handle.url` is known at once; `handle.stop()` stops
+accepting, lets in-flight requests finish (`ServerConfig.shutdown_timeout`), then frees the
+port. The `LLM` keeps working synchronously meanwhile: both submit to the same engine.
 """
 
 from __future__ import annotations
@@ -37,10 +37,14 @@ class KernelServer:
         """What the `openai` client takes: `OpenAI(base_url=server.base_url, api_key=...)`."""
         return f"{self.url}/v1"
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stops serving (in-flight requests are cancelled) and frees the port."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stops accepting at once; in-flight requests get `timeout` seconds (default: the
+        config's `shutdown_timeout`) to finish, then are cancelled (their engine requests
+        aborted, blocks freed); the port is freed."""
+        grace = self.app.state.server_config.shutdown_timeout if timeout is None else timeout
+        self._server.config.timeout_graceful_shutdown = grace
         self._server.should_exit = True
-        self._thread.join(timeout)
+        self._thread.join(grace + 10)
         self._sock.close()
         if self._owns_engine:
             self.engine.shutdown()  # stops this wrapper's step thread, not the LLM's engine
@@ -77,7 +81,7 @@ def serve_in_kernel(llm: Any, port: int = 0, host: str = "127.0.0.1",
     sock.set_inheritable(True)
     bound_port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=2))
+                                           timeout_graceful_shutdown=config.shutdown_timeout))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name=f"workbench-server-{bound_port}", daemon=True)
     thread.start()

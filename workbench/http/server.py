@@ -1,9 +1,17 @@
-"""`run_server`: load the engine, build the app, serve it with uvicorn until interrupted."""
+"""`run_server`: load the engine, build the app, serve it with uvicorn until told to stop.
+
+SIGTERM / SIGINT (uvicorn's handlers) stop accepting connections at once, give in-flight
+requests `ServerConfig.shutdown_timeout` seconds to finish, then cancel the rest (their engine
+requests are aborted and their blocks freed). If the engine loop dies, the server stops too and
+`run_server` returns 1, so `workbench serve` exits non-zero and a supervisor can restart it.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+import uvicorn
 
 from workbench.config import EngineConfig
 from workbench.serving.config import ServerConfig
@@ -13,22 +21,53 @@ logger = logging.getLogger("workbench.http")
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig, *,
                host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-               **uvicorn_kwargs: Any) -> None:
-    """Blocks serving `engine_config.model`; shuts the engine down when uvicorn returns."""
-    import uvicorn
-
+               **uvicorn_kwargs: Any) -> int:
+    """Blocks serving `engine_config.model`; 0 after a normal shutdown, 1 if the engine died."""
     from workbench.engine.async_engine import AsyncLLMEngine
-    from workbench.http.app import build_app
 
     engine = AsyncLLMEngine.from_config(engine_config)
     try:
         if engine.generation_defaults:
             logger.warning("Default sampling parameters come from the model's generation "
                            "config: %s", engine.generation_defaults)
-        app = build_app(engine, server_config)
         names = server_config.served_model_names or (engine.served_model_name,)
         logger.info("Serving %s (max_model_len=%d) on http://%s:%d/v1", ", ".join(names),
                     engine.max_model_len, host, port)
-        uvicorn.run(app, host=host, port=port, log_level=log_level, **uvicorn_kwargs)
+        return serve_engine(engine, server_config, host=host, port=port, log_level=log_level,
+                            **uvicorn_kwargs)
     finally:
         engine.shutdown()
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, exiting with status 0 after a SIGTERM drain (uvicorn re-raises the
+    signal once shut down, which a supervisor would read as a crash)."""
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        if hasattr(self, "_captured_signals"):
+            self._captured_signals.clear()
+
+
+def serve_engine(engine: Any, server_config: ServerConfig, *, host: str, port: int,
+                 log_level: str = "info", **uvicorn_kwargs: Any) -> int:
+    """Serves an `AsyncLLMEngine` until a signal or its death; returns the exit status."""
+    from workbench.http.app import build_app
+
+    app = build_app(engine, server_config)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=server_config.shutdown_timeout,
+                            **uvicorn_kwargs)
+    server = _DrainingServer(config)
+    died: list[BaseException] = []
+
+    def on_dead(exc: BaseException) -> None:
+        died.append(exc)
+        logger.critical("The engine loop died (%r); shutting the server down.", exc)
+        server.should_exit = True
+
+    engine.on_dead = on_dead
+    server.run()
+    if died:
+        return 1
+    return 0
