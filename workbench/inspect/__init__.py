@@ -16,6 +16,7 @@ _NAMES = {
     "LogprobTable": "workbench.inspect.logprob_table",
     "ValidationReport": "workbench.inspect.validation_report",
     "Trace": "workbench.inspect.trace",
+    "ParsedOutput": "workbench.inspect.parsed_output",
     "ToolLoopTrace": "workbench.inspect.tool_loop",
     "SimilarityMatrix": "workbench.inspect.similarity",
 }
