@@ -38,6 +38,7 @@ def test_embed_similarity_local_equals_remote(local, remote):
     assert here.similarity.best(SENTENCES[0]) == SENTENCES[1]
     assert np.allclose(here.similarity.values, there.similarity.values, atol=1e-6)
     assert [s.name for s in here.trace.spans][:2] == ["check model", "validate"]
+    assert here.report.ok and {c.name for c in here.report.passed} >= {"model", "pooling parameters"}
 
 
 def test_score_and_rerank_agree(local, remote):
@@ -53,7 +54,11 @@ def test_errors_come_back_as_envelopes(local, remote):
         assert not result.ok and result.status_code == 400
         assert result.error["error"]["param"] == "dimensions"
         assert wb.classify("x").status_code == 404 if wb is remote else True
-    assert local.classify("x").error["error"]["message"].startswith("Unsupported task: 'classify'")
+    refused = local.classify("x")
+    assert refused.error["error"]["message"].startswith("Unsupported task: 'classify'")
+    assert [c.name for c in refused.report.failed] == ["pooling parameters"]
+    engine_refusal = local.embed("x", dimensions=4).report  # refused when the engine gets it
+    assert not engine_refusal.ok and engine_refusal.error["error"]["param"] == "dimensions"
     assert local.score([], ["a"]).error["error"]["message"].startswith(
         "At least one text element must be given")
 

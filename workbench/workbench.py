@@ -329,9 +329,12 @@ class _Local:
             error = validation_error_body(list(exc.errors()))
             return Result(None, error["error"]["code"], error)
         except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
-            error = error_response(exc).model_dump()
-            return Result(None, error["error"]["code"], error)
-        return Result(response.model_dump(mode="json"), trace=Trace.from_recorder(rec))
+            rec.error = rec.error or error_response(exc)
+            error = rec.error.model_dump()
+            return Result(None, error["error"]["code"], error,
+                          ValidationReport.from_recorder(rec, endpoint))
+        return Result(response.model_dump(mode="json"), 200, None,
+                      ValidationReport.from_recorder(rec, endpoint), Trace.from_recorder(rec))
 
     def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
         async def search() -> BeamSearchOutput:

@@ -383,3 +383,23 @@ def test_rerank_best_first_stable_top_n(engine):
 def test_rerank_needs_documents(engine):
     with pytest.raises(ValidationError, match="At least one text_pair element must be given"):
         run(servings(engine).rerank.create(RerankRequest(query="q", documents=[])))
+
+
+def test_chat_in_input_and_batched_conversations(engine, tokenizer):
+    from pydantic import TypeAdapter
+
+    from workbench.serving.protocol.pooling import EmbeddingRequest
+
+    s = servings(engine).embeddings
+    one = [{"role": "user", "content": "Hi there"}]
+    two = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Yo"}]
+    parse = TypeAdapter(EmbeddingRequest).validate_python
+    assert isinstance(parse({"input": one}), EmbeddingChatRequest)
+    batched = run(s.create(parse({"messages": [one, two]})))
+    in_input = run(s.create(parse({"input": [one, two]})))
+    single = run(s.create(parse({"messages": two})))
+    assert len(batched.data) == len(in_input.data) == 2
+    assert batched.data[1].embedding == single.data[0].embedding
+    assert [d.embedding for d in batched.data] == [d.embedding for d in in_input.data]
+    text = tokenizer.apply_chat_template(two, tokenize=False, add_generation_prompt=False)
+    assert single.usage.prompt_tokens == len(tokenizer(text, add_special_tokens=False).input_ids)

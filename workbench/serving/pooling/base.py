@@ -190,9 +190,10 @@ class PoolingServing(OpenAIServing):
             raise ValueError(f"Unsupported task: {task!r} Supported tasks: {self.tasks}")
 
     def text_or_chat_prompts(self, request: Any) -> list[EnginePrompt]:
-        """`input` (text / ids / lists) or chat `messages`, tokenized and length-checked."""
+        """`input` (text / ids / lists) or chat `messages` (one conversation or a batch),
+        tokenized and length-checked."""
         if getattr(request, "messages", None) is not None:
-            return [self.pooling_prompts.from_chat(self.renderer, request)]
+            return self.pooling_prompts.from_chat(self.renderer, request)
         return self.pooling_prompts.from_input(
             request.input, add_special_tokens=request.add_special_tokens,
             truncate=request.truncate_prompt_tokens, side=request.truncation_side)

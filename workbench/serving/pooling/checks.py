@@ -84,16 +84,19 @@ class PoolingPrompts:
                                side=side) if isinstance(v, str)
                 else self.from_token_ids(v, truncate=truncate, side=side) for v in value]
 
-    def from_chat(self, renderer: Any, request: Any) -> EnginePrompt:
-        """Chat `messages` through the model's template (no generation prompt by default)."""
-        rendered = renderer.render(
-            request.messages, add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            chat_template=request.chat_template,
-            chat_template_kwargs=request.chat_template_kwargs)
-        return self.from_text(rendered.prompt, add_special_tokens=request.add_special_tokens,
-                              truncate=request.truncate_prompt_tokens,
-                              side=request.truncation_side)
+    def from_chat(self, renderer: Any, request: Any) -> list[EnginePrompt]:
+        """Chat `messages` through the model's template (no generation prompt by default): one
+        prompt for a conversation, one per conversation for a batch."""
+        messages = request.messages
+        batch = messages if messages and isinstance(messages[0], list) else [messages]
+        return [self.from_text(renderer.render(
+                    conversation, add_generation_prompt=request.add_generation_prompt,
+                    continue_final_message=request.continue_final_message,
+                    chat_template=request.chat_template,
+                    chat_template_kwargs=request.chat_template_kwargs).prompt,
+                    add_special_tokens=request.add_special_tokens,
+                    truncate=request.truncate_prompt_tokens, side=request.truncation_side)
+                for conversation in batch]
 
 
 def _refuse(message: str, parameter: str, value: Any = None) -> None:

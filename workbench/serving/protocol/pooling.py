@@ -2,8 +2,9 @@
 `/rerank` (reference §6), fields in the reference's order.
 
 Each text endpoint takes `input` (a string, a list of strings, token ids or lists of token ids);
-embeddings, pooling and classify also take chat `messages` instead (rendered with the model's
-chat template, `add_generation_prompt` false by default). Fields the server cannot honour
+embeddings, pooling and classify also take chat `messages` instead (one conversation or a batch
+of them, also accepted in `input`; rendered with the model's chat template,
+`add_generation_prompt` false by default). Fields the server cannot honour
 (`cache_salt`, `mm_processor_kwargs`, ...) are refused by `workbench.serving.pooling.checks`,
 never dropped; `normalize` was removed by the reference in favour of `use_activation` and is
 refused with its message.
@@ -35,11 +36,22 @@ def _refuse_normalize(data: Any) -> Any:
     return data
 
 
+def _is_chat(value: Any) -> bool:
+    """Messages (`[{role, ...}]`) or a batch of conversations (`[[{role, ...}], ...]`)."""
+    if not isinstance(value, list) or not value:
+        return False
+    first = value[0]
+    return isinstance(first, dict) or (isinstance(first, list) and bool(first)
+                                       and isinstance(first[0], dict))
+
+
 def _form(data: Any) -> str:
-    """Which request form a body is: chat when it has `messages`, else text `input`."""
-    has_messages = (data.get("messages") if isinstance(data, dict)
-                    else getattr(data, "messages", None)) is not None
-    return "chat" if has_messages else "input"
+    """Which request form a body is: chat when it has `messages` or its `input` is chat
+    messages (or a batch of conversations), else text `input`."""
+    if isinstance(data, dict):
+        return "chat" if data.get("messages") is not None or _is_chat(data.get("input")) \
+            else "input"
+    return "chat" if getattr(data, "messages", None) is not None else "input"
 
 
 def _uid(prefix: str) -> str:
@@ -71,7 +83,10 @@ class TextInputMixin(OpenAIBaseModel):
 
 
 class ChatInputMixin(OpenAIBaseModel):
-    messages: list[ChatMessageParam]
+    """One conversation, or a batch of them (one prompt each); given as `messages` or, as the
+    reference also takes them, as `input`."""
+
+    messages: list[ChatMessageParam] | list[list[ChatMessageParam]]
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -82,6 +97,9 @@ class ChatInputMixin(OpenAIBaseModel):
     @model_validator(mode="before")
     @classmethod
     def _check_chat(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("messages") is None and _is_chat(data.get("input")):
+            data = {**data, "messages": data["input"]}
+            del data["input"]
         if isinstance(data, dict) and data.get("continue_final_message") \
                 and data.get("add_generation_prompt"):
             raise ValidationError("Cannot set both `continue_final_message` and "
