@@ -202,3 +202,29 @@ def test_background_response_completes_and_can_be_cancelled(client):
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled"
     assert client.responses.retrieve(long.id).status == "cancelled"
+
+
+SCHEMA = {"type": "object", "properties": {
+    "colour": {"type": "string", "maxLength": 12},
+    "warm": {"type": "boolean"}}, "required": ["colour", "warm"], "additionalProperties": False}
+
+
+def test_text_format_json_schema_output_validates(client):
+    import jsonschema
+
+    kwargs = dict(model=MODEL, input="Name a colour and whether it is warm, as JSON.",
+                  temperature=0, max_output_tokens=60,
+                  text={"format": {"type": "json_schema", "name": "colour", "schema": SCHEMA,
+                                   "strict": True}})
+    response = client.responses.create(**kwargs)
+    assert response.status == "completed"
+    jsonschema.validate(json.loads(response.output_text), SCHEMA)
+    events = list(client.responses.create(**kwargs, stream=True))
+    assert events[-1].response.output_text == response.output_text
+
+
+def test_a_schema_the_backend_cannot_take_is_refused_before_the_stream(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=MODEL, input="x", stream=True, text={"format": {
+            "type": "json_schema", "name": "x", "schema": {"type": "strng"}}})
+    assert info.value.body["param"] == "text"

@@ -215,7 +215,7 @@ async def test_prompt_longer_than_the_context_is_the_reference_400(tokenizer):
 
 @pytest.mark.parametrize("field, value", [
     ("prompt", {"id": "pmpt_1"}), ("truncation", "auto"), ("top_logprobs", 2),
-    ("include", ["message.output_text.logprobs"]), ("text", {"format": {"type": "json_object"}}),
+    ("include", ["message.output_text.logprobs"]), ("text", {"format": {"type": "xml"}}),
     ("max_output_tokens", 0), ("cache_salt", "x"), ("reasoning", {"summary": "auto"}),
 ])
 async def test_fields_it_cannot_honour_are_refused_by_name(tokenizer, field, value):
@@ -240,3 +240,38 @@ async def test_enable_response_messages_returns_the_conversation(tokenizer):
     response = await create(s, input="Hi", enable_response_messages=True)
     assert response.input_messages == [{"role": "user", "content": "Hi"}]
     assert response.output_messages == [{"role": "assistant", "content": "Hello there, friend."}]
+
+
+SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}},
+          "required": ["colour"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("body, field, value", [
+    ({"text": {"format": {"type": "json_schema", "name": "c", "schema": SCHEMA}}}, "json",
+     SCHEMA),
+    ({"text": {"format": {"type": "json_object"}}}, "json_object", True),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, "choice", ["yes", "no"]),
+])
+async def test_text_format_and_structured_outputs_constrain_generation(tokenizer, body, field,
+                                                                        value):
+    s, engine = serving(tokenizer)
+    response = await create(s, input="A colour as JSON.", **body)
+    constraint = engine.submitted[0]["params"].structured_outputs
+    assert getattr(constraint, field) == value
+    assert constraint.parameter == ("text" if "text" in body else "structured_outputs")
+    if "text" in body:
+        assert response.text == body["text"]  # echoed
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a+"}},
+     "cannot be used together"),
+    ({"text": {"format": {"type": "json_object"}}, "tools": [{"type": "calculator"}]},
+     "either use constraints for structured outputs or tools"),
+    ({"text": {"format": {"type": "json_schema", "schema": SCHEMA}}}, "name is required"),
+])
+async def test_bad_constraints_are_400_naming_text(tokenizer, body, message):
+    s, engine = serving(tokenizer, tool_call_parser="hermes", enable_auto_tool_choice=True)
+    with pytest.raises(ValidationError, match=message) as info:
+        await create(s, input="Hi", **body)
+    assert info.value.parameter == "text" and not engine.submitted

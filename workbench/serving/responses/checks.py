@@ -7,6 +7,8 @@ rather than dropped (style habit 6).
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 from workbench.errors import ValidationError
@@ -49,14 +51,47 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
     if request.max_tool_calls is not None and request.max_tool_calls < 0:
         _refuse(f"max_tool_calls must be non-negative, got {request.max_tool_calls}.",
                 "max_tool_calls", request.max_tool_calls)
-    fmt = (request.text or {}).get("format") or {}
-    if fmt.get("type", "text") != "text":
-        _refuse(f"text.format type '{fmt.get('type')}' {NOT_YET}.", "text")
     reasoning = request.reasoning or {}
     for key in reasoning:
         if key not in ("effort",) and reasoning[key] is not None:
             _refuse(f"reasoning.{key} {NOT_YET} (only `effort`).", "reasoning")
-    for name in ("structured_outputs", "cache_salt", "kv_transfer_params", "vllm_xargs",
+    for name in ("cache_salt", "kv_transfer_params", "vllm_xargs",
                  "mm_processor_kwargs", "previous_input_messages"):
         if getattr(request, name) is not None:
             _refuse(f"`{name}` {NOT_YET}.", name)
+
+
+def structured_outputs(request: ResponsesRequest) -> Any:
+    """`text.format` (json_schema / json_object) or vLLM's `structured_outputs` as the
+    engine's `StructuredOutputsParams`, None for plain text; not both, and not with tools."""
+    from workbench.serving.structured import structured_outputs_from_request
+
+    fmt = (request.text or {}).get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        _refuse("text.format must be an object.", "text", fmt)
+    kind = fmt.get("type", "text")
+    response_format = None
+    if kind == "json_schema":
+        response_format = {"type": "json_schema", "json_schema": {
+            "name": fmt.get("name"), "schema": fmt.get("schema")}}
+    elif kind != "text":
+        response_format = {"type": kind}
+    if response_format and request.structured_outputs:
+        _refuse("`text.format` and `structured_outputs` cannot be used together.", "text")
+
+    fields = SimpleNamespace(response_format=response_format,  # what the chat helper reads
+                             structured_outputs=request.structured_outputs)
+    try:
+        params = structured_outputs_from_request(fields)
+    except ValidationError as exc:  # name the Responses field
+        message = exc.message.replace("response_format.json_schema.", "text.format.")
+        raise ValidationError(message.replace("response_format", "text.format"),
+                              parameter="text" if response_format else "structured_outputs",
+                              value=exc.value) from None
+    if params is None:
+        return None
+    parameter = "text" if response_format else "structured_outputs"
+    if request.tools and request.tool_choice != "none":
+        _refuse("You can only either use constraints for structured outputs or tools, not both.",
+                parameter)
+    return dataclasses.replace(params, parameter=parameter)  # engine errors name it

@@ -26,6 +26,7 @@ from workbench.serving.errors import GenerationError
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import ChatCompletionRequest, ChatMessageParam
 from workbench.serving.protocol.responses import ResponsesRequest
+from workbench.serving.responses import checks
 from workbench.serving.responses import items as it
 from workbench.serving.responses.events import OutputBuilder
 from workbench.serving.responses.parsing import TurnParser
@@ -145,6 +146,7 @@ class ToolLoop:
         self._space = ""  # whitespace-only text not sent yet
         self.max_tool_calls = (DEFAULT_MAX_TOOL_CALLS if request.max_tool_calls is None
                                else request.max_tool_calls)
+        self.constraint = checks.structured_outputs(request)  # text.format, every round
         parse_tools = bool(tools) and request.tool_choice != "none"
         self.tool_request = self._tool_request() if parse_tools else None
 
@@ -235,6 +237,7 @@ class ToolLoop:
                            prompt_tokens=len(prompt.token_ids))
         self.rounds.append(record)
         params = sampling_params(self.request, max_tokens, self.serving.defaults)
+        params.structured_outputs = self.constraint
         tool_parser = None
         if self.tool_request is not None:
             tool_parser = self._forced_parser(params) if index == 0 else None

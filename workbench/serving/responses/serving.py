@@ -76,7 +76,19 @@ class ResponsesServing(GenerationServing):
         loop = ToolLoop(self, request, self.response_id(request, meta),
                         conversation(request.input, history), tools,
                         request.priority if header_priority is None else header_priority)
-        return loop, loop.first_prompt()
+        prompt = loop.first_prompt()
+        if loop.constraint is not None:
+            self.check_grammar(loop, prompt)
+        return loop, prompt
+
+    def check_grammar(self, loop: ToolLoop, prompt: Any) -> None:
+        """The engine's input checks on the first round, without queueing anything: a schema
+        the backend can't take is a 400 before a stream starts (as chat's `prime`)."""
+        inputs = getattr(getattr(self.engine, "engine", self.engine), "inputs", None)
+        if inputs is not None:
+            params = sampling_params(loop.request, 1, self.defaults)
+            params.structured_outputs = loop.constraint
+            inputs.process(f"{loop.response_id}_check", prompt.as_engine_input(), params)
 
     def response_id(self, request: ResponsesRequest, meta: RequestMeta) -> str:
         base = self.base_request_id(meta, request.request_id)
