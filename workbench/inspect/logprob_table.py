@@ -7,6 +7,11 @@ our pydantic model or the `openai` client's object, from this server or any Open
 one (vLLM). Rows are plain dataclasses; `table[i]` is the i-th generated position,
 `table.prompt` the prompt positions (when the response has them).
 
+Structured outputs: rows built from an engine output whose sample carries `grammar_steps` say
+how many tokens the grammar allowed there (`allowed`), which of the model's top candidates it
+masked (`masked`, raw logprobs; those among `top` have `masked=True`), and whether it overruled
+the model (`overruled`: a masked token was more likely than the chosen one).
+
 Entropy is computed over the alternatives the source returned (the top-k, plus the chosen
 token when it is outside them), *renormalised* to sum to one: a lower bound on nothing in
 particular, but comparable across positions of one table. `top_mass` says how much of the
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench.inspect import html as h
@@ -31,10 +36,17 @@ class Alternative:
     logprob: float
     rank: int | None = None
     token_id: int | None = None
+    masked: bool = False  # a structured-output grammar forbade it here
 
     @property
     def prob(self) -> float:
         return math.exp(self.logprob)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if not self.masked:
+            del out["masked"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -48,10 +60,21 @@ class LogprobRow:
     token_id: int | None = None
     top: tuple[Alternative, ...] = ()
     part: str = "generated"  # "prompt" | "generated"
+    allowed: int | None = None  # tokens a structured-output grammar allowed here (None: free)
+    masked: tuple[Alternative, ...] = ()  # the model's top candidates the grammar masked
 
     @property
     def prob(self) -> float | None:
         return None if self.logprob is None else math.exp(self.logprob)
+
+    @property
+    def constrained(self) -> bool:
+        return self.allowed is not None
+
+    @property
+    def overruled(self) -> bool:
+        """The grammar masked a token the model found more likely than the chosen one."""
+        return any(self.logprob is None or a.logprob > self.logprob for a in self.masked)
 
     @property
     def top_mass(self) -> float | None:
@@ -71,8 +94,12 @@ class LogprobRow:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["top"] = [asdict(a) for a in self.top]
+        out["top"] = [a.to_dict() for a in self.top]
         out["entropy"] = self.entropy
+        if self.allowed is None:  # unconstrained rows read as before grammars existed
+            del out["allowed"], out["masked"]
+        else:
+            out["masked"] = [a.to_dict() for a in self.masked]
         return out
 
 
@@ -111,8 +138,12 @@ class LogprobTable:
                             ) -> "LogprobTable":
         """Our engine's `RequestOutput` (sample `index`); `tokenizer` decodes missing texts."""
         sample = output.outputs[index]
-        rows = tuple(_engine_row(i, tid, pos, tokenizer, "generated")
-                     for i, (tid, pos) in enumerate(zip(sample.token_ids, sample.logprobs or [])))
+        steps = getattr(sample, "grammar_steps", None) or []
+        positions = sample.logprobs if sample.logprobs is not None else (
+            [None] * len(sample.token_ids) if steps else [])
+        rows = tuple(_with_grammar(_engine_row(i, tid, pos, tokenizer, "generated"),
+                                   steps[i] if i < len(steps) else None, tokenizer)
+                     for i, (tid, pos) in enumerate(zip(sample.token_ids, positions)))
         prompt = ()
         if output.prompt_logprobs is not None:
             prompt = tuple(_engine_row(i, tid, pos, tokenizer, "prompt") for i, (tid, pos)
@@ -169,6 +200,16 @@ class LogprobTable:
         return [r.logprob for r in self.rows]
 
     @property
+    def constrained(self) -> bool:
+        """Some position was under a structured-output grammar."""
+        return any(r.constrained for r in self.rows)
+
+    @property
+    def overruled(self) -> list[int]:
+        """Positions where the grammar masked a token the model preferred."""
+        return [r.position for r in self.rows if r.overruled]
+
+    @property
     def mean_logprob(self) -> float | None:
         known = [r.logprob for r in self.rows if r.logprob is not None]
         return sum(known) / len(known) if known else None
@@ -186,10 +227,14 @@ class LogprobTable:
             records.append({"part": r.part, "position": r.position, "token": r.token,
                             "token_id": r.token_id, "logprob": r.logprob, "prob": r.prob,
                             "rank": r.rank, "entropy": r.entropy, "top_mass": r.top_mass,
-                            "top": [(a.token, a.logprob) for a in r.top]})
-        return pd.DataFrame.from_records(records, columns=[
-            "part", "position", "token", "token_id", "logprob", "prob", "rank", "entropy",
-            "top_mass", "top"])
+                            "top": [(a.token, a.logprob) for a in r.top],
+                            "allowed": r.allowed, "overruled": r.overruled,
+                            "masked": [(a.token, a.logprob) for a in r.masked]})
+        columns = ["part", "position", "token", "token_id", "logprob", "prob", "rank",
+                   "entropy", "top_mass", "top"]
+        if self.constrained:  # grammar columns only where a grammar was at work
+            columns += ["allowed", "overruled", "masked"]
+        return pd.DataFrame.from_records(records, columns=columns)
 
     def __repr__(self) -> str:
         return (f"LogprobTable({len(self.rows)} generated positions, {len(self.prompt)} prompt "
@@ -200,11 +245,14 @@ class LogprobTable:
         """Tokens coloured by probability; hover shows logprob, rank, entropy, alternatives."""
         spans = []
         for r in (*self.prompt, *self.rows):
-            alts = "; ".join(f"{a.token!r} {h.fmt(a.logprob)}" for a in r.top)
+            alts = "; ".join(f"{a.token!r} {h.fmt(a.logprob)}{' masked' if a.masked else ''}"
+                             for a in r.top)
             title = (f"{r.part} {r.position}: logprob {h.fmt(r.logprob)}, rank "
                      f"{r.rank if r.rank is not None else '—'}, entropy {h.fmt(r.entropy)}"
-                     + (f" | {alts}" if alts else ""))
+                     + (f" | {alts}" if alts else "") + _grammar_note(r))
             border = "border-bottom:2px solid #888;" if r.part == "prompt" else ""
+            if r.overruled:  # the grammar overruled the model here: a red outline
+                border += "outline:1px dashed #c0392b;"
             spans.append(f'<span title="{h.escape(title)}" style="background:'
                          f'{h.prob_color(r.prob)};{border}padding:1px 0;margin:0 1px;'
                          f'white-space:pre">{h.token_text(r.token)}</span>')
@@ -276,6 +324,31 @@ def _engine_row(i: int, token_id: int, position: Mapping | None, tokenizer: Any,
     top = tuple(Alternative(text(tid, lp), lp.logprob, lp.rank, tid) for tid, lp in ordered)
     return LogprobRow(i, text(token_id, chosen), None if chosen is None else chosen.logprob,
                       None if chosen is None else chosen.rank, token_id, top, part)
+
+
+def _with_grammar(row: LogprobRow, step: Any, tokenizer: Any) -> LogprobRow:
+    """The row with what the grammar did at its position (`GrammarStep`), if anything."""
+    if step is None:
+        return row
+    known = {a.token_id: a.token for a in row.top}
+
+    def text(tid: int) -> str:
+        if tid in known:
+            return known[tid]
+        return tokenizer.decode([tid]) if tokenizer is not None else f"<{tid}>"
+
+    masked = tuple(Alternative(text(t), lp, None, t, True)
+                   for t, lp in sorted(step.masked.items(), key=lambda kv: (-kv[1], kv[0])))
+    top = tuple(replace(a, masked=a.token_id in step.masked) for a in row.top)
+    return replace(row, top=top, allowed=step.num_allowed, masked=masked)
+
+
+def _grammar_note(row: LogprobRow) -> str:
+    if row.allowed is None:
+        return ""
+    masked = "; ".join(f"{a.token!r} {h.fmt(a.logprob)}" for a in row.masked)
+    return (f" | grammar: {row.allowed} allowed" + (f", masked {masked}" if masked else "")
+            + (" (overruled the model)" if row.overruled else ""))
 
 
 def _json_prompt_rows(prompt_logprobs: Any, prompt_token_ids: Any) -> tuple[LogprobRow, ...]:
