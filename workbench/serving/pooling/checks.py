@@ -113,13 +113,11 @@ def check_common(request: Any) -> None:
 
 
 def check_encoding(request: Any) -> None:
-    """Output encodings: float and base64, in float32 / float16 / bfloat16, any endianness."""
+    """Output encodings: float and base64 (any `embed_dtype` and endianness); the binary
+    `bytes` / `bytes_only` responses are not built."""
     if request.encoding_format in ("bytes", "bytes_only"):
         _refuse(f"encoding_format '{request.encoding_format}' {_NOT_YET}; use 'float' or "
                 "'base64'.", "encoding_format", request.encoding_format)
-    if request.embed_dtype.startswith("fp8"):
-        _refuse(f"embed_dtype '{request.embed_dtype}' {_NOT_YET}; use float32, float16 or "
-                "bfloat16.", "embed_dtype", request.embed_dtype)
 
 
 def check_score_extras(request: Any) -> None:

@@ -1,7 +1,7 @@
 """Pooled tensors -> response values: floats, or base64 of their raw bytes.
 
-`encoding_format="base64"` is the bytes of the values in `embed_dtype` (float32 by default)
-with the requested `endianness` ("native" = this machine's, little-endian on x86 and ARM
+`encoding_format="base64"` is the bytes of the values in `embed_dtype` (float32 by default;
+float16, bfloat16, fp8_e4m3, fp8_e5m2) with the requested `endianness` ("native" = this machine's, little-endian on x86 and ARM
 servers), as the reference sends them; OpenAI's client decodes it with
 `np.frombuffer(base64.b64decode(s), dtype="float32")`, so a float32 base64 embedding decodes to
 exactly the floats of `encoding_format="float"`.
@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
+           "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
 
 def tensor_bytes(data: Any, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
