@@ -274,3 +274,12 @@ async def test_a_tool_server_is_registered_per_app(tokenizer):
     assert [t.name for t in mine.responses.tool_server.list_tools()] == ["echo"]
     assert [t.name for t in default.responses.tool_server.list_tools()] == ["calculator"]
     assert mine.responses.store is not default.responses.store
+
+
+@pytest.mark.parametrize("parser, after", [("qwen3", False), ("deepseek_r1", True)])
+async def test_forced_choice_starts_after_reasoning_only_when_the_output_reasons(
+        tokenizer, parser, after):
+    s, engine = serving(tokenizer, ['{"expression": "1"}', "One."], reasoning_parser=parser)
+    await create(s, input="One?", tools=CALCULATOR, tool_choice={"type": "calculator"})
+    constraint = engine.submitted[0]["params"].structured_outputs
+    assert (constraint.after_token_ids is not None) == after  # qwen3 only reasons after <think>

@@ -16,6 +16,7 @@ is its output (`Error: ...`), handed back to the model; it never fails the reque
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,10 +238,12 @@ class ToolLoop:
                            prompt_tokens=len(prompt.token_ids))
         self.rounds.append(record)
         params = sampling_params(self.request, max_tokens, self.serving.defaults)
-        params.structured_outputs = self.constraint
+        after = self._after_reasoning(prompt.text)
+        if self.constraint is not None:
+            params.structured_outputs = dataclasses.replace(self.constraint, after_token_ids=after)
         tool_parser = None
         if self.tool_request is not None:
-            tool_parser = self._forced_parser(params) if index == 0 else None
+            tool_parser = self._forced_parser(params, after) if index == 0 else None
             tool_parser = tool_parser or self._auto_parser()
         if getattr(tool_parser, "special_markers", False):  # as the parser's adjust_request
             params.skip_special_tokens = False
@@ -270,7 +273,21 @@ class ToolLoop:
 
         return get_tool_parser(self.serving.tool_parser_name)(self.serving.tokenizer)
 
-    def _forced_parser(self, params: SamplingParams) -> Any:
+    def _after_reasoning(self, prompt_text: str | None) -> list[int] | None:
+        """Where a constraint starts: after the reasoning's end tag when this output will
+        reason (the prompt opened it, or the parser reasons from the first token), as chat."""
+        name = self.serving.reasoning_parser_name
+        if not name:
+            return None
+        from workbench.serving.reasoning import get_reasoning_parser
+
+        reasoning = get_reasoning_parser(name)(self.serving.tokenizer)
+        reasoning.adjust_initial_state_from_prompt(prompt_text or "")
+        if reasoning.opened_by_prompt or reasoning.reasoning_without_start:
+            return reasoning.end_token_ids or None
+        return None
+
+    def _forced_parser(self, params: SamplingParams, after: list[int] | None) -> Any:
         """`required` or a named tool in the first round: constrained decoding writes the
         calls as JSON (the reference's schemas), parsed by the matching constrained parser.
         Later rounds are "auto", so the loop can end."""
@@ -291,12 +308,6 @@ class ToolLoop:
             strict = name not in self.tools.loose
         else:
             return None
-        after = None
-        if self.serving.reasoning_parser_name:  # the constraint starts once reasoning ends
-            from workbench.serving.reasoning import get_reasoning_parser
-
-            after = get_reasoning_parser(self.serving.reasoning_parser_name)(
-                self.serving.tokenizer).end_token_ids or None
         # `strict` (the Responses API's default for function tools): no properties beyond
         # the schema's, as OpenAI's strict mode
         params.structured_outputs = StructuredOutputsParams(
