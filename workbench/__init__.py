@@ -6,7 +6,7 @@
 
 The public names load lazily, so `import workbench` stays fast and does not import torch:
 `LLM`, `SamplingParams`, `BeamSearchParams`, `RequestOutputKind`, `serve_in_kernel`,
-`Workbench`, `LoRARequest`.
+`Workbench`, `LoRARequest`, `StructuredOutputsParams`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from workbench.http.kernel_server import serve_in_kernel
     from workbench.llm import LLM
-    from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+    from workbench.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,
+                                           StructuredOutputsParams)
     from workbench.workbench import Workbench
     from workbench.lora.request import LoRARequest
 
@@ -28,12 +29,14 @@ _LAZY = {
     "SamplingParams": "workbench.sampling_params",
     "BeamSearchParams": "workbench.sampling_params",
     "RequestOutputKind": "workbench.sampling_params",
+    "StructuredOutputsParams": "workbench.sampling_params",
     "serve_in_kernel": "workbench.http.kernel_server",
     "Workbench": "workbench.workbench",
     "LoRARequest": "workbench.lora.request",
 }
 
 __all__ = ["BeamSearchParams", "LLM", "LoRARequest", "RequestOutputKind", "SamplingParams",
+           "StructuredOutputsParams",
            "Workbench",
            "__version__", "serve_in_kernel"]
 
