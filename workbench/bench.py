@@ -217,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--soak", action="store_true", help="instead: the soak and fuzz run "
+                        "(workbench/soak.py): disconnect storms, invalid bodies, schemathesis")
     args = parser.parse_args(argv)
+    if args.soak:
+        from workbench import soak
+
+        return soak.main(json_line=args.json, quick=args.quick)
     settings = dict(model=args.model, dtype=args.dtype, threads=args.threads)
     config = BenchConfig.quick(**settings) if args.quick else BenchConfig(**settings)
     results = run(config, log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -4,8 +4,8 @@ Python's `json` accepts `NaN`, `Infinity` and `-Infinity`, turns `1e999` into in
 lone UTF-16 surrogates (`"\\ud800"`) as unencodable characters, and recurses once per nesting
 level. Every route would have to re-check those; this middleware checks each JSON request body
 once, before any route sees it, and answers 400 in the OpenAI error shape naming the location
-(`body.temperature`, `body.messages.0.content`). Bodies that are not JSON pass through: the
-routes refuse those themselves (content type, syntax).
+(`body.temperature`, `body.messages.0.content`); so is a body that is not UTF-8. Bodies that do
+not parse pass through: the routes refuse those themselves (content type, syntax).
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def check_json_body(body: bytes) -> None:
     """Raises `_Bad` for a body the routes must never see; non-JSON passes (routes refuse it)."""
     try:
         text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return  # the route's parser answers "not valid UTF-8 / JSON"
+    except UnicodeDecodeError as exc:
+        raise _Bad(f"body: the request body is not valid UTF-8 (byte {exc.start}); JSON must "
+                   "be sent as UTF-8.", "body") from None
     try:
         value = json.loads(text, parse_constant=_NonFinite, parse_float=_number)
     except RecursionError:

@@ -1,7 +1,8 @@
 """Models shared by every endpoint: the base model, the error envelope, usage, model cards.
 
-`OpenAIBaseModel` accepts unknown fields, as vLLM's does (OpenAI clients send fields a server
-may not know), and logs them at WARNING so nothing is dropped without a trace.
+`OpenAIBaseModel` keeps unknown fields aside (`model_extra`) and logs them at WARNING; the
+generation endpoints then refuse them by name (`unsupported.refuse_unknown_fields`), so a
+misspelt field never silently samples at a default.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class OpenAIBaseModel(BaseModel):
 
     def model_post_init(self, context: Any, /) -> None:
         if self.model_extra:
-            logger.warning("%s: ignoring unknown fields %s", type(self).__name__,
+            logger.warning("%s: unknown fields %s", type(self).__name__,
                            sorted(self.model_extra))
 
 
