@@ -37,3 +37,21 @@ def test_random_chunkings(sample, data):
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=len(text)))
     got_content, got_calls, _ = stream(name, text, cuts)
     assert (got_content, got_calls) == expected(name, text)
+
+
+ALPHABET = st.sampled_from(['<tool_call>', '</tool_call>', '[TOOL_CALLS]', '[ARGS]', '<|python_tag|>',
+                            '<function=f>', '<parameter=a>', '</parameter>', '</function>', '{',
+                            '}', '[', ']', '(', ')', '"', "'", ':', ',', ';', '=', '\\', ' ',
+                            '\n', 'name', 'arguments', 'f', '1', 'true', 'x'])
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.sampled_from(["hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml"]),
+       pieces=st.lists(ALPHABET, max_size=40), data=st.data())
+def test_no_output_makes_a_parser_raise(name, pieces, data):
+    """Whatever the model writes, whole or in any chunks: a result, never an exception, and
+    the stream's shape holds (each call named once, before its argument fragments)."""
+    text = "".join(pieces)
+    get_tool_parser(name)().extract_tool_calls(text, REQUEST)
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=10))
+    stream(name, text, cuts)
