@@ -228,3 +228,23 @@ def test_a_schema_the_backend_cannot_take_is_refused_before_the_stream(client):
         client.responses.create(model=MODEL, input="x", stream=True, text={"format": {
             "type": "json_schema", "name": "x", "schema": {"type": "strng"}}})
     assert info.value.body["param"] == "text"
+
+
+def test_output_text_logprobs_equal_the_chat_logprobs(client):
+    response = client.responses.create(model=MODEL, input="Name a colour.", temperature=0,
+                                       max_output_tokens=6, top_logprobs=2,
+                                       include=["message.output_text.logprobs"])
+    chat = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=6,
+                                          logprobs=True, top_logprobs=2,
+                                          messages=[{"role": "user", "content": "Name a colour."}])
+    ours = response.output[0].content[0].logprobs
+    theirs = chat.choices[0].logprobs.content
+    assert [(e.token, e.top_logprobs[0].token) for e in ours] == \
+        [(e.token, e.top_logprobs[0].token) for e in theirs]
+    assert [e.logprob for e in ours] == pytest.approx([e.logprob for e in theirs], abs=1e-5)
+    events = list(client.responses.create(model=MODEL, input="Name a colour.", temperature=0,
+                                          max_output_tokens=6, top_logprobs=2, stream=True,
+                                          include=["message.output_text.logprobs"]))
+    streamed = [lp for e in events if e.type == "response.output_text.delta"
+                for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [e.token for e in ours]

@@ -215,7 +215,7 @@ async def test_prompt_longer_than_the_context_is_the_reference_400(tokenizer):
 
 @pytest.mark.parametrize("field, value", [
     ("prompt", {"id": "pmpt_1"}), ("truncation", "auto"), ("top_logprobs", 2),
-    ("include", ["message.output_text.logprobs"]), ("text", {"format": {"type": "xml"}}),
+    ("include", ["reasoning.encrypted_content"]), ("text", {"format": {"type": "xml"}}),
     ("max_output_tokens", 0), ("cache_salt", "x"), ("reasoning", {"summary": "auto"}),
 ])
 async def test_fields_it_cannot_honour_are_refused_by_name(tokenizer, field, value):
@@ -275,3 +275,12 @@ async def test_bad_constraints_are_400_naming_text(tokenizer, body, message):
     with pytest.raises(ValidationError, match=message) as info:
         await create(s, input="Hi", **body)
     assert info.value.parameter == "text" and not engine.submitted
+
+
+async def test_output_logprobs_need_plain_text(tokenizer):
+    s, _ = serving(tokenizer, reasoning_parser="qwen3")
+    with pytest.raises(ValidationError, match="with tools or a reasoning parser") as info:
+        await create(s, input="Hi", include=["message.output_text.logprobs"])
+    assert info.value.parameter == "include"
+    with pytest.raises(ValidationError, match="between 0 and 20"):
+        await create(s, input="Hi", include=["message.output_text.logprobs"], top_logprobs=21)

@@ -15,6 +15,7 @@ from workbench.errors import ValidationError
 from workbench.serving.protocol.responses import ResponsesRequest
 
 NOT_YET = "is not supported by this server yet"
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 STORE_DISABLED = ("This server does not store responses (its response store size is 0), so "
                   "`store=true` cannot be honoured; send `store: false`.")
 BACKGROUND_NEEDS_STORE = ("This vLLM engine does not support `store=True` and therefore does not "
@@ -41,10 +42,16 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
     if request.truncation == "auto":
         _refuse("truncation='auto' is not supported: a prompt that does not fit is refused.",
                 "truncation")
-    if request.include:
-        _refuse(f"`include` ({', '.join(request.include)}) {NOT_YET}.", "include")
-    if request.top_logprobs:
-        _refuse(f"`top_logprobs` {NOT_YET}.", "top_logprobs")
+    other = [value for value in request.include or [] if value != OUTPUT_LOGPROBS]
+    if other:
+        _refuse(f"`include` ({', '.join(other)}) {NOT_YET}; it takes {OUTPUT_LOGPROBS!r}.",
+                "include", other)
+    if request.top_logprobs and OUTPUT_LOGPROBS not in (request.include or []):
+        _refuse(f"`top_logprobs` needs include=['{OUTPUT_LOGPROBS}'].", "top_logprobs",
+                request.top_logprobs)
+    if request.top_logprobs is not None and not 0 <= request.top_logprobs <= 20:
+        _refuse(f"top_logprobs must be between 0 and 20, got {request.top_logprobs}.",
+                "top_logprobs", request.top_logprobs)
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         _refuse(f"max_output_tokens must be at least 1, got {request.max_output_tokens}.",
                 "max_output_tokens", request.max_output_tokens)
@@ -95,3 +102,14 @@ def structured_outputs(request: ResponsesRequest) -> Any:
         _refuse("You can only either use constraints for structured outputs or tools, not both.",
                 parameter)
     return dataclasses.replace(params, parameter=parameter)  # engine errors name it
+
+
+def wants_logprobs(request: ResponsesRequest, *, parsed: bool) -> bool:
+    """`include` asks for output-text logprobs; only where text maps to tokens one to one
+    (no tool or reasoning parser splitting it)."""
+    if OUTPUT_LOGPROBS not in (request.include or []):
+        return False
+    if parsed:
+        _refuse(f"include=['{OUTPUT_LOGPROBS}'] {NOT_YET} with tools or a reasoning parser "
+                "(their text does not map to the output tokens one to one).", "include")
+    return True

@@ -22,6 +22,7 @@ class OutputBuilder:
         self.events: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written
         self._text = ""  # its text (message, reasoning) or arguments (function call)
+        self._logprobs: list[dict[str, Any]] = []  # the open message's token logprobs
 
     def drain(self) -> list[dict[str, Any]]:
         """The events produced since the last drain."""
@@ -40,7 +41,7 @@ class OutputBuilder:
         self.items.append(item)
         self._emit("response.output_item.added", output_index=self._index,
                    item=copy.deepcopy(item))
-        self._open, self._text = item, ""
+        self._open, self._text, self._logprobs = item, "", []
 
     # -- message and reasoning text ---------------------------------------------------------
     def _open_text(self, kind: str) -> None:
@@ -55,8 +56,19 @@ class OutputBuilder:
         self._emit("response.content_part.added", item_id=item["id"], output_index=self._index,
                    content_index=0, part=part)
 
-    def text(self, delta: str) -> None:
-        self._delta("message", "response.output_text.delta", delta, logprobs=[])
+    def text(self, delta: str, logprobs: list[dict[str, Any]] | None = None) -> None:
+        """Message text; `logprobs` (include=['message.output_text.logprobs']): one entry per
+        token of the delta (a token with no text still sends a delta, so none is lost)."""
+        if not delta and not logprobs:
+            return
+        self._open_text("message")
+        self._logprobs += logprobs or []
+        self._text += delta
+        stream = [{k: v for k, v in entry.items() if k != "bytes"} | {"top_logprobs": [
+            {"token": t["token"], "logprob": t["logprob"]} for t in entry["top_logprobs"]]}
+            for entry in logprobs or []]  # the stream's shape has no bytes
+        self._emit("response.output_text.delta", item_id=self._open["id"],
+                   output_index=self._index, content_index=0, delta=delta, logprobs=stream)
 
     def reasoning(self, delta: str) -> None:
         self._delta("reasoning", "response.reasoning_text.delta", delta)
@@ -108,9 +120,9 @@ class OutputBuilder:
         elif kind == "message":
             done = it.message_item(text, ident)
             done["content"] = [{"type": "output_text", "text": text, "annotations": [],
-                                "logprobs": []}]
+                                "logprobs": self._logprobs}]
             self._emit("response.output_text.done", item_id=ident, output_index=index,
-                       content_index=0, text=text, logprobs=[])
+                       content_index=0, text=text, logprobs=copy.deepcopy(self._logprobs))
         else:
             done = it.reasoning_item(text, ident)
             self._emit("response.reasoning_text.done", item_id=ident, output_index=index,

@@ -150,6 +150,8 @@ class ToolLoop:
         self.constraint = checks.structured_outputs(request)  # text.format, every round
         parse_tools = bool(tools) and request.tool_choice != "none"
         self.tool_request = self._tool_request() if parse_tools else None
+        self.logprobs = checks.wants_logprobs(request, parsed=parse_tools or bool(
+            serving.reasoning_parser_name))
 
     def _tool_request(self) -> ChatCompletionRequest:
         """The chat-shaped request tool parsers read (its tools and tool choice)."""
@@ -238,6 +240,8 @@ class ToolLoop:
                            prompt_tokens=len(prompt.token_ids))
         self.rounds.append(record)
         params = sampling_params(self.request, max_tokens, self.serving.defaults)
+        if self.logprobs:
+            params.logprobs = self.request.top_logprobs or 0
         after = self._after_reasoning(prompt.text)
         if self.constraint is not None:
             params.structured_outputs = dataclasses.replace(self.constraint, after_token_ids=after)
@@ -258,6 +262,9 @@ class ToolLoop:
                 record.text += out.text or ""
                 record.output_tokens += len(out.token_ids or [])
                 record.finish_reason = out.finish_reason or record.finish_reason
+                if self.logprobs:  # plain text: each delta is exactly its tokens' text
+                    self.builder.text(out.text or "", self._logprobs(out))
+                    continue
                 self._send(parser.feed(out.text or ""))
             yield self.builder.drain()
         self._send(parser.finish(), final=True)
@@ -314,6 +321,15 @@ class ToolLoop:
             json=schema, after_token_ids=after, disable_additional_properties=strict,
             parameter="tool_choice")
         return parser
+
+    def _logprobs(self, out: Any) -> list[dict[str, Any]]:
+        from workbench.serving.logprobs import chat_logprobs
+
+        content = chat_logprobs(list(out.token_ids or []),
+                                out.logprobs or [None] * len(out.token_ids or []),
+                                self.request.top_logprobs or 0, self.serving.tokenizer,
+                                as_token_ids=self.serving.config.return_tokens_as_token_ids)
+        return [entry.model_dump() for entry in content.content]
 
     def _send(self, pieces: list[tuple[str, Any]], final: bool = False) -> None:
         """Pieces into the builder. Whitespace-only text waits: before a tool call it is
