@@ -63,6 +63,17 @@ class Result:
         table = LogprobTable.from_response(self.response, choice)
         return table if (len(table) or table.prompt) else None
 
+    def parsed(self, choice: int = 0, **parsers: Any) -> Any:
+        """A chat choice's tokens marked reasoning / content / tool_call (`ParsedOutput`); name
+        the server's parsers (`reasoning_parser=`, `tool_parser=`); None without logprobs."""
+        from workbench.inspect.parsed_output import ParsedOutput
+
+        choices = (self.response or {}).get("choices") or []
+        if not any(c.get("index") == choice and (c.get("logprobs") or {}).get("content")
+                   is not None and "message" in c for c in choices):
+            return None
+        return ParsedOutput.from_chat(self.response, choice, **parsers)
+
     @property
     def text(self) -> str | None:
         """Choice 0's text (completions), message content (chat) or output text (responses)."""

@@ -58,3 +58,13 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_a_workbench_result_gives_its_parsed_output():
+    from workbench.workbench import Result
+
+    body = {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": None},
+            "logprobs": {"content": [{"token": t, "logprob": -1.0} for t in TOKENS]}}]}
+    parsed = Result(body).parsed(reasoning_parser="qwen3", tool_parser="hermes")
+    assert parsed.counts["tool_call"] == 12 and parsed.tool_calls[0]["name"] == "get_weather"
+    assert Result({"choices": [{"index": 0, "message": {}, "logprobs": None}]}).parsed() is None
