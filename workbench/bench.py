@@ -40,10 +40,11 @@ class BenchConfig:
     repeats: int = 3
     concurrency: int = 16
     seed: int = 0
+    embed_sentences: int = 512  # the embedding benchmark's corpus (workbench/bench_embed.py)
 
     @classmethod
     def quick(cls, **kwargs: Any) -> "BenchConfig":
-        return cls(**{"tokens": 16, "repeats": 1, **kwargs})
+        return cls(**{"tokens": 16, "repeats": 1, "embed_sentences": 128, **kwargs})
 
 
 class Contenders:
@@ -64,6 +65,13 @@ class Contenders:
         from workbench import LLM
 
         return LLM(model=self.config.model, dtype=self.config.dtype, seed=self.config.seed)
+
+    @cached_property
+    def embed(self):
+        """Both sides of the embedding benchmark, on the default embedding model."""
+        from workbench.bench_embed import EmbedContenders
+
+        return EmbedContenders(dtype=self.config.dtype)
 
     def prompt_ids(self, count: int) -> list[list[int]]:
         """`count` prompts' token ids: the story prompt, then one per topic."""
@@ -179,8 +187,17 @@ def bench_beam4(side: Contenders, config: BenchConfig) -> dict[str, float]:
             "beam4_time_ratio": round(ours_s / theirs_s, 3)}
 
 
+def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """Sentences per second embedding a mixed-length corpus: our encode path vs transformers'
+    padded batches of 32, same pooling and dtype (`workbench/bench_embed.py`)."""
+    from workbench import bench_embed as embed
+
+    return embed.bench_embed(side.embed, embed.corpus(config.embed_sentences, config.seed),
+                             max(config.repeats, 3))  # short runs: at least 3 turns each
+
+
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, float]], ...] = (
-    bench_single_stream, bench_concurrent16, bench_beam4)
+    bench_single_stream, bench_concurrent16, bench_beam4, bench_embed)
 
 
 def peak_rss_mb() -> float:

@@ -107,6 +107,12 @@ class LLM:
                           truncate_prompt_tokens=truncate_prompt_tokens or p.truncate_prompt_tokens)
                   for p in params]
         engine = self.llm_engine
+        texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+        if texts:  # one batched call of the fast tokenizer, as add_pooling_request would
+            ids = self.get_tokenizer()([prompts[i] for i in texts])["input_ids"]
+            prompts = list(prompts)
+            for i, token_ids in zip(texts, ids):
+                prompts[i] = {"prompt": prompts[i], "prompt_token_ids": token_ids}
 
         def adder(prompt, p: PoolingParams, prio: int):
             return lambda rid, collect: engine.add_pooling_request(rid, prompt, p, priority=prio,

@@ -15,7 +15,7 @@ parameter.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,7 @@ class PoolingParams:
                 _fail(f"{name} must be a boolean, got {value!r}.", name, value)
 
     def clone(self) -> "PoolingParams":
-        return copy.deepcopy(self)
+        return dataclasses.replace(self)  # every field is immutable
 
     def verify(self, supported_tasks: tuple[str, ...], model_name: str, hidden_size: int,
                default_normalize: bool = True) -> "PoolingParams":

@@ -9,14 +9,17 @@ bookkeeping only: it counts the tokens of the step's sequences and has no tensor
 Every scheduled token is packed into one ragged row `[1, T, H]` and goes through transformers'
 own embeddings and `BertLayer`s, so the linear layers never see padding. Only attention needs
 the sequences apart: `encoder_attention` (registered with transformers' `AttentionInterface`)
-scatters the packed Q/K/V into `[B, Hh, Lmax, D]`, runs one SDPA call with a key-padding mask and
-gathers the valid rows back. Called without a context it is plain SDPA, so the same model object
-still works with a normal transformers forward. In bfloat16 on CPU the linears are prepacked for
+packs the step's sequences sorted by length and runs one unmasked SDPA call per run of equal
+lengths, on a view of the packed Q/K/V: the attention of each sentence alone, no padding
+anywhere. (Measured on MiniLM with a mixed-length corpus: about 2x faster than one padded,
+key-masked SDPA call over the step.) Called without a context
+it is plain SDPA, so the same model object still works with a normal transformers forward. In bfloat16 on CPU the linears are prepacked for
 oneDNN (`engine/fusion.py`'s `FastLinear`, bit-identical to `F.linear`).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +36,10 @@ ENCODER_ATTENTION = "workbench_encoder"
 
 @dataclass
 class EncoderContext:
-    """Where each packed token sits in the padded attention batch (built once per step)."""
+    """Where the sequences sit in the packed row (built once per step): packed by length, so
+    the sequences of one length are one contiguous `[count * length]` run."""
 
-    index: torch.Tensor  # [T] position of each packed token in the flat [B * Lmax] padded batch
-    batch: int  # B
-    max_len: int  # Lmax
-    mask: torch.Tensor | None  # [B, 1, 1, Lmax] bool, True = a real key; None: nothing padded
+    runs: list[tuple[int, int, int]]  # (first packed token, count, length) of each run
 
 
 def encoder_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -49,21 +50,16 @@ def encoder_attention(module, query, key, value, attention_mask, scaling=None, d
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, dropout=dropout, **kwargs)
-    ctx = wb_enc
     heads, dim = query.shape[1], query.shape[3]
+    out = query.new_empty(query.shape[2], heads, dim)  # [T, Hh, D]
+    for start, count, length in wb_enc.runs:
+        span = slice(start, start + count * length)
 
-    def padded(x: torch.Tensor) -> torch.Tensor:  # [1, Hh, T, D] -> [B, Hh, Lmax, D]
-        if ctx.mask is None:
-            return x[0].view(heads, ctx.batch, ctx.max_len, dim).transpose(0, 1)
-        out = x.new_zeros(heads, ctx.batch * ctx.max_len, dim)
-        out[:, ctx.index] = x[0]
-        return out.view(heads, ctx.batch, ctx.max_len, dim).transpose(0, 1)
+        def batch(x: torch.Tensor) -> torch.Tensor:  # [1, Hh, T, D] -> [count, Hh, L, D], a view
+            return x[0, :, span].view(heads, count, length, dim).transpose(0, 1)
 
-    out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value),
-                                         attn_mask=ctx.mask, scale=scaling)  # [B, Hh, Lmax, D]
-    out = out.transpose(1, 2).reshape(ctx.batch * ctx.max_len, heads, dim)
-    if ctx.mask is not None:
-        out = out.index_select(0, ctx.index)
+        o = F.scaled_dot_product_attention(batch(query), batch(key), batch(value), scale=scaling)
+        out[span] = o.transpose(1, 2).reshape(count * length, heads, dim)
     return out.unsqueeze(0), None  # [1, T, Hh, D]
 
 
@@ -103,35 +99,32 @@ class EncoderRunner:
         self.pooling = pooling
         self.device = next(model.parameters()).device
 
-    def _context(self, lengths: list[int]) -> EncoderContext:
-        batch, max_len = len(lengths), max(lengths)
-        if min(lengths) == max_len:
-            return EncoderContext(torch.arange(0), batch, max_len, None)
-        lens = torch.tensor(lengths)
-        valid = torch.arange(max_len).unsqueeze(0) < lens.unsqueeze(1)  # [B, Lmax]
-        index = valid.flatten().nonzero().squeeze(1)  # [T]
-        mask = valid[:, None, None, :]
-        return EncoderContext(index.to(self.device), batch, max_len, mask.to(self.device))
-
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> LogitRows:
-        ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        lengths: list[int] = []
         for s in out.scheduled:  # always whole prompts: no chunking for an encoder
-            seq = s.seq
-            assert s.num_tokens == len(seq.token_ids) and seq.num_computed_tokens == 0
-            ids.extend(seq.token_ids)
-            positions.append(torch.arange(s.num_tokens))
-            lengths.append(s.num_tokens)
+            assert s.num_tokens == len(s.seq.token_ids) and s.seq.num_computed_tokens == 0
+        ordered = sorted(out.scheduled, key=lambda s: s.num_tokens)  # runs of equal lengths
+        lengths = [s.num_tokens for s in ordered]
+        ids = [t for s in ordered for t in s.seq.token_ids]
         input_ids = torch.tensor(ids, device=self.device).unsqueeze(0)  # [1, T]
-        pos = torch.cat(positions).to(self.device).unsqueeze(0)  # [1, T]
+        pos = torch.cat([torch.arange(n) for n in lengths]).to(self.device).unsqueeze(0)  # [1, T]
         hidden = self.model.embeddings(input_ids=input_ids, position_ids=pos,
                                        token_type_ids=torch.zeros_like(input_ids))  # [1, T, H]
-        ctx = self._context(lengths)
+        ctx = EncoderContext(_runs(lengths))
         for layer in self.model.encoder.layer:
             hidden = layer(hidden, attention_mask=None, wb_enc=ctx)
         pooled = pool_segments(hidden[0], lengths, self.pooling)  # [B, H]
-        last_row = {id(s.seq): i for i, s in enumerate(out.scheduled)}
+        last_row = {id(s.seq): i for i, s in enumerate(ordered)}
         empty = torch.empty(len(lengths), 0)
         return LogitRows(empty, last_row, {}, pooled)
+
+
+def _runs(lengths: list[int]) -> list[tuple[int, int, int]]:
+    """(first token, count, length) of each run of equal lengths in a sorted packing."""
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for length, group in itertools.groupby(lengths):
+        count = len(list(group))
+        runs.append((start, count, length))
+        start += count * length
+    return runs
