@@ -94,7 +94,7 @@ def check_completion(request: Any, *, enable_prompt_embeds: bool = False) -> Non
 
 def check_chat(request: Any) -> None:
     """Chat-only refusals (multimodal kwargs), then the common ones. Tool-choice rules that
-    depend on the server's parsers are in `chat_tools.check_tools`."""
+    depend on the server's parsers are in `chat_tools.ChatTools.check`."""
     for name in ("media_io_kwargs", "mm_processor_kwargs"):
         if getattr(request, name):
             _refuse(f"`{name}` is not supported: the served model is text-only.", name)
