@@ -79,6 +79,9 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--reasoning-parser", default=None)
+    p.add_argument("--responses-store-size", type=int, default=1000, metavar="N",
+                   help="stored /v1/responses (LRU) for previous_response_id and retrieval; "
+                   "0 disables storing (default 1000)")
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH")
     p.add_argument("--max-loras", type=int, default=None)
@@ -150,7 +153,8 @@ def configs_from_args(args: argparse.Namespace):
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
         enable_force_include_usage=args.enable_force_include_usage,
-        enable_prompt_embeds=args.enable_prompt_embeds)
+        enable_prompt_embeds=args.enable_prompt_embeds,
+        responses_store_size=args.responses_store_size)
     return engine, server
 
 
