@@ -258,3 +258,18 @@ async def test_with_r1_reasoning_the_constraint_starts_after_the_end_tag(tokeniz
     serving = chat(tokenizer, "[]", tool_call_parser="hermes", reasoning_parser="qwen3")
     await serving.create(request(tool_choice="required"), RequestMeta())
     assert serving.engine.submitted[-1][2].structured_outputs.after_token_ids is None
+
+
+async def test_each_choice_has_its_own_parser(tokenizer):
+    serving = chat(tokenizer, HERMES, **HERMES_SERVER)
+    r = await serving.create(request(n=2, temperature=1.0), RequestMeta())
+    assert [len(c.message.tool_calls) for c in r.choices] == [2, 2]
+    assert len({c.id for choice in r.choices for c in choice.message.tool_calls}) == 4
+    chunks = await stream_chunks(serving, request(n=2, temperature=1.0, stream=True))
+    for index in (0, 1):
+        mine = [{**c, "choices": [ch for ch in c["choices"] if ch["index"] == index]}
+                for c in chunks]
+        content, _, calls, finish = reassemble(mine)
+        assert content == "Let me check.\n" and finish == "tool_calls"
+        assert [(n, a) for n, a, _ in calls.values()] == \
+            [(c.function.name, c.function.arguments) for c in r.choices[index].message.tool_calls]
