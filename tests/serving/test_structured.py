@@ -64,3 +64,21 @@ def test_refusals_name_the_field(fields, param, message):
     with pytest.raises(ValidationError, match=message) as err:
         structured_outputs_from_request(request(**fields))
     assert err.value.parameter == param
+
+
+async def test_with_r1_reasoning_response_format_starts_after_the_end_tag(tokenizer):
+    from tests.serving.test_tool_parsers_chat import chat
+    from workbench.serving import RequestMeta
+    from workbench.serving.protocol import ChatCompletionRequest
+
+    body = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=50,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "x", "schema": SCHEMA}})
+    serving = chat(tokenizer, "{}", reasoning_parser="deepseek_r1")
+    await serving.create(ChatCompletionRequest(**body), RequestMeta())
+    so = serving.engine.submitted[-1][2].structured_outputs
+    assert so.json == SCHEMA
+    assert so.after_token_ids == tokenizer.encode("</think>", add_special_tokens=False)
+    serving = chat(tokenizer, "{}")  # no reasoning parser: from the first token
+    await serving.create(ChatCompletionRequest(**body), RequestMeta())
+    assert serving.engine.submitted[-1][2].structured_outputs.after_token_ids is None

@@ -13,6 +13,7 @@ first call only (as the reference, a filter; `required` also gets `maxItems: 1`)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,7 @@ class ChatTools:
         reasoning parser it starts once `</think>` is generated, if the output is expected to
         reason (R1, or a prompt that opened `<think>`); otherwise from the first token."""
         schema = self.json_schema(request)
-        if schema is None:
+        if schema is None and params.structured_outputs is None:
             return
         from workbench.sampling_params import StructuredOutputsParams
 
@@ -195,6 +196,11 @@ class ChatTools:
             reasoning.adjust_initial_state_from_prompt(prompt_text or "")
             if reasoning.opened_by_prompt or reasoning.reasoning_without_start:
                 after = reasoning.end_token_ids or None
+        if schema is None:  # response_format / structured_outputs: also after the reasoning
+            if after and params.structured_outputs.after_token_ids is None:
+                params.structured_outputs = dataclasses.replace(params.structured_outputs,
+                                                                after_token_ids=after)
+            return
         params.structured_outputs = StructuredOutputsParams(
             json=schema, after_token_ids=after, parameter="tool_choice")
 
