@@ -169,3 +169,20 @@ def test_a_dead_engine_loop_makes_serve_exit_non_zero(tiny_dir):
         assert "engine loop died" in log and "injected scheduler bug" in log
     finally:
         proc.kill()
+
+
+def test_health_is_503_once_the_engine_loop_died(make_server, monkeypatch):
+    server = make_server()
+    assert httpx.get(server.url + "/health").status_code == 200
+    scheduler = server.engine.engine.scheduler
+
+    def broken():
+        raise RuntimeError("injected scheduler bug")
+
+    monkeypatch.setattr(scheduler, "schedule", broken)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                   timeout=60)
+    assert r.status_code == 500 and "EngineCore encountered an issue" in r.text
+    assert httpx.get(server.url + "/health").status_code == 503
+    again = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert again.status_code == 500  # refused at once, not hanging
