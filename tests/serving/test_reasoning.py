@@ -21,6 +21,8 @@ CASES = [
     ("qwen3", "<thinking is fun", False, None, "<thinking is fun"),
     ("qwen3", "Let me see</think>4", True, "Let me see", "4"),
     ("qwen3", "<think>cut off by max_tokens", False, "cut off by max_tokens", None),
+    ("mistral", "[THINK]Two plus two.[/THINK]4", False, "Two plus two.", "4"),
+    ("mistral", "4, no thinking [here].", False, None, "4, no thinking [here]."),
 ]
 
 

@@ -40,13 +40,15 @@ def test_random_chunkings(sample, data):
 
 
 ALPHABET = st.sampled_from(['<tool_call>', '</tool_call>', '[TOOL_CALLS]', '[ARGS]', '<|python_tag|>',
+                            '<|tool_call|>', '<tool_calls>', 'functools',
                             '<function=f>', '<parameter=a>', '</parameter>', '</function>', '{',
                             '}', '[', ']', '(', ')', '"', "'", ':', ',', ';', '=', '\\', ' ',
                             '\n', 'name', 'arguments', 'f', '1', 'true', 'x'])
 
 
 @settings(max_examples=400, deadline=None)
-@given(name=st.sampled_from(["hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml"]),
+@given(name=st.sampled_from(["hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml",
+                             "granite", "jamba", "phi4_mini_json"]),
        pieces=st.lists(ALPHABET, max_size=40), data=st.data())
 def test_no_output_makes_a_parser_raise(name, pieces, data):
     """Whatever the model writes, whole or in any chunks: a result, never an exception, and

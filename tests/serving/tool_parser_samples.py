@@ -63,4 +63,16 @@ SAMPLES = [
      "Checking both.\n",
      [("get_time", {}), ("get_weather", {"city": "<b>Bern</b>", "hours": [9, 12], "ratio": 0.5})]),
     ("qwen3_xml", "Plain <answer> with a < sign.", "Plain <answer> with a < sign.", []),
+    ("granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Boston"}}, '
+                '{"name": "get_time", "arguments": {}}]',
+     None, [("get_weather", {"city": "Boston"}), ("get_time", {})]),
+    ("granite", 'Here you go.<tool_call>[{"name": "get_time", "arguments": {}}]',
+     "Here you go.", [("get_time", {})]),
+    ("jamba", '<tool_calls>[{"name": "get_weather", "arguments": {"city": "Lima", "days": 1}}]'
+              "</tool_calls>", None, [("get_weather", {"city": "Lima", "days": 1})]),
+    ("jamba", "I can answer directly: <tool_calls> is a tag.",
+     "I can answer directly: <tool_calls> is a tag.", []),
+    ("phi4_mini_json", 'functools[{"name": "get_weather", "arguments": {"city": "Kyiv"}}]',
+     None, [("get_weather", {"city": "Kyiv"})]),
+    ("phi4_mini_json", "Use the functools module.", "Use the functools module.", []),
 ]

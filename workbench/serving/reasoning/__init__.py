@@ -3,7 +3,8 @@
 `get_reasoning_parser(name)` returns the class; `cls(tokenizer)` serves one output. Built in:
 `deepseek_r1` (reasoning from the first token until `</think>`, the start tag optional, as
 R1's template opens it) and `qwen3` (reasoning only when the output starts with `<think>` or
-the prompt left one open; otherwise all content, as with `enable_thinking=False`).
+the prompt left one open; otherwise all content, as with `enable_thinking=False`) and
+`mistral` (the same with `[THINK]...[/THINK]`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,18 @@ class Qwen3ReasoningParser(ReasoningParser):
     reasoning_without_start = False
 
 
+class MistralReasoningParser(ReasoningParser):
+    """Magistral: `[THINK]...[/THINK]`, reasoning only when the output opens it."""
+
+    name = "mistral"
+    start_token, end_token = "[THINK]", "[/THINK]"
+    reasoning_without_start = False
+
+
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "qwen3": Qwen3ReasoningParser,
+    "mistral": MistralReasoningParser,
 }
 
 

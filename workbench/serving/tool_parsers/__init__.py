@@ -2,15 +2,18 @@
 
 `get_tool_parser(name)` returns the class; `parser = cls(tokenizer)` serves one output
 (streaming keeps state). `hermes` (`qwen3_json`), `llama3_json` (`llama4_json`), `mistral`,
-`pythonic` (`llama4_pythonic`) and `qwen3_xml` (`qwen3_coder`) are built in. `required` and
-named `tool_choice` do not go through these parsers: constrained decoding makes the model
-write a JSON array of calls (`required.py`).
+`pythonic` (`llama4_pythonic`), `qwen3_xml` (`qwen3_coder`), `granite`, `jamba` and
+`phi4_mini_json` are built in. `required` and named `tool_choice` do not go through these
+parsers: constrained decoding makes the model write JSON, read by `constrained.py`.
 """
 
 from __future__ import annotations
 
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
 from workbench.serving.tool_parsers.hermes import HermesToolParser
+from workbench.serving.tool_parsers.json_list import (
+    GraniteToolParser, JambaToolParser, Phi4MiniJsonToolParser,
+)
 from workbench.serving.tool_parsers.llama3_json import Llama3JsonToolParser
 from workbench.serving.tool_parsers.mistral import MistralToolParser
 from workbench.serving.tool_parsers.pythonic import PythonicToolParser
@@ -26,6 +29,9 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "llama4_pythonic": PythonicToolParser,
     "qwen3_xml": Qwen3XMLToolParser,
     "qwen3_coder": Qwen3XMLToolParser,
+    "granite": GraniteToolParser,
+    "jamba": JambaToolParser,
+    "phi4_mini_json": Phi4MiniJsonToolParser,
 }
 
 

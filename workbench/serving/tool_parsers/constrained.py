@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
-from workbench.serving.tool_parsers.json_scan import (
-    InvalidCall, normalize_json, scan_call_object, scan_json, skip_ws,
-)
+from workbench.serving.tool_parsers.json_list import read_call_list
+from workbench.serving.tool_parsers.json_scan import normalize_json, scan_json, skip_ws
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -63,25 +62,8 @@ class RequiredToolParser(ToolParser):
         if text[i] != "[":
             parsed.valid = False
             return parsed
-        i += 1
-        while True:
-            try:
-                scan = scan_call_object(text, i, argument_keys=("parameters", "arguments"))
-            except InvalidCall:
-                parsed.valid = False
-                return parsed
-            if scan.end is None:
-                if scan.name is not None or scan.arguments:
-                    parsed.calls.append(PartialCall(scan.name, scan.arguments, False))
-                return parsed
-            parsed.calls.append(PartialCall(scan.name, scan.arguments, True))
-            i = skip_ws(text, scan.end)
-            if i >= len(text) or text[i] == "]":
-                return parsed
-            if text[i] != ",":
-                parsed.valid = False
-                return parsed
-            i += 1
+        read_call_list(text, i + 1, parsed, argument_keys=("parameters", "arguments"))
+        return parsed
 
 
 class NamedToolParser(ToolParser):

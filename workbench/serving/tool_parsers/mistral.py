@@ -13,9 +13,8 @@ import re
 from typing import Any
 
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser, hold_back
-from workbench.serving.tool_parsers.json_scan import (
-    InvalidCall, scan_call_object, scan_json, skip_ws,
-)
+from workbench.serving.tool_parsers.json_list import read_call_list
+from workbench.serving.tool_parsers.json_scan import scan_json, skip_ws
 
 _NAME = re.compile(r"[A-Za-z0-9_\-.]+")
 
@@ -32,7 +31,7 @@ class MistralToolParser(ToolParser):
         parsed = Parsed(content=text[:first])
         i = skip_ws(text, first + len(self.marker))
         if text.startswith("[", i) and not text.startswith(self.args_marker, i):
-            self._parse_list(text, i + 1, parsed)
+            read_call_list(text, i + 1, parsed)
         else:
             self._parse_named(text, first, parsed, final)
         return parsed
@@ -64,27 +63,3 @@ class MistralToolParser(ToolParser):
             if end is None:
                 return
             position = text.find(self.marker, end)
-
-    def _parse_list(self, text: str, i: int, parsed: Parsed) -> None:
-        """`[TOOL_CALLS][{...}, {...}]`."""
-        while True:
-            try:
-                scan = scan_call_object(text, i)
-            except InvalidCall:
-                parsed.valid = False
-                return
-            if scan.end is None:
-                if scan.name is not None or scan.arguments:
-                    parsed.calls.append(PartialCall(scan.name, scan.arguments, False))
-                return
-            if scan.name is None:
-                parsed.valid = False
-                return
-            parsed.calls.append(PartialCall(scan.name, scan.arguments, True))
-            i = skip_ws(text, scan.end)
-            if i >= len(text) or text[i] == "]":
-                return
-            if text[i] != ",":
-                parsed.valid = False
-                return
-            i += 1
