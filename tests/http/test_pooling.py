@@ -127,6 +127,18 @@ def test_removed_normalize_and_schema_errors_are_400(ehttp):
     assert ehttp.post("/v1/embeddings", content=b"x").status_code == 400
 
 
+def test_metrics_count_pooling_prompt_tokens(ehttp):
+    def prompt_tokens() -> float:
+        for line in ehttp.get("/metrics").text.splitlines():
+            if line.startswith("vllm:prompt_tokens_total{"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = prompt_tokens()
+    usage = ehttp.post("/v1/embeddings", json={"input": SENTENCES}).json()["usage"]
+    assert prompt_tokens() - before == usage["prompt_tokens"]
+
+
 # -- routes by model kind ---------------------------------------------------------------------
 def test_embedding_model_routes(ehttp):
     assert ehttp.get("/v1/models").json()["data"][0]["id"] == EMBED_MODEL
@@ -213,6 +225,9 @@ def test_generative_classify_score_rerank_agree(http):
     ranked = http.post("/rerank", json={"query": query, "documents": docs}).json()["results"]
     assert [r["relevance_score"] for r in ranked] == pytest.approx(sorted(scores, reverse=True),
                                                                    abs=1e-5)
+    raw = [d["score"] for d in http.post("/score", json={
+        "queries": query, "documents": docs, "use_activation": False}).json()["data"]]
+    assert [1 / (1 + np.exp(-r)) for r in raw] == pytest.approx(scores, abs=1e-5)  # log-odds
 
 
 @pytest.mark.slow
