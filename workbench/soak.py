@@ -123,6 +123,23 @@ async def _stream_one(client: Any, path: str, body: dict, leave_after: int | Non
         report.failures.append(f"hang: {path}")
 
 
+async def _post_one(client: Any, path: str, body: dict, leave_after: float | None,
+                    report: SoakReport, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            if leave_after is None:
+                report.count((await client.post(path, json=body)).status_code)
+                return
+            try:
+                async with asyncio.timeout(leave_after):
+                    report.count((await client.post(path, json=body)).status_code)
+            except TimeoutError:  # cancelling the call closes its connection
+                report.disconnects += 1
+    except TimeoutError:
+        report.hangs += 1
+        report.failures.append(f"hang: {path}")
+
+
 async def _send_raw(client: Any, path: str, data: bytes, report: SoakReport,
                     timeout: float) -> None:
     try:
@@ -140,9 +157,9 @@ async def _send_raw(client: Any, path: str, data: bytes, report: SoakReport,
 async def storm(url: str, *, clients: int = 64, disconnect_fraction: float = 0.5,
                 max_tokens: int = 16, seed: int = 0, timeout: float = 120.0,
                 report: SoakReport | None = None, headers: dict | None = None) -> SoakReport:
-    """`clients` streaming requests at once (completions and chat, alternating), a
-    `disconnect_fraction` of them leaving after a random number of events; the invalid bodies
-    go in between."""
+    """`clients` requests at once (completions and chat, alternating; three in four streamed),
+    a `disconnect_fraction` of them leaving after a random number of events (or, unstreamed,
+    after a random delay); the invalid bodies go in between."""
     import httpx
 
     report = report or SoakReport()
@@ -158,9 +175,13 @@ async def storm(url: str, *, clients: int = 64, disconnect_fraction: float = 0.5
             else:
                 path, body = "/v1/chat/completions", {
                     "messages": [{"role": "user", "content": f"Tell story {i}"}]}
-            body.update(stream=True, max_tokens=max_tokens, ignore_eos=True,
+            body.update(stream=i % 4 != 3, max_tokens=max_tokens, ignore_eos=True,
                         temperature=rng.choice([0.0, 0.8]), seed=i)
-            jobs.append(_stream_one(client, path, body, leave, report, timeout))
+            if body["stream"]:
+                jobs.append(_stream_one(client, path, body, leave, report, timeout))
+            else:  # a whole-body request; leaving = hanging up before the answer
+                after = None if leave is None else leave * 0.01
+                jobs.append(_post_one(client, path, body, after, report, timeout))
             if i < len(INVALID_BODIES):
                 jobs.append(_send_raw(client, *INVALID_BODIES[i], report, timeout))
         await asyncio.gather(*jobs)
