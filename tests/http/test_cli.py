@@ -59,7 +59,7 @@ def test_a_model_directory_is_served_under_its_name(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--tool-call-parser", "nope"], "invalid tool call parser: nope (chose from { hermes,"),
+    (["--tool-call-parser", "nope"], "invalid tool call parser: nope (chose from { granite,"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
     (["--reasoning-parser", "nope"], "invalid reasoning parser: nope (chose from { deepseek_r1"),
     (["--enable-lora"], "LoRA serving is not built yet"),
