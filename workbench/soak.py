@@ -1,12 +1,13 @@
 """Soak and fuzz drivers: many clients, disconnects, invalid bodies and generated requests
 against a live server, and the figures that say whether it held up.
 
-`storm(url, engine)` runs streaming clients of which a fraction disconnect at random points,
+`storm(url)` runs streaming clients of which a fraction disconnect at random points,
 interleaved with invalid bodies; `fuzz(url)` sends schemathesis-generated requests for every
 route of the server's own `/openapi.json`. Both fill a `SoakReport`: requests sent, 2xx, 4xx,
 5xx, hangs (no answer within the timeout), requests still in the engine afterwards, KV blocks
-not returned, and the process RSS before and after. `run_soak()` is `workbench bench --soak`:
-a tiny random llama behind an in-kernel server, several storm rounds, then a fuzz pass.
+not returned, and the process RSS before and after the storms. `run_soak()` is
+`workbench bench --soak`: a tiny random llama behind an in-kernel server, several storm
+rounds, then a fuzz pass.
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
             stuck, leaked = engine_leaks(server.engine)
             report.stuck_requests = max(report.stuck_requests, stuck)
             report.blocks_leaked = max(report.blocks_leaked, leaked)
+        report.rss_after_mb = rss_mb()  # before the fuzz pass, which imports hypothesis
         try:
             import schemathesis  # noqa: F401 - the test extra (`pip install -e '.[test]'`)
         except ImportError:
@@ -259,7 +261,6 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
             stuck, leaked = engine_leaks(server.engine)
             report.stuck_requests = max(report.stuck_requests, stuck)
             report.blocks_leaked = max(report.blocks_leaked, leaked)
-        report.rss_after_mb = rss_mb()
         import httpx
 
         if httpx.get(server.url + "/health", timeout=30).status_code != 200:
