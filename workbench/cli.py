@@ -1,8 +1,9 @@
 """`workbench`: the command line. `serve` runs the OpenAI-compatible server, `bench` the benchmark.
 
-Flags follow `vllm serve` (interface.md lists them). Flags for features not built yet (LoRA)
-stop the command at start-up with a clear message rather than being accepted and ignored;
-unknown tool or reasoning parser names stop it too, listing the valid ones.
+Flags follow `vllm serve` (interface.md lists them). Flags for features not built yet
+(`NOT_BUILT`, empty at present) stop the command at start-up with a clear message rather than
+being accepted and ignored; unknown tool or reasoning parser names stop it too, listing the
+valid ones, and LoRA flags without `--enable-lora` stop it as well.
 """
 
 from __future__ import annotations
@@ -15,10 +16,6 @@ import sys
 from typing import Any
 
 NOT_BUILT = {
-    "enable_lora": "--enable-lora: LoRA serving is not built yet",
-    "lora_modules": "--lora-modules: LoRA serving is not built yet",
-    "max_loras": "--max-loras: LoRA serving is not built yet",
-    "max_lora_rank": "--max-lora-rank: LoRA serving is not built yet",
 }
 
 
@@ -82,10 +79,21 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--responses-store-size", type=int, default=1000, metavar="N",
                    help="stored /v1/responses (LRU) for previous_response_id and retrieval; "
                    "0 disables storing (default 1000)")
-    p.add_argument("--enable-lora", action="store_true")
-    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH")
-    p.add_argument("--max-loras", type=int, default=None)
-    p.add_argument("--max-lora-rank", type=int, default=None)
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help='adapters served as models: NAME=PATH or JSON {"name": ..., "path": ..., '
+                   '"base_model_name": ...}')
+    p.add_argument("--max-loras", type=int, default=None,
+                   help="distinct adapters in one batch (default 1)")
+    p.add_argument("--max-lora-rank", type=int, default=None, help="default 16")
+    p.add_argument("--max-cpu-loras", type=int, default=None,
+                   help="adapters kept loaded in memory (default: --max-loras)")
+    p.add_argument("--default-mm-loras", type=_json_dict, default=None,
+                   help='JSON {CONTENT_TYPE: PATH}: a chat request whose content parts match '
+                   'exactly one runs with it')
+    p.add_argument("--lora-resolver-dir", nargs="+", default=None, metavar="DIR",
+                   help="a request naming an unknown model NAME loads DIR/NAME (needs "
+                   "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)")
     return p
 
 
@@ -132,6 +140,7 @@ def configs_from_args(args: argparse.Namespace):
     model = args.model or args.model_tag or DEFAULT_MODEL
     names = tuple(args.served_model_name or (resolve_model(model, prepare=False).served_name,))
     engine_kwargs = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    engine_kwargs.update(lora_engine_kwargs(args))
     if args.classifier_labels:
         engine_kwargs["classifier_labels"] = tuple(args.classifier_labels)
     engine = EngineConfig(model=model, dtype=args.dtype, device=args.device, seed=args.seed,
@@ -155,7 +164,46 @@ def configs_from_args(args: argparse.Namespace):
         enable_force_include_usage=args.enable_force_include_usage,
         enable_prompt_embeds=args.enable_prompt_embeds,
         responses_store_size=args.responses_store_size)
-    return engine, server
+    return engine, _with_loras(server, args)
+
+
+LORA_FLAGS = ("lora_modules", "max_loras", "max_lora_rank", "max_cpu_loras", "default_mm_loras",
+              "lora_resolver_dir")
+
+
+def lora_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """EngineConfig fields of the LoRA flags; LoRA flags without --enable-lora are an error."""
+    if not args.enable_lora:
+        given = [f"--{n.replace('_', '-')}" for n in LORA_FLAGS if getattr(args, n) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need(s) --enable-lora")
+        return {}
+    kwargs: dict[str, Any] = {"enable_lora": True, "max_cpu_loras": args.max_cpu_loras}
+    if args.max_loras is not None:
+        kwargs["max_loras"] = args.max_loras
+    if args.max_lora_rank is not None:
+        kwargs["max_lora_rank"] = args.max_lora_rank
+    return kwargs
+
+
+def _with_loras(server: Any, args: argparse.Namespace) -> Any:
+    """The ServerConfig with the served adapters of the LoRA flags (checked here)."""
+    from dataclasses import replace
+
+    from workbench.lora.serving import parse_lora_module, runtime_updating_allowed
+
+    if not args.enable_lora:
+        return server
+    dirs = tuple(args.lora_resolver_dir or ())
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise ValueError(f"--lora-resolver-dir {d}: not a directory")
+    if dirs and not runtime_updating_allowed():
+        raise ValueError("--lora-resolver-dir resolves adapters at run time: set "
+                         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 to allow it")
+    modules = tuple(parse_lora_module(m) for m in args.lora_modules or ())
+    return replace(server, lora_modules=modules,
+                   default_mm_loras=dict(args.default_mm_loras or {}), lora_resolver_dirs=dirs)
 
 
 def main(argv: list[str] | None = None) -> int:

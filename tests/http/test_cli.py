@@ -62,8 +62,9 @@ def test_a_model_directory_is_served_under_its_name(monkeypatch, tmp_path):
     (["--tool-call-parser", "nope"], "invalid tool call parser: nope (chose from { granite,"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
     (["--reasoning-parser", "nope"], "invalid reasoning parser: nope (chose from { deepseek_r1"),
-    (["--enable-lora"], "LoRA serving is not built yet"),
-    (["--lora-modules", "a=b"], "LoRA serving is not built yet"),
+    (["--lora-modules", "a=b"], "--lora-modules need(s) --enable-lora"),
+    (["--enable-lora", "--lora-modules", "nonsense"], "Invalid --lora-modules entry 'nonsense'"),
+    (["--enable-lora", "--lora-resolver-dir", "/no/such/dir"], "not a directory"),
     (["--chat-template", "missing.jinja"], "looks like a file path, but it failed to be opened"),
 ])
 def test_unbuilt_features_and_bad_flags_stop_at_start_up(monkeypatch, capsys, flags, message):

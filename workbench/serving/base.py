@@ -79,6 +79,7 @@ class Generation:
     prompt_logprobs: dict[int, list | None] = field(default_factory=dict)
     recorder: PipelineRecorder = field(default_factory=PipelineRecorder)
     beam: list[BeamSearchParams] | None = None  # `use_beam_search`: one per prompt
+    lora_request: Any = None  # the adapter it runs with (`workbench.lora`); None: base model
 
     @property
     def n(self) -> int:
@@ -121,9 +122,15 @@ class OpenAIServing:
         self._warned_trace = False
         self.system_fingerprint = fingerprint(engine)
 
+    adapters = None  # `workbench.lora.serving.ServedAdapters`, shared by a server's endpoints
+    supports_lora = False  # endpoints that run a request's adapter set this
+
     def check_model(self, model: str | None) -> None:
-        """Stage 1. Null means the first served name; LoRA names will join the list."""
+        """Stage 1. Null means the first served name; an adapter's name (served, or found by
+        a resolver) passes on endpoints that run adapters."""
         if not model or model in self.served_model_names:
+            return
+        if self.supports_lora and self.adapters is not None and self.adapters.knows(model):
             return
         raise NotFoundError(f"The model `{model}` does not exist. Valid aliases: "
                             f"{', '.join(self.served_model_names)}.", parameter="model")
@@ -140,6 +147,17 @@ class OpenAIServing:
             self._warned_trace = True
             logger.warning("Received a request with trace context but tracing is disabled; "
                            "the traceparent/tracestate headers are not propagated.")
+
+    def lora_request_for(self, request: Any) -> Any:
+        """The adapter a checked request runs with (vLLM's `_maybe_get_adapters`)."""
+        if not self.supports_lora or self.adapters is None:
+            return None
+        return self.adapters.adapter_for(getattr(request, "model", None),
+                                         self.content_types(request))
+
+    def content_types(self, request: Any) -> set[str] | None:
+        """Content-part types that pick a default adapter (chat only)."""
+        return None
 
     def as_token_ids(self, request: Any) -> bool:
         value = getattr(request, "return_tokens_as_token_ids", None)
@@ -195,6 +213,9 @@ class GenerationServing(OpenAIServing):
                          request_id=f"{self.id_prefix}-{self.base_request_id(meta, body_id)}")
         if getattr(request, "use_beam_search", False):
             gen.beam = [beam_search_params(request, p) for p in params]
+        gen.lora_request = self.lora_request_for(request)
+        if gen.lora_request is not None:  # responses name the adapter, as vLLM's
+            gen.model_name = gen.lora_request.lora_name
         if not schedule:
             self.check_engine_inputs(gen)
             return gen
@@ -237,17 +258,21 @@ class GenerationServing(OpenAIServing):
             if self.request_logger is not None:
                 self.request_logger.log_inputs(engine_id, prompt.text, prompt.token_ids, params)
             if gen.beam is not None:
-                streams.append(self._beam_stream(prompt, gen.beam[i], engine_id, priority))
+                streams.append(self._beam_stream(prompt, gen.beam[i], engine_id, priority,
+                                                 gen.lora_request))
             else:
-                streams.append(self._engine_stream(prompt, params, engine_id, priority))
+                streams.append(self._engine_stream(prompt, params, engine_id, priority,
+                                                   gen.lora_request))
         gen.outputs = self._timed(gen, merge_async_iterators(*streams))
 
     async def _engine_stream(self, prompt: EnginePrompt, params: SamplingParams,
-                             request_id: str, priority: int) -> AsyncIterator[Any]:
+                             request_id: str, priority: int,
+                             lora_request: Any = None) -> AsyncIterator[Any]:
         """One engine request; aborted if its consumer goes away before it finishes."""
         finished = False
+        kwargs = {} if lora_request is None else {"lora_request": lora_request}
         stream = self.engine.generate(prompt.as_engine_input(), params, request_id,
-                                      priority=priority)
+                                      priority=priority, **kwargs)
         try:
             async for output in stream:
                 finished = output.finished
@@ -257,11 +282,12 @@ class GenerationServing(OpenAIServing):
                 self._abort_in_background(request_id, stream)
 
     async def _beam_stream(self, prompt: EnginePrompt, params: BeamSearchParams,
-                           request_id: str, priority: int) -> AsyncIterator[Any]:
+                           request_id: str, priority: int,
+                           lora_request: Any = None) -> AsyncIterator[Any]:
         """One beam search in the engine: its final result as one `RequestOutput`."""
         finished = False
         stream = self.engine.beam_search(prompt.as_engine_input(), request_id, params,
-                                         priority=priority)
+                                         priority=priority, lora_request=lora_request)
         try:
             async for output in stream:
                 finished = True

@@ -34,6 +34,13 @@ from workbench.serving.streaming import (
 
 class ChatServing(GenerationServing):
     id_prefix = "chatcmpl"
+    supports_lora = True
+
+    def content_types(self, request: ChatCompletionRequest) -> set[str]:
+        """Its content parts' types: a default adapter named like exactly one applies."""
+        from workbench.lora.serving import message_content_types
+
+        return message_content_types(request.messages)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -42,6 +42,7 @@ class ChoiceCursor:
 
 class CompletionServing(GenerationServing):
     id_prefix = "cmpl"
+    supports_lora = True
 
     def validate(self, request: CompletionRequest) -> None:
         unsupported.check_completion(request, enable_prompt_embeds=self.config.enable_prompt_embeds)

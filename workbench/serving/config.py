@@ -37,14 +37,17 @@ class ServerConfig:
     tool_call_parser: str | None = None  # a name of workbench.serving.tool_parsers
     reasoning_parser: str | None = None  # a name of workbench.serving.reasoning
     enable_prompt_embeds: bool = False  # accept `prompt_embeds` on /v1/completions
-
     # limits and security (README "Limits and security")
     api_key_exempt: tuple[str, ...] = ("health", "metrics")  # first path segments left open
     max_request_body_bytes: int = 8 * 2**20  # larger bodies: 413
     max_waiting_requests: int | None = None  # a full waiting queue: 503 + Retry-After
     request_timeout: float | None = None  # seconds; a request running longer is aborted (504)
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
-
+    # LoRA adapters served by name (workbench.lora.serving; the engine needs enable_lora)
+    lora_modules: tuple[Any, ...] = ()  # "name=path", JSON text, dicts or LoRAModulePath
+    default_mm_loras: dict[str, str] = field(default_factory=dict)  # content type -> path
+    lora_resolver_dirs: tuple[str, ...] = ()  # directories resolved adapters may come from
+    allow_runtime_lora_updating: bool | None = None  # None: VLLM_ALLOW_RUNTIME_LORA_UPDATING
 
     def __post_init__(self) -> None:
         if isinstance(self.api_key_exempt, str):

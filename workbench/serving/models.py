@@ -1,4 +1,5 @@
-"""`/v1/models`: one card per served name (LoRA adapters will add theirs)."""
+"""`/v1/models`: one card per served name, then one per served LoRA adapter (`root` its path,
+`parent` its base model, no `max_model_len`), as the reference."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ from workbench.serving.protocol.common import ModelCard, ModelList, ModelPermiss
 class ModelsServing(OpenAIServing):
     def list_models(self) -> ModelList:
         root = str(getattr(self.engine, "model_path", None) or self.model_name)
-        return ModelList(data=[
+        cards = [
             ModelCard(id=name, root=root, max_model_len=self.max_model_len,
                       permission=[ModelPermission(id=f"modelperm-{uuid.uuid4().hex}")])
             for name in self.served_model_names
-        ])
+        ]
+        if self.adapters is not None:
+            cards += [ModelCard(id=name, root=path, parent=parent,
+                                permission=[ModelPermission(id=f"modelperm-{uuid.uuid4().hex}")])
+                      for name, path, parent in self.adapters.cards()]
+        return ModelList(data=cards)

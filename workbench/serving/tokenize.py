@@ -14,6 +14,8 @@ from workbench.serving.protocol.tokenize import (
 
 
 class TokenizeServing(OpenAIServing):
+    supports_lora = True  # an adapter shares the base model's tokenizer
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.renderer = ChatRenderer(
