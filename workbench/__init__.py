@@ -6,7 +6,7 @@
 
 The public names load lazily, so `import workbench` stays fast and does not import torch:
 `LLM`, `SamplingParams`, `BeamSearchParams`, `RequestOutputKind`, `serve_in_kernel`,
-`Workbench`, `LoRARequest`, `StructuredOutputsParams`.
+`Workbench`, `LoRARequest`, `StructuredOutputsParams`, `PoolingParams`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
                                            StructuredOutputsParams)
     from workbench.workbench import Workbench
     from workbench.lora.request import LoRARequest
+    from workbench.pooling_params import PoolingParams
 
 _LAZY = {
     "LLM": "workbench.llm",
@@ -33,9 +34,11 @@ _LAZY = {
     "serve_in_kernel": "workbench.http.kernel_server",
     "Workbench": "workbench.workbench",
     "LoRARequest": "workbench.lora.request",
+    "PoolingParams": "workbench.pooling_params",
 }
 
-__all__ = ["BeamSearchParams", "LLM", "LoRARequest", "RequestOutputKind", "SamplingParams",
+__all__ = ["BeamSearchParams", "LLM", "LoRARequest", "PoolingParams", "RequestOutputKind",
+           "SamplingParams",
            "StructuredOutputsParams",
            "Workbench",
            "__version__", "serve_in_kernel"]

@@ -22,6 +22,7 @@ from workbench.engine.engine import LLMEngine
 from workbench.engine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput,
                                       PoolingRequestOutput, RequestOutput, ScoringRequestOutput)
 from workbench.engine.pooling import bi_encoder_score, judgement_prompt, score_pairs
+from workbench.errors import ValidationError
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -154,6 +155,10 @@ class LLM:
             by_key = dict(zip(unique, outs))
             return [ScoringRequestOutput.from_base(bi_encoder_score(by_key[repr(q)], by_key[repr(d)]))
                     for q, d in pairs]
+        if not all(isinstance(t, str) for pair in pairs for t in pair):
+            raise ValidationError("A generative model scores texts: they fill its judgement "
+                                  "prompt (workbench.engine.pooling.judgement_prompt).",
+                                  parameter="text_1")
         tok = self.get_tokenizer()
         prompts = [judgement_prompt(q, d, tok) for q, d in pairs]
         outs = self.encode(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, "score")
