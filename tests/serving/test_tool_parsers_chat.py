@@ -273,3 +273,10 @@ async def test_each_choice_has_its_own_parser(tokenizer):
         assert content == "Let me check.\n" and finish == "tool_calls"
         assert [(n, a) for n, a, _ in calls.values()] == \
             [(c.function.name, c.function.arguments) for c in r.choices[index].message.tool_calls]
+
+
+async def test_required_with_beam_search_is_refused_not_left_unconstrained(tokenizer):
+    with pytest.raises(ValidationError, match="beam search does not support") as info:
+        await chat(tokenizer, "[]", tool_call_parser="hermes").create(
+            request(tool_choice="required", use_beam_search=True, n=2), RequestMeta())
+    assert info.value.parameter == "tool_choice"

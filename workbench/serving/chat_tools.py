@@ -166,6 +166,10 @@ class ChatTools:
             raise ValidationError(REQUIRED_NEEDS_PARSER, parameter="tool_choice")
         if mode in ("required", "named") and _has_constraint(request):
             raise ValidationError(TOOLS_AND_CONSTRAINTS, parameter="tool_choice")
+        if mode in ("required", "named") and getattr(request, "use_beam_search", False):
+            raise ValidationError(f"tool_choice={request.tool_choice!r} is enforced with "
+                                  "structured outputs, which beam search does not support.",
+                                  parameter="tool_choice")
 
     def adjust_request(self, request: Any) -> None:
         """Preprocess stage: the auto parser's own request changes (special tokens kept)."""
