@@ -283,3 +283,14 @@ async def test_forced_choice_starts_after_reasoning_only_when_the_output_reasons
     await create(s, input="One?", tools=CALCULATOR, tool_choice={"type": "calculator"})
     constraint = engine.submitted[0]["params"].structured_outputs
     assert (constraint.after_token_ids is not None) == after  # qwen3 only reasons after <think>
+
+
+async def test_each_sub_request_is_logged_with_enable_log_requests(tokenizer, caplog):
+    engine = ScriptedEngine(tokenizer, [call("calculator", expression="1+1"), "Two."])
+    s = ResponsesServing(engine, ServerConfig(
+        chat_template=TOOLS_TEMPLATE.read_text(), tool_call_parser="hermes",
+        enable_auto_tool_choice=True, enable_log_requests=True))
+    with caplog.at_level("INFO"):
+        response = await create(s, input="Add.", tools=CALCULATOR)
+    logged = caplog.text
+    assert f"{response.id}_0" in logged and f"{response.id}_1" in logged

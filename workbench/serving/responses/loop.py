@@ -31,56 +31,10 @@ from workbench.serving.responses import checks
 from workbench.serving.responses import items as it
 from workbench.serving.responses.events import OutputBuilder
 from workbench.serving.responses.parsing import TurnParser
+from workbench.serving.responses.toolset import ToolSet, forced_name
 from workbench.serving.sampling import NEUTRAL_DEFAULTS
-from workbench.tools.base import ToolServer, ToolSpec
 
 DEFAULT_MAX_TOOL_CALLS = 8
-
-
-@dataclass
-class ToolSet:
-    """The tools of one request: the client's function tools and the enabled built-ins."""
-
-    functions: list[dict[str, Any]] = field(default_factory=list)  # chat-format tools
-    builtins: list[ToolSpec] = field(default_factory=list)
-    loose: set[str] = field(default_factory=set)  # function tools declared `strict: false`
-
-    @classmethod
-    def build(cls, tools: list[dict[str, Any]], server: ToolServer) -> "ToolSet":
-        toolset, names = cls(), set()
-        available = {spec.name: spec for spec in server.list_tools()}
-        for tool in tools:
-            kind = tool.get("type")
-            if kind == "function":
-                if not tool.get("name"):
-                    raise ValidationError("A function tool needs a `name`.", parameter="tools")
-                name = tool["name"]
-                if tool.get("strict") is False:
-                    toolset.loose.add(name)
-                toolset.functions.append({"type": "function", "function": {
-                    key: tool[key] for key in ("name", "description", "parameters")
-                    if tool.get(key) is not None}})
-            elif kind in available:
-                name = kind
-                toolset.builtins.append(available[kind])
-            else:
-                offered = ", ".join(["function", *available]) or "function"
-                raise ValidationError(f"Tool type '{kind}' is not available on this server "
-                                      f"(tool types: {offered}).", parameter="tools", value=kind)
-            if name in names:
-                raise ValidationError(f"Tool '{name}' is declared twice.", parameter="tools")
-            names.add(name)
-        return toolset
-
-    def __bool__(self) -> bool:
-        return bool(self.functions or self.builtins)
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        tools = [*self.functions, *(spec.as_function() for spec in self.builtins)]
-        return tools or None
-
-    def is_builtin(self, name: str) -> bool:
-        return any(spec.name == name for spec in self.builtins)
 
 
 @dataclass
@@ -108,12 +62,6 @@ class ToolRound:
     finish_reason: str | None = None
     calls: list[ToolCallRecord] = field(default_factory=list)
     tool_output_tokens: int = 0
-
-
-def forced_name(choice: dict[str, Any]) -> str | None:
-    """The tool a dict `tool_choice` names: `{"type": "function", "name": N}`, or a built-in
-    tool by its type (`{"type": "calculator"}`)."""
-    return choice.get("name") if choice.get("type") == "function" else choice.get("type")
 
 
 def sampling_params(request: ResponsesRequest, max_tokens: int,
@@ -363,5 +311,5 @@ class ToolLoop:
         self.builder.function_call_output(call.call_id, call.output)
 
 
-__all__ = ["DEFAULT_MAX_TOOL_CALLS", "ToolCallRecord", "ToolLoop", "ToolRound",
+__all__ = ["DEFAULT_MAX_TOOL_CALLS", "forced_name", "ToolCallRecord", "ToolLoop", "ToolRound",
            "ToolSet", "sampling_params"]

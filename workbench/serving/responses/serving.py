@@ -118,7 +118,10 @@ class ResponsesServing(GenerationServing):
                                   parameter="tool_choice")
 
     def engine_stream(self, prompt: Any, params: Any, request_id: str, priority: int):
-        """One round's engine request, aborted if its consumer goes away (see `base.py`)."""
+        """One round's engine request, aborted if its consumer goes away (see `base.py`);
+        logged with `--enable-log-requests` under its sub-request id."""
+        if self.request_logger is not None:
+            self.request_logger.log_inputs(request_id, prompt.text, prompt.token_ids, params)
         return self._engine_stream(prompt, params, request_id, priority)
 
     # -- responses ----------------------------------------------------------------------------
