@@ -1,0 +1,47 @@
+"""A fault inside the engine step for one request, over HTTP: that request gets a 500 naming
+it (or an in-stream error event), the requests sent with it are answered normally, and the
+server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+BAD_SEED = 666
+
+
+async def test_a_sampler_fault_is_a_500_for_its_request_only(make_server, monkeypatch):
+    server = make_server()
+    engine = server.engine.engine
+    real = engine.sampler
+
+    def sampler(logits, rows):
+        if any(r.params.seed == BAD_SEED for r in rows):
+            raise RuntimeError("injected sampler fault")
+        return real(logits, rows)
+
+    good = [{"prompt": f"Count {i}:", "max_tokens": 6, "temperature": 0} for i in range(6)]
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+        expected = [(await client.post("/v1/completions", json=b)).json()["choices"][0]["text"]
+                    for b in good]
+        monkeypatch.setattr(engine, "sampler", sampler)
+        bad = {"prompt": "Count 9:", "max_tokens": 6, "seed": BAD_SEED}
+        answers = await asyncio.gather(
+            client.post("/v1/completions", json=bad, headers={"X-Request-Id": "the-bad-one"}),
+            client.post("/v1/completions", json={**bad, "stream": True}),
+            *(client.post("/v1/completions", json=b) for b in good))
+        failed, streamed, *served = answers
+        assert failed.status_code == 500
+        error = failed.json()["error"]
+        assert error["type"] == "InternalServerError"
+        assert "cmpl-the-bad-one" in error["message"]
+        assert streamed.status_code == 200 and '"InternalServerError"' in streamed.text
+        assert [r.json()["choices"][0]["text"] for r in served] == expected
+        assert (await client.get("/health")).status_code == 200
+        metrics = (await client.get("/metrics")).text
+        assert 'workbench:request_errors_total{status="500",type="InternalServerError"} 1.0' \
+            in metrics
+        assert 'workbench:request_errors_total{status="200",type="InternalServerError"} 1.0' \
+            in metrics
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
