@@ -199,3 +199,17 @@ def test_deep_schemas_are_refused():
         schema = {"type": "array", "items": schema}
     with pytest.raises(ValidationError, match="nested too deeply"):
         StructuredOutputsParams(json=schema)
+
+
+def test_schemas_with_refs_to_enums_are_followed(tiny_llama):
+    # vLLM#15236: `$ref` to an enum was refused by an older backend's feature check
+    schema = {"$defs": {"Colour": {"enum": ["red", "green"]}},
+              "type": "object", "properties": {"c": {"$ref": "#/$defs/Colour"},
+                                               "d": {"type": "array", "maxItems": 2,
+                                                     "items": {"$ref": "#/$defs/Colour"}}},
+              "required": ["c", "d"], "additionalProperties": False}
+    llm = make_llm(tiny_llama)
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_outputs={
+        "json": schema, "disable_any_whitespace": True}) for s in range(3)]
+    for out in llm.generate(["a"] * 3, params):
+        jsonschema.validate(json.loads(out.outputs[0].text), schema)
