@@ -248,3 +248,26 @@ def test_output_text_logprobs_equal_the_chat_logprobs(client):
     streamed = [lp for e in events if e.type == "response.output_text.delta"
                 for lp in e.logprobs]
     assert [lp.token for lp in streamed] == [e.token for e in ours]
+
+
+async def test_client_disconnects_abort_the_response(server, llm):
+    import httpx
+
+    from tests.http.test_concurrency import wait_idle
+
+    before = llm.llm_engine.generation_tokens_total
+    body = {"model": MODEL, "input": "Count to 1000.", "max_output_tokens": 400,
+            "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+        async with http.stream("POST", "/responses", json={**body, "stream": True}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("event: response.output_text.delta"):
+                    break  # hang up mid-answer
+    await wait_idle(llm)
+    streamed = llm.llm_engine.generation_tokens_total - before
+    assert streamed < 400  # aborted, not run to its end
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=1.0) as http:
+        with pytest.raises(httpx.TimeoutException):
+            await http.post("/responses", json=body)
+    await wait_idle(llm)
+    assert llm.llm_engine.generation_tokens_total - before - streamed < 400

@@ -61,6 +61,8 @@ class ResponsesServing(GenerationServing):
         """Every check, then the loop and its first prompt; raises to answer with an error."""
         self.check_model(request.model)
         self.check_headers(meta)
+        if hasattr(self.engine, "check_health"):  # a dead engine: 500 before any stream starts
+            self.engine.check_health()
         checks.check_request(request, store_enabled=self.store.enabled)
         history = []
         if request.previous_response_id is not None:
