@@ -1,7 +1,8 @@
 """`Workbench`: the endpoint suite from a notebook, each response with its inspect objects.
 
 One method per endpoint (`completions`, `chat`, `tokenize`, `detokenize`, `models`, `validate`,
-`stream_completions`, `stream_chat`, `beam_search` with its `BeamTree`, and the pooling
+`stream_completions`, `stream_chat`, `beam_search` with its `BeamTree`, `compare_lora` (base
+vs a LoRA adapter, with a `LogprobDiff`), and the pooling
 endpoints `embed`, `score`, `rerank`, `classify`, `pool` with a `SimilarityMatrix` in
 `.similarity`), each taking the request body's fields as keyword
 arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logprobs`
@@ -179,6 +180,14 @@ class Workbench:
     def validate(self, body: dict[str, Any] | None = None, **fields: Any) -> ValidationReport:
         """Dry run of a completions or chat body (chat when it has `messages`)."""
         return self._backend.validate({**(body or {}), **fields})
+
+    def compare_lora(self, prompt: Any = None, adapter: Any = None, **kwargs: Any) -> Any:
+        """The same greedy request on the base model and on a LoRA adapter, side by side:
+        a `LoRAComparison` with both results and a `LogprobDiff` (`workbench.lora.compare`);
+        `messages=[...]` for chat, `max_tokens`, `top_logprobs`, other body fields."""
+        from workbench.lora.compare import compare_lora
+
+        return compare_lora(self, prompt, adapter, **kwargs)
 
     def beam_search(self, prompt: str | list[int], beam_width: int = 4, max_tokens: int = 16,
                     length_penalty: float = 1.0, ignore_eos: bool = False,

@@ -240,6 +240,12 @@ class LogprobTable:
         return (f"LogprobTable({len(self.rows)} generated positions, {len(self.prompt)} prompt "
                 f"positions, mean logprob {h.fmt(self.mean_logprob)})")
 
+    def diff(self, other: "LogprobTable", names: tuple[str, str] = ("a", "b")):
+        """Position by position against another table of the same prompt (`LogprobDiff`)."""
+        from workbench.inspect.logprob_diff import LogprobDiff
+
+        return LogprobDiff.of(self, other, *names)
+
     # -- views ------------------------------------------------------------------------------
     def _repr_html_(self) -> str:
         """Tokens coloured by probability; hover shows logprob, rank, entropy, alternatives."""
