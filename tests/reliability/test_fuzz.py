@@ -27,7 +27,7 @@ def test_generated_requests_never_get_a_5xx(tiny_llama):
         print(report)  # the figures (pytest -s)
         assert report.failures == []
         assert report.status_5xx == 0 and report.hangs == 0
-        assert report.fuzz_requests >= 1500
+        assert report.fuzz_requests >= 1200  # about 1,600 over the routes of this writing
         assert report.status_2xx > 0 and report.status_4xx > 0  # both kinds were generated
         assert engine_leaks(server.engine) == (0, 0)
         assert httpx.get(server.url + "/health").status_code == 200
