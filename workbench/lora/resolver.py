@@ -32,12 +32,17 @@ class LoRAResolver(ABC):
 def safe_child(directory: str | os.PathLike, name: str) -> Path | None:
     """`directory/name` if `name` is one plain path component and the result, symlinks
     resolved, stays inside `directory`; else None."""
-    if (not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name
-            or os.path.isabs(name)):
+    from workbench.errors import ValidationError
+    from workbench.security import safe_join
+
+    if not name or name in (".", "..") or "/" in name or "\\" in name or os.path.isabs(name):
         return None
-    root = Path(directory).expanduser().resolve()
-    candidate = (root / name).resolve()
-    return candidate if candidate.is_relative_to(root) and candidate != root else None
+    root = Path(directory).expanduser()
+    try:
+        candidate = safe_join(root, name, parameter="model")
+    except ValidationError:
+        return None
+    return candidate if candidate != root.resolve() else None
 
 
 class FilesystemResolver(LoRAResolver):
