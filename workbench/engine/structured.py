@@ -221,7 +221,7 @@ def grammar_masks(grammars: list[SequenceGrammar | None], logits: torch.Tensor,
         allowed[j, eos_ids] = True
     k = max(top_k[i] for i in rows)
     raw = logits[rows].float().log_softmax(-1)  # [G, V]
-    top_lp, top_ids = raw.topk(min(k, vocab), dim=-1)  # [G, k]
+    top_lp, top_ids = (t.cpu() for t in raw.topk(min(k, vocab), dim=-1))  # [G, k]; masks on CPU
     top_ok = allowed.gather(1, top_ids)  # [G, k]
     counts = allowed.sum(-1).tolist()
     for j, i in enumerate(rows):
