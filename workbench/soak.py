@@ -77,7 +77,8 @@ class SoakReport:
                 ("client disconnects", self.disconnects), ("of which fuzz", self.fuzz_requests),
                 ("requests stuck in the engine", self.stuck_requests),
                 ("KV blocks leaked", self.blocks_leaked),
-                ("RSS before / after (MB)", f"{self.rss_before_mb:.0f} / {self.rss_after_mb:.0f}")]
+                ("RSS before / after (MB)", f"{self.rss_before_mb:.0f} / {self.rss_after_mb:.0f}"
+                 if self.rss_before_mb else "not measured")]
         lines = [f"{name:<30} {value}" for name, value in rows]
         lines += [f"  failure: {f}" for f in self.failures[:10]]
         return "\n".join(lines)
