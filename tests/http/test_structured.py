@@ -226,3 +226,13 @@ def test_removed_guided_fields_are_still_refused(client):
                                        extra_body={"guided_regex": "a+"})
     assert err.value.body["param"] == "guided_regex"
     assert "structured_outputs" in err.value.body["message"]
+
+
+def test_the_dry_run_reports_an_unsupported_schema(http):
+    body = {"model": MODEL, "messages": ask("x"), "max_tokens": 5,
+            "response_format": json_schema_format("x", {"type": "strng"})}
+    report = http.post("/v1/validate", json=body).json()
+    real = http.post("/v1/chat/completions", json=body)
+    assert report["ok"] is False and report["status_code"] == real.status_code == 400
+    assert report["error"] == real.json()
+    assert report["error"]["error"]["param"] == "response_format"
