@@ -271,3 +271,16 @@ async def test_client_disconnects_abort_the_response(server, llm):
             await http.post("/responses", json=body)
     await wait_idle(llm)
     assert llm.llm_engine.generation_tokens_total - before - streamed < 400
+
+
+def test_an_unfinished_assistant_item_is_continued_as_chat_continue_final_message(client):
+    response = client.responses.create(model=MODEL, temperature=0, max_output_tokens=8, input=[
+        {"role": "user", "content": "Name a colour."},
+        {"type": "message", "role": "assistant", "status": "in_progress",
+         "content": [{"type": "output_text", "text": "My favourite colour is"}]}])
+    chat = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=8, messages=[
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "My favourite colour is"}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert response.output_text == chat.choices[0].message.content

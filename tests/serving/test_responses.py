@@ -284,3 +284,27 @@ async def test_output_logprobs_need_plain_text(tokenizer):
     assert info.value.parameter == "include"
     with pytest.raises(ValidationError, match="between 0 and 20"):
         await create(s, input="Hi", include=["message.output_text.logprobs"], top_logprobs=21)
+
+
+async def test_an_unfinished_assistant_item_is_continued(tokenizer):
+    s, engine = serving(tokenizer)
+    await create(s, input=[{"role": "user", "content": "Colour?"},
+                           {"type": "message", "role": "assistant", "status": "in_progress",
+                            "content": [{"type": "output_text", "text": "My favourite is"}]}])
+    assert prompt_text(engine, tokenizer).endswith("<|im_start|>assistant\nMy favourite is")
+    await create(s, input=[{"role": "user", "content": "Colour?"},
+                           {"type": "message", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": "Blue."}]}])
+    assert prompt_text(engine, tokenizer).endswith("Blue.<|im_end|>\n<|im_start|>assistant\n")
+
+
+async def test_a_prompt_opened_think_tag_gives_a_reasoning_item(tokenizer):
+    s, _ = serving(tokenizer, scripts=["Seven has no divisors.</think>Yes, it is prime."],
+                   reasoning_parser="qwen3")
+    response = await create(s, input=[
+        {"role": "user", "content": "Is 7 prime?"},
+        {"type": "message", "role": "assistant", "status": "in_progress", "content": "<think>\n"}])
+    assert [i["type"] for i in response.output] == ["reasoning", "message"]
+    assert response.output[0]["content"][0]["text"] == "Seven has no divisors."
+    assert response.output_text == "Yes, it is prime."
+    assert response.usage.output_tokens_details.reasoning_tokens > 0

@@ -186,8 +186,8 @@ async def test_reasoning_items_and_reasoning_tokens(tokenizer):
     assert reasoning["type"] == "reasoning"
     assert reasoning["content"] == [{"type": "reasoning_text", "text": "Six sevens."}]
     assert message["content"][0]["text"] == "It is 42."
-    assert response.usage.output_tokens_details.reasoning_tokens == len(
-        tokenizer("Six sevens.", add_special_tokens=False).input_ids)
+    assert response.usage.output_tokens_details.reasoning_tokens == len(  # the tags included
+        tokenizer("<think>Six sevens.</think>", add_special_tokens=False).input_ids)
     hidden = await create(s, input="6*7?", include_reasoning=False)
     assert [i["type"] for i in hidden.output] == ["message"]
 

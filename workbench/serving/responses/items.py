@@ -116,6 +116,17 @@ def conversation(request_input: str | list[dict], history: list[Message] | None 
     return messages
 
 
+def ends_unfinished(request_input: str | list[dict]) -> bool:
+    """The input's last item is an assistant message or reasoning still `in_progress` or
+    `incomplete`: the model continues it (a prefill) instead of starting a new turn."""
+    if isinstance(request_input, str) or not request_input:
+        return False
+    last = request_input[-1]
+    kind = last.get("type", "message" if "role" in last else None)
+    assistant = kind == "reasoning" or (kind == "message" and last.get("role") == "assistant")
+    return assistant and last.get("status") in ("in_progress", "incomplete")
+
+
 def output_messages(output: list[dict]) -> list[Message]:
     """A response's output items as the chat messages that continue its conversation."""
     return conversation(output) if output else []

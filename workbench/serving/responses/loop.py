@@ -57,11 +57,16 @@ class ToolRound:
     request_id: str
     priority: int
     prompt_tokens: int
-    output_tokens: int = 0
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    reasoning_tokens: int = 0
     finish_reason: str | None = None
     calls: list[ToolCallRecord] = field(default_factory=list)
     tool_output_tokens: int = 0
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 def sampling_params(request: ResponsesRequest, max_tokens: int,
@@ -91,7 +96,6 @@ class ToolLoop:
         self.rounds: list[ToolRound] = []
         self.status = "in_progress"
         self.incomplete_reason: str | None = None
-        self.reasoning_text = ""  # every round's parsed reasoning (for reasoning_tokens)
         self._space = ""  # whitespace-only text not sent yet
         self.max_tool_calls = (DEFAULT_MAX_TOOL_CALLS if request.max_tool_calls is None
                                else request.max_tool_calls)
@@ -113,11 +117,16 @@ class ToolLoop:
         return self.input_messages + it.output_messages(self.builder.items)
 
     def render(self) -> EnginePrompt:
+        """The conversation so far through the chat template. In the first round, an input
+        ending with an unfinished assistant item (status `in_progress` / `incomplete`) is
+        continued, not answered (the reference's prefill: `continue_final_message`)."""
         messages = it.with_instructions(self.conversation, self.request.instructions)
         effort = (self.request.reasoning or {}).get("effort")
+        prefill = not self.rounds and it.ends_unfinished(self.request.input)
         rendered = self.serving.renderer.render(
             [ChatMessageParam(**m) for m in messages], tools=self.tools.template_tools(),
-            chat_template_kwargs=self.request.chat_template_kwargs, reasoning_effort=effort)
+            chat_template_kwargs=self.request.chat_template_kwargs, reasoning_effort=effort,
+            add_generation_prompt=not prefill, continue_final_message=prefill)
         ids = self.serving.tokenizer(rendered.prompt, add_special_tokens=False).input_ids
         return EnginePrompt(token_ids=list(ids), text=rendered.prompt)
 
@@ -208,7 +217,7 @@ class ToolLoop:
                 if out.finish_reason == "error":
                     raise GenerationError()
                 record.text += out.text or ""
-                record.output_tokens += len(out.token_ids or [])
+                record.token_ids += list(out.token_ids or [])
                 record.finish_reason = out.finish_reason or record.finish_reason
                 if self.logprobs:  # plain text: each delta is exactly its tokens' text
                     self.builder.text(out.text or "", self._logprobs(out))
@@ -217,7 +226,9 @@ class ToolLoop:
             yield self.builder.drain()
         self._send(parser.finish(), final=True)
         self.builder.close()
-        self.reasoning_text += parser.turn.reasoning
+        if parser.reasoning is not None:  # counted as the chat endpoint counts them
+            record.reasoning_tokens = parser.reasoning.count_reasoning_tokens(record.token_ids,
+                                                                             record.text)
         calls = parser.turn.calls[:1 if self.request.parallel_tool_calls is False else None]
         record.calls = [ToolCallRecord(c.call_id, c.name, c.arguments,
                                        builtin=self.tools.is_builtin(c.name)) for c in calls]

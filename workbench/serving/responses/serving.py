@@ -203,14 +203,12 @@ class ResponsesServing(GenerationServing):
         rounds = loop.rounds
         inputs = [r.prompt_tokens for r in rounds]
         outputs = [r.output_tokens for r in rounds]
-        reasoning = (len(self.tokenizer(loop.reasoning_text, add_special_tokens=False).input_ids)
-                     if loop.reasoning_text else 0)
         return ResponseUsage(
             input_tokens=sum(inputs), output_tokens=sum(outputs),
             total_tokens=sum(inputs) + sum(outputs),
             input_tokens_details=InputTokensDetails(input_tokens_per_turn=inputs),
             output_tokens_details=OutputTokensDetails(
-                reasoning_tokens=reasoning,
+                reasoning_tokens=sum(r.reasoning_tokens for r in rounds),
                 tool_output_tokens=sum(r.tool_output_tokens for r in rounds),
                 output_tokens_per_turn=outputs,
                 tool_output_tokens_per_turn=[r.tool_output_tokens for r in rounds]))
