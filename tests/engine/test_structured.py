@@ -227,3 +227,12 @@ def test_constraints_on_cuda():
     assert all(c.grammar_steps[0].num_allowed > 1 and c.grammar_steps[-1].forced
                for c in mixed[0].outputs)
     assert len(mixed[1].outputs[0].token_ids) == 6
+
+
+def test_boolean_schemas(tiny_llama):
+    llm = make_llm(tiny_llama)
+    out = llm.generate("x", greedy(30, structured_outputs={"json": True,
+                                                           "disable_any_whitespace": True}))
+    assert out[0].outputs[0].grammar_steps  # any JSON value: constrained all the same
+    with pytest.raises(ValidationError, match="accepts no value"):
+        llm.generate("x", greedy(5, structured_outputs={"json": False}))

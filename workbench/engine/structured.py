@@ -51,6 +51,8 @@ def grammar_text(so: StructuredOutputsParams) -> str:
         schema = {"type": "object"} if so.json_object else so.json
         if isinstance(schema, str):
             schema = json.loads(schema)
+        if schema is True:  # the schema that accepts any JSON value
+            schema = {}
         if so.disable_additional_properties:
             schema = _no_additional_properties(schema)
         options: dict[str, Any] = {"whitespace_flexible": not so.disable_any_whitespace}
@@ -166,7 +168,16 @@ class GrammarCompiler:
         """The compiled constraint; `ValidationError` naming what the backend can't take."""
         from llguidance import LLMatcher
 
-        text = grammar_text(so)
+        if so.json is False or so.json == "false":
+            raise ValidationError("The JSON schema `false` accepts no value at all.",
+                                  parameter=so.parameter, value="json")
+        try:
+            text = grammar_text(so)
+        except ValidationError:
+            raise
+        except ValueError as exc:  # the backend's own checks of the schema's shape
+            raise ValidationError(_describe(so, str(exc)), parameter=so.parameter,
+                                  value=so.kind) from None
         key = text
         with self._lock:
             hit = self._cache.get(key)
