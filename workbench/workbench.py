@@ -123,6 +123,11 @@ class Workbench:
         tokens); locally every detail, remotely what the body carries."""
         return self._backend.respond({"input": input, **body})
 
+    def stream_respond(self, input: Any, **body: Any) -> Iterator[dict[str, Any]]:
+        """`/v1/responses` streamed: its events as dicts (`type`, `sequence_number`, ...); a
+        refusal before the stream starts arrives as the error envelope."""
+        return self._backend.stream_respond({"input": input, **body})
+
     def stream_completions(self, prompt: Any = None, **body: Any) -> Iterator[dict[str, Any]]:
         """The SSE chunks as dicts (an error mid-stream arrives as an `{"error": ...}` chunk)."""
         return self._backend.stream("completions", {"prompt": prompt, **body})
@@ -321,6 +326,27 @@ class _Local:
             return Result(None, error["error"]["code"], error)
         return Result(response.model_dump(mode="json"), tool_loop=ToolLoopTrace.from_loop(loop))
 
+    def stream_respond(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        from workbench.serving.base import RequestMeta
+        from workbench.serving.errors import error_response
+        from workbench.serving.protocol.responses import ResponsesRequest
+
+        try:
+            request = ResponsesRequest.model_validate(
+                _with_model({**body, "stream": True}, self.model))
+            events = self.run(self.servings.responses.create_stream(request, RequestMeta()))
+        except Exception as exc:  # noqa: BLE001
+            yield error_response(exc).model_dump()
+            return
+        try:
+            while True:
+                try:
+                    yield self.run(anext(events))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.run(events.aclose())
+
     def validate(self, body: dict[str, Any]) -> ValidationReport:
         from workbench.inspect.validation_report import validate
 
@@ -374,7 +400,8 @@ class _Local:
 class _Remote:
     """Any OpenAI-compatible server over httpx; `url` ends in `/v1`."""
 
-    _PATHS = {"completions": "/completions", "chat": "/chat/completions", "models": "/models"}
+    _PATHS = {"completions": "/completions", "chat": "/chat/completions", "models": "/models",
+              "responses": "/responses"}
 
     def __init__(self, url: str, api_key: str | None, timeout: float):
         import httpx
@@ -417,6 +444,9 @@ class _Remote:
         if result.ok:
             result.tool_loop = ToolLoopTrace.from_response(result.response)
         return result
+
+    def stream_respond(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        return self.stream("responses", body)  # `data:` lines; the `event:` lines repeat types
 
     def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         body = _with_model({**body, "stream": True}, self.model)

@@ -76,3 +76,16 @@ def test_errors_come_back_as_the_envelope(local, remote):
         result = wb.respond("Hi", previous_response_id="resp_missing")
         assert result.status_code == 404 and result.tool_loop is None
         assert result.error["error"]["message"] == "Response with id 'resp_missing' not found."
+
+
+def test_streamed_events_are_the_same_locally_and_remotely(local, remote):
+    ask = {**ASK, "max_output_tokens": 40}
+    here = list(local.stream_respond("What is 6 * 7?", **ask))
+    there = list(remote.stream_respond("What is 6 * 7?", **ask))
+    assert [e["type"] for e in here] == [e["type"] for e in there]
+    assert [e["sequence_number"] for e in here] == list(range(len(here)))
+    final_here, final_there = here[-1]["response"], there[-1]["response"]
+    assert [(i["type"], i.get("arguments"), i.get("output")) for i in final_here["output"]] == \
+        [(i["type"], i.get("arguments"), i.get("output")) for i in final_there["output"]]
+    refused = list(local.stream_respond("Hi", previous_response_id="resp_missing"))
+    assert refused[0]["error"]["code"] == 404 and len(refused) == 1
