@@ -370,3 +370,19 @@ def test_classifier_labels_are_configurable_and_checked(tiny_llama):
     with pytest.raises(ValidationError) as err:
         make_llm(tiny_llama, classifier_labels=("yes",))
     assert err.value.parameter == "classifier_labels"
+
+
+def test_cache_salt_separates_prefix_caches_and_prompt_embeds_are_refused(smol):
+    engine = smol.llm_engine
+    text = "A salted prompt that is long enough to fill a couple of KV cache blocks, surely."
+    got = []
+    for rid, salt in (("s1", "alice"), ("s2", "bob"), ("s3", "alice")):
+        engine.add_pooling_request(rid, text, PoolingParams(task="embed"), cache_salt=salt,
+                                   on_output=got.append)
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert [o.num_cached_tokens > 0 for o in got] == [False, False, True]
+    with pytest.raises(ValidationError) as err:
+        engine.add_pooling_request("pe", {"prompt": "x", "prompt_embeds": torch.zeros(2, 576)},
+                                   PoolingParams())
+    assert err.value.parameter == "prompt_embeds"

@@ -120,11 +120,12 @@ class AsyncLLMEngine:
             yield out
 
     async def encode(self, prompt: PromptInput, pooling_params: PoolingParams, request_id: str,
-                     priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+                     priority: int = 0, cache_salt: str | None = None
+                     ) -> AsyncIterator[PoolingRequestOutput]:
         """Runs a pooling request (embed / classify / score / encode); yields its one, final
         `PoolingRequestOutput` (finish_reason 'error' if the model failed); aborts if cancelled."""
         async for out in self._submit(self.engine.add_pooling_request, prompt, pooling_params,
-                                      request_id, priority=priority):
+                                      request_id, priority=priority, cache_salt=cache_salt):
             yield out
 
     async def _submit(self, add, prompt, params, request_id: str, **kwargs: Any):

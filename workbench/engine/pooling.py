@@ -139,6 +139,12 @@ def pooling_request(inputs, request_id: str, prompt, params: PoolingParams, **re
 
     Its `SamplingParams` only tell the shared bookkeeping "one sequence, nothing sampled".
     """
+    if isinstance(prompt, dict):
+        if prompt.get("prompt_embeds") is not None:
+            raise ValidationError("Pooling requests do not take prompt embeds.",
+                                  parameter="prompt_embeds")
+        if request_kwargs.get("cache_salt") is None and prompt.get("cache_salt") is not None:
+            request_kwargs["cache_salt"] = prompt["cache_salt"]
     text, ids = inputs.tokenize(prompt)
     max_len = inputs.max_model_len
     keep = params.truncate_prompt_tokens
