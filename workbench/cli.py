@@ -147,7 +147,8 @@ def configs_from_args(args: argparse.Namespace):
                           max_model_len=args.max_model_len, max_logprobs=args.max_logprobs,
                           served_model_name=names[0], **engine_kwargs)
     server = ServerConfig(
-        served_model_names=names, api_keys=tuple(args.api_key or ()),
+        served_model_names=names,
+        api_keys=tuple(args.api_key or filter(None, [os.environ.get("VLLM_API_KEY")])),
         api_key_exempt=tuple(args.api_key_exempt),
         max_request_body_bytes=args.max_request_body_bytes,
         max_waiting_requests=args.max_waiting_requests, request_timeout=args.request_timeout,
