@@ -1,4 +1,5 @@
-"""How to sample one request: vLLM's `SamplingParams` and `BeamSearchParams`, with validation.
+"""How to sample one request: vLLM's `SamplingParams` and `BeamSearchParams`, with validation;
+`StructuredOutputsParams`, the output constraint a `SamplingParams` may carry.
 
 Field names, defaults and error messages follow vLLM 0.32 so code moves between the two.
 Validation happens in two steps: `__post_init__` checks what the parameters alone decide
@@ -31,6 +32,116 @@ class RequestOutputKind(enum.Enum):
 
 def _fail(message: str, parameter: str, value: Any) -> None:
     raise ValidationError(message, parameter=parameter, value=value)
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+MAX_JSON_SCHEMA_DEPTH = 64
+
+
+def _json_depth(value: Any) -> int:
+    """How deeply objects and arrays nest in a JSON value (a scalar is 0)."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if isinstance(item, (dict, list)):
+            depth = max(depth, level)
+            stack.extend((child, level + 1) for child in children)
+    return depth
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One output constraint, as vLLM's `StructuredOutputsParams`; enforced by the engine as a
+    token mask from an llguidance grammar matcher (workbench/engine/structured.py).
+
+    Exactly one of: `json` (a JSON schema, dict or JSON string), `regex`, `choice` (the output is
+    one of these strings), `grammar` (Lark or llama.cpp GBNF syntax, as llguidance reads them),
+    `json_object=True` (any JSON object). `structural_tag` is vLLM's, refused here (the backend
+    does not take vLLM's tag format). Options: `disable_any_whitespace` (JSON without free
+    whitespace between tokens), `disable_additional_properties` (objects of the schema get
+    `additionalProperties: false` where they say nothing), `whitespace_pattern` (a regex for
+    JSON whitespace).
+
+    `after_token_ids` is ours: when set, the constraint applies only once the output contains
+    this token sequence (e.g. the ids of `</think>`: structured output after reasoning ends);
+    tokens up to and including it are unconstrained, and the grammar starts right after it. When
+    the prompt already closed the reasoning, leave it None.
+
+    >>> StructuredOutputsParams(choice=["yes", "no"]).kind
+    'choice'
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    after_token_ids: list[int] | None = None
+    # the request field errors name: "response_format" when the serving layer built it from that
+    parameter: str = field(default="structured_outputs", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        given = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
+        p = self.parameter
+        if len(given) > 1:
+            _fail("You can only use one kind of constraints for structured outputs "
+                  "('json', 'regex' or 'choice').", p, given)
+        if not given:
+            _fail("You must use one kind of structured outputs constraint but none are "
+                  f"specified (one of {', '.join(_CONSTRAINTS)}).", p, None)
+        if self.json is not None:
+            self._check_json()
+        if self.regex is not None:
+            if not isinstance(self.regex, str) or not self.regex:
+                _fail("structured_outputs.regex must be a non-empty string.", p, self.regex)
+            if "\x00" in self.regex:
+                _fail("structured_outputs.regex must not contain NUL characters.", p, self.regex)
+        if self.choice is not None:
+            if not isinstance(self.choice, list) or not self.choice or not all(
+                    isinstance(c, str) for c in self.choice):
+                _fail("structured_outputs.choice must be a non-empty list of strings.", p,
+                      self.choice)
+        if self.grammar is not None and (not isinstance(self.grammar, str)
+                                         or not self.grammar.strip()):
+            _fail("structured_outputs.grammar must be a non-empty string.", p, self.grammar)
+        if self.json_object is not None and self.json_object is not True:
+            _fail("structured_outputs.json_object must be true when given.", p, self.json_object)
+        if self.structural_tag is not None:
+            _fail("structural_tag is not supported: the structured-output backend here "
+                  "(llguidance) takes json, regex, choice, grammar or json_object.", p,
+                  "structural_tag")
+        if self.after_token_ids is not None and (
+                not self.after_token_ids
+                or not all(isinstance(t, int) and t >= 0 for t in self.after_token_ids)):
+            _fail("structured_outputs.after_token_ids must be a non-empty list of token ids.",
+                  p, self.after_token_ids)
+
+    def _check_json(self) -> None:
+        import json as _json
+
+        p, schema = self.parameter, self.json
+        if isinstance(schema, str):
+            if not schema.strip():
+                _fail("The JSON schema must not be empty.", p, schema)
+            try:
+                schema = _json.loads(schema)
+            except ValueError as exc:
+                _fail(f"The JSON schema is not valid JSON: {exc}.", p, self.json)
+        if not isinstance(schema, (dict, bool)):
+            _fail(f"The JSON schema must be an object, got {type(schema).__name__}.", p, schema)
+        if _json_depth(schema) > MAX_JSON_SCHEMA_DEPTH:
+            _fail("The JSON schema is nested too deeply: objects and arrays may nest at most "
+                  f"{MAX_JSON_SCHEMA_DEPTH} levels", p, None)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: 'json', 'regex', 'choice', 'grammar' or 'json_object'."""
+        return next(name for name in _CONSTRAINTS if getattr(self, name) is not None)
 
 
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
