@@ -386,3 +386,17 @@ def test_cache_salt_separates_prefix_caches_and_prompt_embeds_are_refused(smol):
         engine.add_pooling_request("pe", {"prompt": "x", "prompt_embeds": torch.zeros(2, 576)},
                                    PoolingParams())
     assert err.value.parameter == "prompt_embeds"
+
+
+def test_bf16_encoder_is_prepacked_and_agrees_with_transformers():
+    from workbench.engine.fusion import FastLinear, can_prepack
+    from workbench.models import tiny_model
+
+    llm = LLM(tiny_model("bert", seed=2, dtype="bfloat16"), max_model_len=128)
+    layer = llm.llm_engine.model.encoder.layer[0]
+    if can_prepack(next(llm.llm_engine.model.parameters())):
+        assert isinstance(layer.attention.self.query, FastLinear)
+    got = embeddings(llm.embed(SENTENCES))
+    want = F.normalize(hf_embedding(tiny_model("bert", seed=2, dtype="bfloat16"),
+                                    SENTENCES).float(), dim=-1)
+    assert F.cosine_similarity(got, want, dim=-1).min() >= 0.999

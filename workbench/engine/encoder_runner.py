@@ -6,14 +6,14 @@ each step a budget of at least `max_model_len` tokens). The block manager still 
 bookkeeping only: it counts the tokens of the step's sequences and has no tensors behind it
 (prefix caching is off: a bidirectional prefix depends on what follows it).
 
-Every scheduled token is packed into one ragged row `[1, T, H]` and goes through transformers'
-own embeddings and `BertLayer`s, so the linear layers never see padding. Only attention needs
-the sequences apart: `encoder_attention` (registered with transformers' `AttentionInterface`)
-packs the step's sequences sorted by length and runs one unmasked SDPA call per run of equal
-lengths, on a view of the packed Q/K/V: the attention of each sentence alone, no padding
-anywhere. (Measured on MiniLM with a mixed-length corpus: about 2x faster than one padded,
-key-masked SDPA call over the step.) Called without a context
-it is plain SDPA, so the same model object still works with a normal transformers forward. In bfloat16 on CPU the linears are prepacked for
+The step's prompts are packed, sorted by length, into one ragged row `[1, T, H]` that goes
+through transformers' own embeddings and `BertLayer`s, so the linear layers never see padding.
+Only attention needs the sequences apart: `encoder_attention` (registered with transformers'
+`AttentionInterface`) runs one unmasked SDPA call per run of equal lengths, on a view of the
+packed Q/K/V: the attention of each sentence alone, no padding anywhere (measured on MiniLM
+with a mixed-length corpus: about 2x faster than one padded, key-masked SDPA call over the
+step). Called without a context it is plain SDPA (with SDPA's masks), so the same model object
+still works in a normal transformers forward. In bfloat16 on CPU the linears are prepacked for
 oneDNN (`engine/fusion.py`'s `FastLinear`, bit-identical to `F.linear`).
 """
 
@@ -82,8 +82,8 @@ def prepack_linears(model: nn.Module) -> int:
 class EncoderRunner:
     """Executes `SchedulerOutput`s on a transformers BERT-like encoder (see the module docstring).
 
-    `execute` returns `LogitRows` whose `hidden` row i is the pooled vector of the i-th scheduled
-    sequence (`last_row[id(seq)] == i`) and whose `logits` are empty.
+    `execute` returns `LogitRows` whose `hidden` row `last_row[id(seq)]` is the pooled vector of
+    each scheduled sequence and whose `logits` are empty (`[B, 0]`).
     """
 
     def __init__(self, model, pooling: str):

@@ -37,7 +37,8 @@ JUDGEMENT_INSTRUCTION = "Given a search query, decide whether the document is re
 
 # -- poolers ---------------------------------------------------------------------------------
 def pool_segments(hidden: torch.Tensor, lengths: list[int], mode: str) -> torch.Tensor:
-    """hidden: [T, H], the packed tokens of len(lengths) sequences in order -> [B, H]."""
+    """hidden: [T, H], the packed tokens of len(lengths) sequences in order -> [B, H]
+    (float32 for mean, hidden's dtype otherwise)."""
     device = hidden.device
     lens = torch.tensor(lengths, device=device)
     ends = lens.cumsum(0)  # [B]
@@ -50,7 +51,7 @@ def pool_segments(hidden: torch.Tensor, lengths: list[int], mode: str) -> torch.
     if mode == "mean":
         sums = hidden.new_zeros(len(lengths), hidden.shape[1], dtype=torch.float32)
         sums.index_add_(0, segment, hidden.float())
-        return (sums / lens.unsqueeze(1)).to(hidden.dtype)
+        return sums / lens.unsqueeze(1)  # float32: the mean of bf16 rows stays exact
     if mode == "max":
         out = hidden.new_full((len(lengths), hidden.shape[1]), float("-inf"))
         index = segment.unsqueeze(1).expand_as(hidden)
