@@ -5,8 +5,8 @@
        render the next turn and go on; otherwise (text, or a client function call) stop.
 
 Each round is one engine request with its own id; rounds after the first run at the
-reference's priority `priority - 1` (under `--scheduling-policy priority` lower values run
-first, so a loop already holding context finishes before new requests start). Bounds: the
+reference's priority `priority - 1` (under `EngineConfig(scheduling_policy="priority")` lower
+values run first, so a loop already holding context finishes before new requests). Bounds: the
 context (a next turn that would not fit ends the response `incomplete`, reason
 `context_length`), `max_output_tokens` over all rounds (reason `max_output_tokens`) and
 `max_tool_calls` (default `DEFAULT_MAX_TOOL_CALLS`; reason `max_tool_calls`). A tool's failure
