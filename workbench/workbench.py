@@ -99,12 +99,12 @@ class Workbench:
     """
 
     def __init__(self, llm: Any = None, *, url: str | None = None, api_key: str | None = None,
-                 config: Any = None, timeout: float = 120.0):
+                 config: Any = None, timeout: float = 120.0, tool_server: Any = None):
         if (llm is None) == (url is None):
             raise ValueError("Workbench needs an engine (Workbench(llm)) or a url, not both.")
         self.url = url.rstrip("/") if url else None
         self._backend = (_Remote(self.url, api_key, timeout) if url
-                         else _Local(llm, config))
+                         else _Local(llm, config, tool_server))
 
     @property
     def model(self) -> str:
@@ -221,13 +221,14 @@ class Workbench:
 class _Local:
     """The serving objects on an async engine, driven from a private event-loop thread."""
 
-    def __init__(self, llm: Any, config: Any):
+    def __init__(self, llm: Any, config: Any, tool_server: Any = None):
         from workbench.engine.async_engine import AsyncLLMEngine
         from workbench.serving import ServerConfig, Servings
 
         self._owns_engine = not isinstance(llm, AsyncLLMEngine)
         self.engine = AsyncLLMEngine.from_llm(llm) if self._owns_engine else llm
-        self.servings = Servings.build(self.engine, config or ServerConfig())
+        self.servings = Servings.build(self.engine, config or ServerConfig(),
+                                       tool_server=tool_server)
         self.model = self.servings.completions.model_name
         self._beam_ids = itertools.count()
         self.loop = asyncio.new_event_loop()

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.tools import ToolSpec
+
 pytestmark = pytest.mark.slow
 
 TOOLS_TEMPLATE = Path(__file__).parents[2] / "data" / "chat_templates" / "smollm2_tools.jinja"
@@ -89,3 +91,33 @@ def test_streamed_events_are_the_same_locally_and_remotely(local, remote):
         [(i["type"], i.get("arguments"), i.get("output")) for i in final_there["output"]]
     refused = list(local.stream_respond("Hi", previous_response_id="resp_missing"))
     assert refused[0]["error"]["code"] == 404 and len(refused) == 1
+
+
+class WordCount:
+    """A custom built-in tool: the number of words in a text."""
+
+    spec = ToolSpec("word_count", "Counts the words in a text", {
+        "type": "object", "properties": {"text": {"type": "string", "maxLength": 60}},
+        "required": ["text"], "additionalProperties": False})
+
+    def run(self, arguments):
+        return str(len(arguments["text"].split()))
+
+
+def test_a_custom_tool_server_serves_its_own_tools(llm, config):
+    from workbench import Workbench, serve_in_kernel
+    from workbench.tools import LocalToolServer
+
+    tools = LocalToolServer([WordCount()])
+    ask = {"tools": [{"type": "word_count"}], "tool_choice": {"type": "word_count"},
+           "temperature": 0, "max_output_tokens": 40, "max_tool_calls": 1}
+    with serve_in_kernel(llm, port=0, config=config, tool_server=tools) as server, \
+            Workbench(url=server.base_url, api_key="unused") as remote, \
+            Workbench(llm, config=config, tool_server=tools) as local:
+        for wb in (remote, local):
+            result = wb.respond("How many words are in 'the quick brown fox'?", **ask)
+            call = result.tool_loop.calls[0]
+            assert call.name == "word_count"
+            assert call.output == str(len(call.parsed_arguments["text"].split()))
+            refused = wb.respond("Compute 1+1.", tools=[{"type": "calculator"}])
+            assert refused.status_code == 400 and refused.error["error"]["param"] == "tools"

@@ -28,8 +28,11 @@ from workbench.http.routes import lora, openai, pooling, responses, system, toke
 from workbench.serving import ServerConfig, ServingMetrics, Servings
 
 
-def build_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
-    """An app serving `engine` (an `AsyncLLMEngine`) under `config`."""
+def build_app(engine: Any, config: ServerConfig | None = None, *,
+              tool_server: Any = None) -> FastAPI:
+    """An app serving `engine` (an `AsyncLLMEngine`) under `config`; `tool_server` (a
+    `workbench.tools.ToolServer`) holds the Responses API's built-in tools (default: the
+    calculator)."""
     import workbench
 
     config = config or ServerConfig()
@@ -41,7 +44,7 @@ def build_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.server_config = config
     app.state.registry = registry
-    app.state.servings = Servings.build(engine, config, metrics)
+    app.state.servings = Servings.build(engine, config, metrics, tool_server=tool_server)
     tasks = pooling.engine_attr(engine, "pooling_tasks", ())
     generates = not pooling.engine_attr(engine, "is_pooling_model", False)
     for router in (openai.router if generates else pooling.models_only(openai.router),

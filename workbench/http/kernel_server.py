@@ -64,8 +64,10 @@ class KernelServer:
 
 
 def serve_in_kernel(llm: Any, port: int = 0, host: str = "127.0.0.1",
-                    config: ServerConfig | None = None, **config_kwargs: Any) -> KernelServer:
-    """Serves `llm` (a `workbench.LLM`, or an `AsyncLLMEngine`) at http://host:port/v1."""
+                    config: ServerConfig | None = None, *, tool_server: Any = None,
+                    **config_kwargs: Any) -> KernelServer:
+    """Serves `llm` (a `workbench.LLM`, or an `AsyncLLMEngine`) at http://host:port/v1;
+    `tool_server`: the Responses API's built-in tools (default: the calculator)."""
     import uvicorn
 
     from workbench.engine.async_engine import AsyncLLMEngine
@@ -74,7 +76,7 @@ def serve_in_kernel(llm: Any, port: int = 0, host: str = "127.0.0.1",
     owns_engine = not isinstance(llm, AsyncLLMEngine)
     engine = AsyncLLMEngine.from_llm(llm) if owns_engine else llm
     config = config or ServerConfig(**config_kwargs)
-    app = build_app(engine, config)
+    app = build_app(engine, config, tool_server=tool_server)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
