@@ -231,10 +231,8 @@ def grammar_masks(grammars: list[SequenceGrammar | None], logits: torch.Tensor,
     for j, eos_ids in ended:  # the grammar is over: only EOS may follow
         allowed[j, eos_ids] = True
     k = max(top_k[i] for i in rows)
-    raw = logits[rows].float()  # [G, V]
-    top_raw, top_ids = raw.topk(min(k, vocab), dim=-1)  # [G, k]; ranking needs no softmax
-    top_lp = (top_raw - torch.logsumexp(raw, -1, keepdim=True)).cpu()  # raw logprobs
-    top_ids = top_ids.cpu()  # the masks are on the CPU
+    raw = logits[rows].float().log_softmax(-1)  # [G, V]: as the sampler's raw logprobs, bit for bit
+    top_lp, top_ids = (t.cpu() for t in raw.topk(min(k, vocab), dim=-1))  # [G, k]; masks on CPU
     top_ok = allowed.gather(1, top_ids)  # [G, k]
     counts = allowed.sum(-1).tolist()
     for j, i in enumerate(rows):
