@@ -213,3 +213,10 @@ def test_bf16_fused_projections_equal_unfused(adapters):
     base = fresh_tiny("llama", "bfloat16").model.model.layers[1].self_attn.q_proj(x)
     assert torch.equal(results[1][0][:, :2], base[:, :2])  # base rows untouched
     assert not torch.equal(results[1][0][:, 2:5], base[:, 2:5])
+
+
+def test_pooling_models_refuse_lora():
+    from workbench.models.tiny import tiny_model
+
+    with pytest.raises(ValidationError, match="not supported for pooling models"):
+        LLM(tiny_model("bert"), enable_lora=True)

@@ -95,6 +95,9 @@ class LLMEngine:
         dtype = next(self.model.parameters()).dtype
         if self.is_pooling_model:  # an encoder: no KV cache, whole prompts (engine/encoder_runner.py)
             self._init_encoder()
+            if config.enable_lora:  # refused by name rather than ignored
+                raise ValidationError("LoRA adapters are not supported for pooling models.",
+                                      parameter="enable_lora", value=True)
         else:
             num_blocks = self._num_blocks(hf, dtype)
             self.block_manager = BlockManager(num_blocks, config.block_size,

@@ -67,7 +67,8 @@ class LoRAManager:
                             None)
             if resident is not None:  # dropped from memory but still in a slot
                 self._check_same(resident.request, request)
-        adapter = resident or load_adapter(request, self.shapes, self.max_lora_rank, self.dtype, self.device)
+        adapter = resident or load_adapter(request, self.shapes, self.max_lora_rank, self.dtype,
+                                           self.device)
         with self._lock:
             self.stats.loads += resident is None
             self._loaded[request.lora_int_id] = adapter
