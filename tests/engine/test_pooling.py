@@ -164,6 +164,8 @@ def test_truncation_keeps_the_last_tokens_up_to_the_whole_context(enc):
     with pytest.raises(ValidationError) as err:
         enc.embed(["hi"], truncate_prompt_tokens=limit + 1)
     assert err.value.parameter == "truncate_prompt_tokens"
+    assert err.value.message == ("truncate_prompt_tokens value is greater than max_model_len. "
+                                 "Please request a smaller truncation size.")
 
 
 def test_dimensions_are_refused_on_this_model(enc):
@@ -180,6 +182,10 @@ def test_the_embedding_model_refuses_generation_and_classification(enc):
     with pytest.raises(ValidationError, match="is an embedding model: it cannot generate") as err:
         enc.generate(["Hello"], greedy(4))
     assert err.value.parameter == "model"
+    from workbench.sampling_params import BeamSearchParams
+
+    with pytest.raises(ValidationError, match="cannot generate"):
+        enc.beam_search(["Hello"], BeamSearchParams(beam_width=2, max_tokens=4))
     with pytest.raises(ValidationError, match="Unsupported task: 'classify'"):
         enc.classify(["I loved it"])
     assert not engine.has_unfinished_requests()

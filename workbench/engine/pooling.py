@@ -151,10 +151,9 @@ def pooling_request(inputs, request_id: str, prompt, params: PoolingParams, **re
     keep = params.truncate_prompt_tokens
     if keep is not None:
         if keep > max_len:
-            raise ValidationError(
-                f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = "
-                f"{max_len}. Please request a smaller truncation size.",
-                parameter="truncate_prompt_tokens", value=keep)
+            raise ValidationError(  # the reference's pooling wording
+                "truncate_prompt_tokens value is greater than max_model_len. Please request a "
+                "smaller truncation size.", parameter="truncate_prompt_tokens", value=keep)
         ids = ids[-(max_len if keep == -1 else keep):]
     if not ids:
         raise ValidationError("The prompt cannot be empty", parameter="prompt", value=ids)
