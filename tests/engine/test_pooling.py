@@ -406,3 +406,44 @@ def test_bf16_encoder_is_prepacked_and_agrees_with_transformers():
     want = F.normalize(hf_embedding(tiny_model("bert", seed=2, dtype="bfloat16"),
                                     SENTENCES).float(), dim=-1)
     assert F.cosine_similarity(got, want, dim=-1).min() >= 0.999
+
+
+def _tiny_encoder(config, tokenizer):
+    from workbench.models.loader import LoadedModel, prepare_for_inference
+    from transformers import AutoModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = prepare_for_inference(AutoModel.from_config(config), "cpu")
+    return LoadedModel(model=net, tokenizer=tokenizer, config=net.config, path=None,
+                       served_name=config.model_type, kind="embed", dtype=torch.float32,
+                       device="cpu", pooling="mean", normalize=True)
+
+
+def test_roberta_positions_start_after_the_padding_id():
+    from transformers import RobertaConfig
+
+    from workbench.models import tiny_model
+
+    tok = tiny_model("bert").tokenizer
+    config = RobertaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=66, pad_token_id=tok.pad_token_id)
+    loaded = _tiny_encoder(config, tok)
+    llm = LLM(loaded)
+    assert llm.llm_engine.max_model_len == 66 - (tok.pad_token_id + 1)
+    got = embeddings(llm.embed(SENTENCES))
+    want = F.normalize(hf_embedding(_tiny_encoder(config, tok), SENTENCES), dim=-1)
+    assert F.cosine_similarity(got, want, dim=-1).min() >= 0.9999
+
+
+def test_an_encoder_of_another_layout_is_refused_at_start_up():
+    from transformers import DistilBertConfig
+
+    from workbench.models import tiny_model
+
+    tok = tiny_model("bert").tokenizer
+    config = DistilBertConfig(vocab_size=len(tok), dim=64, hidden_dim=128, n_layers=1, n_heads=4)
+    with pytest.raises(ValidationError, match="'distilbert' are not supported") as err:
+        LLM(_tiny_encoder(config, tok))
+    assert err.value.parameter == "model"

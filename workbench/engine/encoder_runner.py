@@ -30,8 +30,12 @@ from workbench.engine.fusion import FastLinear, can_prepack
 from workbench.engine.pooling import pool_segments
 from workbench.engine.runner import LogitRows
 from workbench.engine.scheduler import SchedulerOutput
+from workbench.errors import ValidationError
 
 ENCODER_ATTENTION = "workbench_encoder"
+# BERT's layout (embeddings with position and token type ids, `encoder.layer` of self-attention
+# layers calling the attention interface); RoBERTa's positions start after its padding id
+SUPPORTED_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "electra"})
 
 
 @dataclass
@@ -63,6 +67,17 @@ def encoder_attention(module, query, key, value, attention_mask, scaling=None, d
     return out.unsqueeze(0), None  # [1, T, Hh, D]
 
 
+def position_offset(model) -> int:
+    """The first position id: 0 for BERT, padding_idx + 1 for RoBERTa-style embeddings."""
+    padding_idx = getattr(model.embeddings, "padding_idx", None)
+    return 0 if padding_idx is None else padding_idx + 1
+
+
+def max_positions(model) -> int:
+    """The longest input the position table takes."""
+    return model.config.max_position_embeddings - position_offset(model)
+
+
 def prepack_linears(model: nn.Module) -> int:
     """Every `nn.Linear` of the encoder layers prepacked for oneDNN (bf16 on CPU only)."""
     layers = model.encoder.layer
@@ -87,6 +102,11 @@ class EncoderRunner:
     """
 
     def __init__(self, model, pooling: str):
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in SUPPORTED_TYPES:
+            raise ValidationError(
+                f"Embedding models of type {model_type!r} are not supported; the encoder runner "
+                f"runs {sorted(SUPPORTED_TYPES)}.", parameter="model", value=model_type)
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -97,6 +117,7 @@ class EncoderRunner:
             prepack_linears(model)  # float32 stays exactly as loaded, for numerical tests
         self.model = model
         self.pooling = pooling
+        self.position_offset = position_offset(model)
         self.device = next(model.parameters()).device
 
     @torch.inference_mode()
@@ -108,6 +129,8 @@ class EncoderRunner:
         ids = [t for s in ordered for t in s.seq.token_ids]
         input_ids = torch.tensor(ids, device=self.device).unsqueeze(0)  # [1, T]
         pos = torch.cat([torch.arange(n) for n in lengths]).to(self.device).unsqueeze(0)  # [1, T]
+        if self.position_offset:
+            pos = pos + self.position_offset
         hidden = self.model.embeddings(input_ids=input_ids, position_ids=pos,
                                        token_type_ids=torch.zeros_like(input_ids))  # [1, T, H]
         ctx = EncoderContext(_runs(lengths))

@@ -26,7 +26,7 @@ from workbench.config import EngineConfig
 from workbench.engine.beam_search import BeamSearch, BeamSearchOutput, top_candidates
 from workbench.engine.block_manager import BlockManager
 from workbench.engine.input_processor import InputProcessor, PromptInput
-from workbench.engine.encoder_runner import EncoderRunner
+from workbench.engine.encoder_runner import EncoderRunner, max_positions as encoder_max_positions
 from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.pooling import finish as pool_finish, label_token_ids, pooling_request
 from workbench.engine.outputs import (CompletionOutput, PoolingOutput, PoolingRequestOutput,
@@ -129,6 +129,8 @@ class LLMEngine:
     # -- set-up -----------------------------------------------------------------------------
     def _max_model_len(self, hf) -> int:
         limit = getattr(hf, "max_position_embeddings", None) or 2048
+        if self.is_pooling_model:  # RoBERTa's table holds padding_idx + 1 fewer positions
+            limit = min(limit, encoder_max_positions(self.model))
         if self.is_pooling_model and getattr(self.loaded, "max_model_len", None):
             limit = min(limit, self.loaded.max_model_len)  # sentence-transformers' max_seq_length
         window = getattr(hf, "sliding_window", None)
