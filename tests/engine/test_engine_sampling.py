@@ -111,14 +111,24 @@ def test_top_k_keeps_draws_within_the_k_most_likely(llm):
     assert any(entry[t].rank > 1 for t, entry in zip(out.token_ids, out.logprobs))
 
 
-@pytest.mark.parametrize("prompt", ["Once upon a time", "Once upon a time there was"])  # 4, 6 tokens
-def test_n_samples_are_unchanged_by_copy_on_write(tiny_llama, prompt):
-    """Block size 1 never shares a partly filled block; block size 4 forks mid-block and copies."""
+@pytest.mark.parametrize("prompt, caching", [("Once upon a time", False),  # 4 tokens
+                                             ("Once upon a time there was", False),  # 6 tokens
+                                             ("Once upon a time there was", True)])
+def test_n_samples_are_unchanged_by_copy_on_write(tiny_llama, prompt, caching):
+    """Block size 1 never shares a partly filled block; block size 4 forks mid-block and copies.
+
+    Both runs do the same arithmetic (with caching, both reuse the 4-token prefix and compute the
+    other 2 tokens), so their samples must be identical token for token. Runs with and without the cache
+    are not compared: the prompt is split differently, and float noise can flip a draw that
+    lands on a bucket edge of the tiny model's near-uniform distribution.
+    """
     params = [sampled(seed=9, n=3), sampled(seed=10, n=2)]
-    runs = []
-    for block_size, caching in [(1, False), (4, False), (4, True)]:
+    runs, hits = [], []
+    for block_size in (1, 4):
         llm = make_llm(tiny_llama, max_model_len=64, block_size=block_size, num_kv_blocks=128,
                        enable_prefix_caching=caching)
-        llm.generate("Once upon a time", greedy(1))  # a cached prefix for the third run
+        llm.generate("Once upon a time", greedy(1))  # a cached prefix when caching
         runs.append([tokens(o) for o in llm.generate([prompt, prompt], params)])
-    assert runs[0] == runs[1] == runs[2]
+        hits.append(llm.llm_engine.stats().prefix_cache_hits)
+    assert hits == ([8, 8] if caching else [0, 0])  # 4 cached tokens for each of 2 prompts
+    assert runs[0] == runs[1]
