@@ -31,7 +31,11 @@ async def test_a_full_waiting_queue_answers_503_with_retry_after(make_server, sl
     slow_steps(server)
     long = {"prompt": "Once", "max_tokens": 60, "ignore_eos": True, "temperature": 0}
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-        busy = [asyncio.create_task(client.post("/v1/completions", json=long)) for _ in range(3)]
+        # the first runs before the next two queue (arriving together, all three could find
+        # the running slot still empty and two already waiting: the third would be refused)
+        busy = [asyncio.create_task(client.post("/v1/completions", json=long))]
+        await asyncio.to_thread(_wait_for, lambda: server.engine.stats().num_running == 1)
+        busy += [asyncio.create_task(client.post("/v1/completions", json=long)) for _ in range(2)]
         await asyncio.to_thread(_wait_for, lambda: server.engine.stats().num_waiting == 2)
         refused = await client.post("/v1/completions", json=long)
         assert refused.status_code == 503
