@@ -94,6 +94,9 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--lora-resolver-dir", nargs="+", default=None, metavar="DIR",
                    help="a request naming an unknown model NAME loads DIR/NAME (needs "
                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)")
+    p.add_argument("--lora-load-dir", nargs="+", default=None, metavar="DIR",
+                   help="directories /v1/load_lora_adapter may load from (with the resolver "
+                   "directories); any other lora_path is refused")
     return p
 
 
@@ -169,7 +172,7 @@ def configs_from_args(args: argparse.Namespace):
 
 
 LORA_FLAGS = ("lora_modules", "max_loras", "max_lora_rank", "max_cpu_loras", "default_mm_loras",
-              "lora_resolver_dir")
+              "lora_resolver_dir", "lora_load_dir")
 
 
 def lora_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,15 +199,18 @@ def _with_loras(server: Any, args: argparse.Namespace) -> Any:
     if not args.enable_lora:
         return server
     dirs = tuple(args.lora_resolver_dir or ())
-    for d in dirs:
+    load_dirs = tuple(args.lora_load_dir or ())
+    for flag, d in [*(("--lora-resolver-dir", d) for d in dirs),
+                    *(("--lora-load-dir", d) for d in load_dirs)]:
         if not os.path.isdir(d):
-            raise ValueError(f"--lora-resolver-dir {d}: not a directory")
+            raise ValueError(f"{flag} {d}: not a directory")
     if dirs and not runtime_updating_allowed():
         raise ValueError("--lora-resolver-dir resolves adapters at run time: set "
                          "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 to allow it")
     modules = tuple(parse_lora_module(m) for m in args.lora_modules or ())
     return replace(server, lora_modules=modules,
-                   default_mm_loras=dict(args.default_mm_loras or {}), lora_resolver_dirs=dirs)
+                   default_mm_loras=dict(args.default_mm_loras or {}), lora_resolver_dirs=dirs,
+                   lora_load_dirs=load_dirs)
 
 
 def main(argv: list[str] | None = None) -> int:

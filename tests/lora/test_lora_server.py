@@ -33,7 +33,8 @@ def setup(adapters, tmp_path_factory):
                                         json.dumps({"name": "b", "path": str(adapters["b"])})),
                           default_mm_loras={"text": str(adapters["b"])},
                           allow_runtime_lora_updating=True,
-                          lora_resolver_dirs=(str(resolvable),))
+                          lora_resolver_dirs=(str(resolvable),),
+                          lora_load_dirs=(str(tmp_path_factory.getbasetemp()),))
     server = serve_in_kernel(llm, config=config)
     yield {"llm": llm, "server": server, "root": root, "resolvable": resolvable}
     server.stop()
@@ -134,8 +135,6 @@ def test_load_and_unload_routes(http, adapters, setup):
          "place, set 'load_inplace' to True."),
         (load({"lora_name": BASE, "lora_path": str(adapters["b"])}), 400, "InvalidUserInput",
          f"The lora adapter '{BASE}' conflicts with a served base model."),
-        (load({"lora_name": "d", "lora_path": "/no/such/adapter"}), 404, "NotFoundError",
-         "Loading lora d failed: No adapter found for /no/such/adapter"),
         (unload({}), 400, "InvalidUserInput",
          "'lora_name' needs to be provided to unload a LoRA adapter."),
         (unload({"lora_name": "zzz"}), 404, "NotFoundError",
@@ -145,6 +144,11 @@ def test_load_and_unload_routes(http, adapters, setup):
         assert response.status_code == status, response.text
         assert response.json()["error"]["type"] == kind
         assert response.json()["error"]["message"] == message
+    missing = load({"lora_name": "d", "lora_path": str(setup["root"] / "no-such-adapter")})
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
+    assert missing.json()["error"]["message"].startswith("Loading lora d failed: No adapter found")
+    outside = load({"lora_name": "d", "lora_path": "/no/such/adapter"})  # not an allowed dir
+    assert outside.status_code == 400 and "'lora_path' must lie inside" in outside.text
     before = complete(http, "c").json()["choices"][0]["text"]
     r = load({"lora_name": "c", "lora_path": str(adapters["b"]), "load_inplace": True})
     assert r.status_code == 200
@@ -223,10 +227,19 @@ def test_runtime_routes_need_the_switch(adapters, monkeypatch):
                        json={"lora_name": "c", "lora_path": str(adapters["a"])})
         assert r.status_code == 404  # not registered
     monkeypatch.setenv("WORKBENCH_ALLOW_RUNTIME_LORA_UPDATING", "1")
-    with serve_in_kernel(llm) as srv:
+    with serve_in_kernel(llm) as srv:  # no directory allowed: no path is
         r = httpx.post(f"{srv.url}/v1/load_lora_adapter",
                        json={"lora_name": "c", "lora_path": str(adapters["a"])})
-        assert r.status_code == 200
+        assert r.status_code == 400 and "none is configured" in r.json()["error"]["message"]
+    allowed = ServerConfig(lora_load_dirs=(str(adapters["a"].parent),))
+    with serve_in_kernel(llm, config=allowed) as srv:
+        load = lambda path: httpx.post(f"{srv.url}/v1/load_lora_adapter",  # noqa: E731
+                                       json={"lora_name": "c", "lora_path": path})
+        for outside in (str(adapters["a"].parent / ".." / "elsewhere"), "/etc", "a\x00b"):
+            r = load(outside)
+            assert r.status_code == 400 and "'lora_path' must lie inside" in \
+                r.json()["error"]["message"], outside
+        assert load(str(adapters["a"])).status_code == 200
 
 
 def test_static_adapters_need_lora_and_must_load(adapters, tmp_path):

@@ -69,6 +69,10 @@ INVALID = {
     "unknown model": _json(C, {"prompt": "hi", "model": "nope"}),
     "unknown field": _json(C, {"prompt": "hi", "max_tokens": 2, "temprature": 0.5}),
     "unknown chat field": _json(CHAT, {"messages": MSG, "max_tokens": 2, "frobnicate": True}),
+    "unknown embeddings field": _json("/v1/embeddings", {"input": "hi", "dimension": 8}),
+    "unknown score field": _json("/score", {"queries": "a", "documents": ["b"], "topn": 1}),
+    "unknown responses field": _json("/v1/responses", {"input": "hi", "max_tokens": 2}),
+    "unknown tokenize field": _json("/tokenize", {"prompt": "hi", "add_bos": True}),
     "lone surrogate prompt": _raw(C, '{"prompt": "a\\ud800b", "max_tokens": 2}'),
     "lone surrogate message": _raw(CHAT, '{"messages": [{"role": "user", '
                                          '"content": "\\udfff"}], "max_tokens": 2}'),
@@ -153,7 +157,9 @@ async def test_invalid_requests_interleaved_with_valid_ones(make_server):
 
 
 @pytest.mark.parametrize("name", ["NaN temperature", "10 MB body", "unknown field",
-                                  "2000 prompts", "lone surrogate prompt"])
+                                  "2000 prompts", "lone surrogate prompt",
+                                  "unknown embeddings field", "unknown responses field",
+                                  "unknown tokenize field"])
 def test_each_refusal_names_its_problem(make_server, name):
     server = make_server() if not hasattr(test_each_refusal_names_its_problem, "server") else None
     server = server or test_each_refusal_names_its_problem.server
@@ -163,9 +169,12 @@ def test_each_refusal_names_its_problem(make_server, name):
     message = _readable(response)
     words = {"NaN temperature": "temperature", "10 MB body": "--max-request-body-bytes",
              "unknown field": "temprature", "2000 prompts": "prompt",
-             "lone surrogate prompt": "surrogate"}
+             "lone surrogate prompt": "surrogate", "unknown embeddings field": "dimension",
+             "unknown responses field": "max_tokens", "unknown tokenize field": "add_bos"}
     assert words[name] in message
     if name == "10 MB body":
         assert response.status_code == 413
     if name == "2000 prompts":
         assert response.json()["error"]["param"] == "prompt"
+    if name.startswith("unknown") and name.endswith("field"):
+        assert response.status_code == 400 and response.json()["error"]["param"] == words[name]

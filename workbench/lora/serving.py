@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ValidationError
+from workbench.security import is_within
 from workbench.lora.request import LoRARequest
 from workbench.lora.resolver import FilesystemResolver, LoRAResolver
 
@@ -95,10 +96,12 @@ class ServedAdapters:
     """Adapter names of one server (see the module docstring)."""
 
     def __init__(self, engine: Any, base_model_names: Iterable[str],
-                 resolvers: Iterable[LoRAResolver] = (), allow_runtime: bool | None = None):
+                 resolvers: Iterable[LoRAResolver] = (), allow_runtime: bool | None = None,
+                 load_dirs: Iterable[str] = ()):
         self.engine = engine  # AsyncLLMEngine or LLMEngine: add_lora / remove_lora
         self.base_model_names = tuple(base_model_names)
         self.resolvers = list(resolvers)
+        self.load_dirs = tuple(str(d) for d in load_dirs)  # where /v1/load_lora_adapter may read
         self.allow_runtime = runtime_updating_allowed() if allow_runtime is None else allow_runtime
         self.lora_requests: dict[str, LoRARequest] = {}
         self._lock = threading.RLock()
@@ -115,8 +118,9 @@ class ServedAdapters:
         if os.environ.get(RESOLVER_DIR_ENV):
             dirs.append(os.environ[RESOLVER_DIR_ENV])
         resolvers = [FilesystemResolver(d, base_names - {""}) for d in dirs]
+        load_dirs = [*dirs, *(getattr(config, "lora_load_dirs", ()) or ())]
         adapters = cls(engine, names, resolvers, getattr(config, "allow_runtime_lora_updating",
-                                                          None))
+                                                          None), load_dirs)
         if adapters.allow_runtime:
             logger.warning("Runtime LoRA updating is enabled: /v1/load_lora_adapter and "
                            "/v1/unload_lora_adapter are served. This should ONLY be used for "
@@ -182,6 +186,11 @@ class ServedAdapters:
             raise _error("Both 'lora_name' and 'lora_path' must be provided.")
         if lora_name in self.base_model_names:
             raise _error(f"The lora adapter '{lora_name}' conflicts with a served base model.")
+        if "\x00" in lora_path or not is_within(self.load_dirs, lora_path):  # no arbitrary paths
+            raise _error("'lora_path' must lie inside a directory the server allows adapters "
+                         "from (--lora-load-dir or --lora-resolver-dir); "
+                         + ("none is configured." if not self.load_dirs else
+                            "this path does not."))
         with self._lock:
             old = self.lora_requests.get(lora_name)
             if old is not None and not load_inplace:

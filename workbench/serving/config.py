@@ -47,6 +47,7 @@ class ServerConfig:
     lora_modules: tuple[Any, ...] = ()  # "name=path", JSON text, dicts or LoRAModulePath
     default_mm_loras: dict[str, str] = field(default_factory=dict)  # content type -> path
     lora_resolver_dirs: tuple[str, ...] = ()  # directories resolved adapters may come from
+    lora_load_dirs: tuple[str, ...] = ()  # /v1/load_lora_adapter paths must lie in these (or the above)
     allow_runtime_lora_updating: bool | None = None  # None: VLLM_ALLOW_RUNTIME_LORA_UPDATING
 
     def __post_init__(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from workbench.serving.base import OpenAIServing
 from workbench.serving.chat_template import ChatRenderer
+from workbench.serving.unsupported import refuse_unknown_fields
 from workbench.serving.protocol.tokenize import (
     DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest, TokenizeRequest, TokenizeResponse,
 )
@@ -25,6 +26,7 @@ class TokenizeServing(OpenAIServing):
 
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
+        refuse_unknown_fields(request)
         if isinstance(request, TokenizeChatRequest):
             tools = ([t.model_dump(exclude_none=True) for t in request.tools]
                      if request.tools else None)
@@ -42,4 +44,5 @@ class TokenizeServing(OpenAIServing):
 
     def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)
+        refuse_unknown_fields(request)
         return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))

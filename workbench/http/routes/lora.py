@@ -17,6 +17,7 @@ from pydantic import Field
 
 from workbench.http.errors import error_json, validate_json_request
 from workbench.serving.protocol.common import OpenAIBaseModel
+from workbench.serving.unsupported import refuse_unknown_fields
 
 router = APIRouter()
 logger = logging.getLogger("workbench.lora")
@@ -41,6 +42,7 @@ async def load_lora_adapter(request: LoadLoRAAdapterRequest, raw: Request) -> Re
 
     adapters = raw.app.state.servings.adapters
     try:
+        refuse_unknown_fields(request)
         if request.is_3d_lora_weight:
             raise ValidationError("is_3d_lora_weight (3D MoE LoRA weights) is not supported.",
                                   parameter="is_3d_lora_weight", value=True)
@@ -56,6 +58,7 @@ async def unload_lora_adapter(request: UnloadLoRAAdapterRequest, raw: Request) -
     """Stops serving an adapter; requests already running with it finish with it."""
     adapters = raw.app.state.servings.adapters
     try:
+        refuse_unknown_fields(request)
         message = await asyncio.to_thread(adapters.unload, request.lora_name,
                                           request.lora_int_id)
     except Exception as exc:  # noqa: BLE001

@@ -31,6 +31,7 @@ from workbench.serving.pooling.checks import PoolingPrompts
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.recorder import PipelineRecorder
 from workbench.serving.streaming import merge_async_iterators
+from workbench.serving.unsupported import refuse_unknown_fields
 
 NO_PROMPTS = "Engine prompts not available"
 NO_GENERATOR = "Result generator not available"
@@ -103,6 +104,7 @@ class PoolingServing(OpenAIServing):
         with rec.check("headers", "check model"):
             self.check_headers(ctx.meta)
         with rec.stage("validate"), rec.check("supported fields", "validate"):
+            refuse_unknown_fields(request)
             self.validate(request)
         rec.fields(request)
         with rec.stage("preprocess"), rec.check(

@@ -1,8 +1,8 @@
 """Models shared by every endpoint: the base model, the error envelope, usage, model cards.
 
-`OpenAIBaseModel` keeps unknown fields aside (`model_extra`) and logs them at WARNING; the
-generation endpoints then refuse them by name (`unsupported.refuse_unknown_fields`), so a
-misspelt field never silently samples at a default.
+`OpenAIBaseModel` keeps unknown fields aside (`model_extra`) and logs them at WARNING; every
+endpoint then refuses them by name (`unsupported.refuse_unknown_fields`), so a misspelt field
+never silently runs at a default.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from workbench.serving.responses import checks
 from workbench.serving.responses.items import conversation
 from workbench.serving.responses.loop import ToolLoop, ToolSet, forced_name, sampling_params
 from workbench.serving.responses.store import ResponseStore
+from workbench.serving.unsupported import refuse_unknown_fields
 from workbench.tools.base import ToolServer, default_tool_server
 
 def not_found(response_id: str) -> ServingError:
@@ -63,6 +64,7 @@ class ResponsesServing(GenerationServing):
         self.check_headers(meta)
         if hasattr(self.engine, "check_health"):  # a dead engine: 500 before any stream starts
             self.engine.check_health()
+        refuse_unknown_fields(request)
         checks.check_request(request, store_enabled=self.store.enabled)
         history = []
         if request.previous_response_id is not None:
