@@ -237,6 +237,22 @@ async def test_required_choice_writes_a_json_array_of_calls(tokenizer):
         ("weather", {"city": "Oslo"})]
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "weather"},
+                                    {"type": "calculator"}])
+async def test_strict_forced_choices_compile_in_the_grammar_backend(tokenizer, choice):
+    """Strict mode closes every object: the constraint must still be satisfiable (the required
+    array's items were once an empty object schema, closed into "no keys at all")."""
+    from workbench.engine.structured import GrammarCompiler
+
+    s, engine = serving(tokenizer, ['[{"name": "weather", "parameters": {"city": "Oslo"}}]'])
+    await create(s, input="Weather?", tools=[WEATHER, *CALCULATOR], tool_choice=choice)
+    so = engine.submitted[0]["params"].structured_outputs
+    assert so.disable_additional_properties
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    grammar = compiler.compile(so).start()
+    assert grammar.error is None and not grammar.finished  # compiled, waiting for tokens
+
+
 @pytest.mark.parametrize("choice, message", [
     ({"type": "function", "name": "nope"}, "does not match any of the specified `tools`"),
     ({"type": "code_interpreter"}, "does not match any of the specified `tools`"),

@@ -36,7 +36,7 @@ def tools_json_schema(tools: list[Any], parallel_tool_calls: bool = True) -> dic
                  "required": ["name", "parameters"], "additionalProperties": False}
                 for name, parameters in map(_function, tools)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": {"type": "object", "anyOf": variants}}
+                              "items": {"anyOf": variants}}  # each variant is an object
     if not parallel_tool_calls:
         schema["maxItems"] = 1
     return schema
