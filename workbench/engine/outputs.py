@@ -7,7 +7,7 @@ Same names and fields as vLLM's `vllm.outputs`. Logprobs are a list with one dic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 PositionLogprobs = dict[int, "Logprob"]
 
@@ -131,20 +131,13 @@ class ScoringOutput:
 
 
 @dataclass
-class _TypedPoolingOutput:
-    request_id: str
-    outputs: object
-    prompt_token_ids: list[int]
-    num_cached_tokens: int = 0
-    finished: bool = True
-    finish_reason: str = "stop"
-    prompt: str | None = None
+class _TypedPoolingOutput(PoolingRequestOutput):
+    """A typed view of a `PoolingRequestOutput`: the same fields, `outputs` converted."""
 
     @classmethod
-    def _fields_of(cls, base: PoolingRequestOutput) -> dict:
-        return dict(request_id=base.request_id, prompt_token_ids=base.prompt_token_ids,
-                    num_cached_tokens=base.num_cached_tokens, finished=base.finished,
-                    finish_reason=base.finish_reason, prompt=base.prompt)
+    def _view(cls, base: PoolingRequestOutput, outputs: object):
+        values = {f.name: getattr(base, f.name) for f in fields(PoolingRequestOutput)}
+        return cls(**{**values, "outputs": outputs})
 
 
 @dataclass
@@ -153,7 +146,7 @@ class EmbeddingRequestOutput(_TypedPoolingOutput):
 
     @classmethod
     def from_base(cls, base: PoolingRequestOutput) -> "EmbeddingRequestOutput":
-        return cls(outputs=EmbeddingOutput(base.outputs.data.tolist()), **cls._fields_of(base))
+        return cls._view(base, EmbeddingOutput(base.outputs.data.tolist()))
 
 
 @dataclass
@@ -162,8 +155,7 @@ class ClassificationRequestOutput(_TypedPoolingOutput):
 
     @classmethod
     def from_base(cls, base: PoolingRequestOutput) -> "ClassificationRequestOutput":
-        return cls(outputs=ClassificationOutput(base.outputs.data.tolist()),
-                   **cls._fields_of(base))
+        return cls._view(base, ClassificationOutput(base.outputs.data.tolist()))
 
 
 @dataclass
@@ -174,7 +166,7 @@ class ScoringRequestOutput(_TypedPoolingOutput):
     def from_base(cls, base: PoolingRequestOutput) -> "ScoringRequestOutput":
         data = base.outputs.data
         if data.numel() == 0 and base.finish_reason != "stop":  # aborted or failed: no score
-            return cls(outputs=ScoringOutput(float("nan")), **cls._fields_of(base))
+            return cls._view(base, ScoringOutput(float("nan")))
         if data.numel() != 1:
             raise ValueError(f"A score is one number; this output has shape {tuple(data.shape)}.")
-        return cls(outputs=ScoringOutput(float(data.item())), **cls._fields_of(base))
+        return cls._view(base, ScoringOutput(float(data.item())))
