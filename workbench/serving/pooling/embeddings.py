@@ -13,7 +13,7 @@ from typing import Any
 
 from workbench.serving.pooling.base import PoolingContext, PoolingServing
 from workbench.serving.pooling.checks import check_common, check_encoding
-from workbench.serving.pooling.encoding import encode
+from workbench.serving.pooling.encoding import encode_outputs
 from workbench.serving.protocol.common import UsageInfo
 from workbench.serving.protocol.pooling import EmbeddingResponse, EmbeddingResponseData
 
@@ -43,10 +43,7 @@ class EmbeddingServing(PoolingServing):
         return [params] * len(ctx.engine_prompts)
 
     async def build_response(self, ctx: PoolingContext) -> EmbeddingResponse:
-        request = ctx.request
-        data = [EmbeddingResponseData(index=i, embedding=encode(
-                    out.outputs.data, request.encoding_format, request.embed_dtype,
-                    request.endianness))
-                for i, out in enumerate(ctx.final_res_batch)]
+        encoded = encode_outputs(ctx.request, ctx.final_res_batch)
+        data = [EmbeddingResponseData(index=i, embedding=value) for i, value in enumerate(encoded)]
         return EmbeddingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                                  data=data, usage=pooling_usage(ctx))

@@ -47,3 +47,9 @@ def encode(data: Any, encoding_format: str = "float", embed_dtype: str = "float3
     if encoding_format == "base64":
         return base64.b64encode(tensor_bytes(data, embed_dtype, endianness)).decode("ascii")
     return data.detach().to("cpu").float().tolist()
+
+
+def encode_outputs(request: Any, outputs: list[Any]) -> list[Any]:
+    """Each pooled output of a batch encoded as `request` asks (format, dtype, byte order)."""
+    return [encode(out.outputs.data, request.encoding_format, request.embed_dtype,
+                   request.endianness) for out in outputs]

@@ -13,7 +13,7 @@ from typing import Any
 from workbench.serving.pooling.base import PoolingContext, PoolingServing
 from workbench.serving.pooling.checks import check_common, check_encoding
 from workbench.serving.pooling.embeddings import pooling_usage
-from workbench.serving.pooling.encoding import encode
+from workbench.serving.pooling.encoding import encode_outputs
 from workbench.serving.protocol.pooling import PoolingResponse, PoolingResponseData
 
 
@@ -43,10 +43,7 @@ class PoolingEndpointServing(PoolingServing):
         return [params] * len(ctx.engine_prompts)
 
     async def build_response(self, ctx: PoolingContext) -> PoolingResponse:
-        request = ctx.request
-        data = [PoolingResponseData(index=i, data=encode(
-                    out.outputs.data, request.encoding_format, request.embed_dtype,
-                    request.endianness))
-                for i, out in enumerate(ctx.final_res_batch)]
+        encoded = encode_outputs(ctx.request, ctx.final_res_batch)
+        data = [PoolingResponseData(index=i, data=value) for i, value in enumerate(encoded)]
         return PoolingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                                data=data, usage=pooling_usage(ctx))
