@@ -31,16 +31,6 @@ async def _wait_for(engine, request_id: str) -> None:
         await asyncio.sleep(0.001)
 
 
-async def _a_waiting_request(engine, prefix: str) -> str:
-    """One of the request's engine ids still queued (max_num_seqs=1: all but one wait)."""
-    while True:
-        waiting = [s.request.request_id for s in list(engine.engine.scheduler.waiting)
-                   if s.request.request_id.startswith(prefix)]
-        if waiting:
-            return waiting[-1]
-        await asyncio.sleep(0.001)
-
-
 def test_an_aborted_request_fails_the_batch(engine):
     serving = Servings.build(engine, ServerConfig()).embeddings
     request = EmbeddingCompletionRequest(input=[LONG] * 12)
@@ -48,8 +38,14 @@ def test_an_aborted_request_fails_the_batch(engine):
 
     async def go():
         task = asyncio.ensure_future(serving.create(request, meta))
-        queued = await _a_waiting_request(engine, "embd-abort-me-")
-        await engine.abort(queued)  # e.g. an operator's abort, before it ran
+        while True:  # under the engine's lock no step runs: the request is still queued
+            with engine.engine.lock:
+                waiting = [s.request.request_id for s in engine.engine.scheduler.waiting
+                           if s.request.request_id.startswith("embd-abort-me-")]
+                if waiting:  # e.g. an operator's abort, before it ran
+                    engine.engine.abort_request(waiting[-1])
+                    break
+            await asyncio.sleep(0.001)
         return await task
 
     with pytest.raises(ValueError, match=f"^{MISSING_RESULTS}$"):
