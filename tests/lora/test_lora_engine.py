@@ -220,3 +220,24 @@ def test_pooling_models_refuse_lora():
 
     with pytest.raises(ValidationError, match="not supported for pooling models"):
         LLM(tiny_model("bert"), enable_lora=True)
+
+
+def test_lean_decoder_loop_applies_adapters(adapters):
+    """In bfloat16 the runner's lean loop (engine/decoder.py) calls the LoRA wrappers too: a
+    mixed batch gives bit-identical logprobs with it and with transformers' layers."""
+    a = LoRARequest("a", 1, str(adapters["a"]))
+    b = LoRARequest("b", 2, str(adapters["b"]))
+    params = SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True)
+    results = []
+    for lean in (True, False):
+        llm = LLM(fresh_tiny("llama", "bfloat16"), enable_lora=True, max_loras=2,
+                  num_kv_blocks=64, max_model_len=256)
+        assert llm.llm_engine.runner.stack is not None
+        if not lean:
+            llm.llm_engine.runner.stack = None
+        outs = llm.generate(PROMPTS[:1] * 3 + PROMPTS, params,
+                            lora_request=[None, a, b] * 2)
+        results.append([(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs])
+    assert results[0] == results[1]
+    base, with_a, with_b = results[0][:3]  # one prompt: the adapters change its logprobs
+    assert base != with_a and base != with_b

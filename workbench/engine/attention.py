@@ -52,30 +52,37 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, dropout=dropout, **kwargs)
-    ctx = wb_ctx
-    k_cache, v_cache = ctx.kv_caches[module.layer_idx]
+    out = attend(wb_ctx, module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
+                 value[0].transpose(0, 1), scaling)
+    return out.unsqueeze(0), None
+
+
+def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
+           v: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """Writes the step's K/V into layer `layer_idx`'s cache, then attends every query to its
+    context. q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]."""
+    k_cache, v_cache = ctx.kv_caches[layer_idx]
     # write this step's K/V first, so that gathers below see them
-    k_cache.index_copy_(0, ctx.slot_mapping, key[0].transpose(0, 1))  # [T, Hkv, D]
-    v_cache.index_copy_(0, ctx.slot_mapping, value[0].transpose(0, 1))
-    q = query[0]  # [Hq, T, D]
-    out = torch.empty_like(q.transpose(0, 1))  # [T, Hq, D]
+    k_cache.index_copy_(0, ctx.slot_mapping, k)
+    v_cache.index_copy_(0, ctx.slot_mapping, v)
+    out = torch.empty_like(q)  # [T, Hq, D]
     nd = ctx.num_decode
     if nd:
-        qd = q[:, :nd].transpose(0, 1)  # [B, Hq, D]
+        qd = q[:nd]  # [B, Hq, D]
         shape = (*ctx.decode_slots.shape, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
         flat = ctx.decode_slots.flatten()  # index_select: ~7x faster than k_cache[slots] here
-        k = k_cache.index_select(0, flat).view(shape)
-        v = v_cache.index_select(0, flat).view(shape)
-        out[:nd] = decode_attention(qd, k, v, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
+        kd = k_cache.index_select(0, flat).view(shape)
+        vd = v_cache.index_select(0, flat).view(shape)
+        out[:nd] = decode_attention(qd, kd, vd, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
-        k = k_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        v = v_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)
-        qp = q[:, s:s + n].unsqueeze(0)  # [1, Hq, n, D]
-        o = F.scaled_dot_product_attention(qp, k, v, attn_mask=chunk.mask, scale=scaling,
+        kp = k_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        vp = v_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)
+        qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=chunk.mask, scale=scaling,
                                            is_causal=chunk.mask is None, enable_gqa=True)
         out[s:s + n] = o[0].transpose(0, 1)
-    return out.unsqueeze(0), None
+    return out
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -6,7 +6,8 @@ LM head) on a single ragged row of every scheduled token; attention goes through
 `workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
 them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
 In reduced precision the Q/K/V and gate/up projections are fused and, on CPU, every
-projection is prepacked for oneDNN (`engine/fusion.py`).
+projection is prepacked for oneDNN (`engine/fusion.py`); Llama-family layers then run in one
+lean loop over their own modules (`engine/decoder.py`, bit-identical to calling them).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from workbench.engine import attention
 from workbench.engine.attention import AttentionContext, PrefillChunk
+from workbench.engine.decoder import DecoderStack
 from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
 
@@ -49,6 +51,8 @@ class ModelRunner:
             fuse_projections(model)  # float32 stays exactly as loaded, for numerical tests
         self.model = model
         self.base = model.model
+        # transformers' layers in float32 (numerical tests) and for families it does not know
+        self.stack = DecoderStack(model) if DecoderStack.supports(model) else None
         self.config = model.config
         self.block_size = block_size
         self.device = next(model.parameters()).device
@@ -147,9 +151,12 @@ class ModelRunner:
         if self.lora is not None:  # which rows use which adapter, for the LoRA layers
             self.lora.begin_step(ordered)
         try:
-            for layer in self.base.layers:
-                hidden = layer(hidden, attention_mask=None, position_ids=pos,
-                               position_embeddings=rope, wb_ctx=ctx)
+            if self.stack is not None:
+                hidden = self.stack(hidden[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
+            else:
+                for layer in self.base.layers:
+                    hidden = layer(hidden, attention_mask=None, position_ids=pos,
+                                   position_embeddings=rope, wb_ctx=ctx)
         finally:
             if self.lora is not None:
                 self.lora.end_step()
