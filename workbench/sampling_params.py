@@ -18,6 +18,7 @@ from typing import Any
 from workbench.errors import ValidationError
 
 MAX_N_SEQUENCES = 16384
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's limit on `logprob_token_ids`
 _SAMPLING_EPS = 1e-5
 _MIN_TEMPERATURE = 0.01
 
@@ -168,6 +169,9 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # logprobs of exactly these ids at each generated position (besides the sampled token's),
+    # whatever their rank; turns logprobs on by itself
+    logprob_token_ids: list[int] | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -190,6 +194,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.bad_words = list(self.bad_words or [])
+        if self.logprob_token_ids is not None:
+            self.logprob_token_ids = list(self.logprob_token_ids)
         if self.seed == -1:
             self.seed = None
         if self.logit_bias is not None:
@@ -269,6 +275,12 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value < -1:
                 _fail(f"{name} must be non-negative or -1, got {value}.", name, value)
+        if self.logprob_token_ids is not None and len(self.logprob_token_ids) > MAX_LOGPROB_TOKEN_IDS:
+            _fail(
+                f"Requested logprob_token_ids of length {len(self.logprob_token_ids)}, which is "
+                f"greater than max allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids",
+                len(self.logprob_token_ids),
+            )
         if self.truncate_prompt_tokens is not None and (
             self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1
         ):
@@ -300,6 +312,7 @@ class SamplingParams:
         for name, ids in (
             ("stop_token_ids", self.stop_token_ids),
             ("logit_bias", list(self.logit_bias or {})),
+            ("logprob_token_ids", self.logprob_token_ids or []),
         ):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:
@@ -316,6 +329,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _SAMPLING_EPS
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether generated positions carry logprobs (a top-k count or tracked ids)."""
+        return self.logprobs is not None or bool(self.logprob_token_ids)
 
     def num_logprobs(self, vocab_size: int) -> int | None:
         """Top-k logprobs per generated position, resolving -1 to the whole vocabulary."""

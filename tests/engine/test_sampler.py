@@ -24,8 +24,9 @@ BASE = logits_of(0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, 1.5)
 def test_compute_logprobs_matches_log_softmax_with_ranks_and_top_k():
     raw = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
     tokens = torch.tensor([0, 3, 7])
-    chosen, ranks, top_ids, top_lp = compute_logprobs(raw, tokens, 2)
+    logprobs, chosen, ranks, top_ids, top_lp = compute_logprobs(raw, tokens, 2)
     ref = raw.log_softmax(-1)
+    assert torch.allclose(logprobs, ref)
     assert torch.allclose(chosen, ref[torch.arange(3), tokens])
     expected_ranks = [(ref[i] > ref[i, t]).sum().item() + 1 for i, t in enumerate(tokens.tolist())]
     assert ranks.tolist() == expected_ranks
@@ -34,7 +35,7 @@ def test_compute_logprobs_matches_log_softmax_with_ranks_and_top_k():
 
 
 def test_compute_logprobs_without_top_k_gives_only_the_chosen():
-    _, _, top_ids, top_lp = compute_logprobs(BASE, torch.tensor([1]), 0)
+    _, _, _, top_ids, top_lp = compute_logprobs(BASE, torch.tensor([1]), 0)
     assert top_ids is None and top_lp is None
 
 

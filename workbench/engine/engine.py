@@ -550,7 +550,8 @@ class LLMEngine:
                 self.scheduler.finish(seq)
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple]:
-        """One token per row: (token, logprob, rank, top ids, top logprobs) for each."""
+        """One token per row: (token, logprob, rank, top ids, top logprobs, tracked ids'
+        logprobs) for each."""
         rows = [SamplingRow(s.request.params,  # embedded prompts have no ids to penalize
                             [] if s.request.prompt_embeds is not None else s.request.prompt_token_ids,
                             s.output_token_ids,
@@ -563,7 +564,8 @@ class LLMEngine:
             return t.tolist() if t is not None else [None] * n
 
         return list(zip(result.tokens.tolist(), column(result.token_logprobs),
-                        column(result.ranks), column(result.top_ids), column(result.top_logprobs)))
+                        column(result.ranks), column(result.top_ids), column(result.top_logprobs),
+                        result.tracked or [None] * n))
 
     def _collect(self, touched: list[Request]) -> list[RequestOutput]:
         results, seen = [], set()

@@ -35,13 +35,19 @@ class TokenTexts:
 
 
 def position_logprobs(token_id: int, logprob: float, rank: int, top_ids: list[int] | None,
-                      top_lps: list[float] | None, k: int, texts: TokenTexts) -> dict[int, Logprob]:
-    """{token: Logprob}, the given token first, then the top-k (deduplicated), as vLLM.
+                      top_lps: list[float] | None, k: int, texts: TokenTexts,
+                      tracked: tuple[list[int], list[float], list[int]] | None = None,
+                      ) -> dict[int, Logprob]:
+    """{token: Logprob}, the given token first, then the top-k, then the tracked ids
+    (`logprob_token_ids`), deduplicated, as vLLM.
 
     `top_ids` / `top_lps` are None when no row of the batch asked for a top-k (logprobs=0).
     """
     entry = {token_id: Logprob(logprob, rank, texts(token_id))}
     for r, (tid, lp) in enumerate(zip((top_ids or [])[:k], (top_lps or [])[:k]), start=1):
+        if tid not in entry:
+            entry[tid] = Logprob(lp, r, texts(tid))
+    for tid, lp, r in zip(*(tracked or ((), (), ()))):
         if tid not in entry:
             entry[tid] = Logprob(lp, r, texts(tid))
     return entry
@@ -63,7 +69,8 @@ class OutputProcessor:
         seq.detok = IncrementalDetokenizer(self.tokenizer, req.params, context)
 
     def append_token(self, seq: Sequence, token: int, lp: float | None, rank: int | None,
-                     top_ids: list[int] | None, top_lps: list[float] | None) -> None:
+                     top_ids: list[int] | None, top_lps: list[float] | None,
+                     tracked: tuple[list[int], list[float], list[int]] | None = None) -> None:
         """Adds a sampled token, its logprobs, and finishes the sequence if it should stop."""
         p = seq.request.params
         seq.token_ids.append(token)
@@ -72,9 +79,9 @@ class OutputProcessor:
         if lp is not None:
             seq.cumulative_logprob += lp
             if seq.logprobs is not None:
-                k = p.num_logprobs(self.vocab_size)
+                k = p.num_logprobs(self.vocab_size) or 0
                 seq.logprobs.append(position_logprobs(token, lp, rank, top_ids, top_lps, k,
-                                                      self.texts))
+                                                      self.texts, tracked))
         reason, stop_reason = self._check_stop(seq, token)
         if p.detokenize and (reason != "stop" or p.include_stop_str_in_output):
             # a stop token's text stays out unless asked for; stop strings count after min_tokens

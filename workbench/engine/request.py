@@ -77,7 +77,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] | None = (
-            [] if request.params.logprobs is not None else None
+            [] if request.params.wants_logprobs else None
         )
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

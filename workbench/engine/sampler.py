@@ -36,6 +36,8 @@ class SampleResult:
     ranks: torch.Tensor | None  # [R] rank of the sampled token (1 = most likely)
     top_ids: torch.Tensor | None  # [R, K] top-K ids by raw logprob
     top_logprobs: torch.Tensor | None  # [R, K]
+    # per row: (ids, raw logprobs, ranks) of its `logprob_token_ids`, None where it has none
+    tracked: list[tuple[list[int], list[float], list[int]] | None] | None = None
 
 
 def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -125,12 +127,21 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None],
 
 
 def compute_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int):
-    """Raw logprobs of the sampled tokens, their ranks, and the top-k of each row."""
+    """Raw logprobs [R, V], those of the sampled tokens, their ranks, and each row's top-k."""
     logprobs = raw.log_softmax(-1)  # [R, V]
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [R]
     ranks = (logprobs > chosen.unsqueeze(1)).sum(-1) + 1  # [R]
     top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (None, None)
-    return chosen, ranks, top_ids, top_lp
+    return logprobs, chosen, ranks, top_ids, top_lp
+
+
+def tracked_logprobs(logprobs: torch.Tensor, ids: list[int]) -> tuple[list[int], list[float],
+                                                                       list[int]]:
+    """One row's raw logprobs [V] at `ids`, and their ranks (1 = most likely)."""
+    index = torch.tensor(ids, device=logprobs.device)
+    values = logprobs.index_select(0, index)  # [m]
+    ranks = (logprobs.unsqueeze(0) > values.unsqueeze(1)).sum(-1) + 1  # [m]
+    return list(ids), values.tolist(), ranks.tolist()
 
 
 def _edits_logits(p: SamplingParams) -> bool:
@@ -174,9 +185,11 @@ class Sampler:
             )
             gens = [rows[i].generator for i in sampled]
             tokens[sampled] = sample(sub.softmax(-1), gens, self.generator)
-        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        want = [i for i, r in enumerate(rows) if r.params.wants_logprobs]
         if not want:
             return SampleResult(tokens, None, None, None, None)
-        k = max(rows[i].params.num_logprobs(self.vocab_size) for i in want)
-        chosen, ranks, top_ids, top_lp = compute_logprobs(raw, tokens, k)
-        return SampleResult(tokens, chosen, ranks, top_ids, top_lp)
+        k = max(rows[i].params.num_logprobs(self.vocab_size) or 0 for i in want)
+        logprobs, chosen, ranks, top_ids, top_lp = compute_logprobs(raw, tokens, k)
+        tracked = [tracked_logprobs(logprobs[i], r.params.logprob_token_ids)
+                   if r.params.logprob_token_ids else None for i, r in enumerate(rows)]
+        return SampleResult(tokens, chosen, ranks, top_ids, top_lp, tracked)

@@ -84,7 +84,8 @@ class ChatServing(GenerationServing):
             prompt_logprobs = request.top_logprobs
         params = build_sampling_params(
             request, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs,
-            logprobs=request.top_logprobs if request.logprobs else None, defaults=self.defaults)
+            logprobs=request.top_logprobs if request.logprobs and not request.logprob_token_ids
+            else None, defaults=self.defaults)
         self.tools.constrain(request, params, prompt.text)  # required / named tool choice
         return params
 
@@ -107,6 +108,8 @@ class ChatServing(GenerationServing):
         logprobs = None
         if request.logprobs and request.top_logprobs is not None:
             num_top = self.engine.vocab_size if request.top_logprobs == -1 else request.top_logprobs
+            if request.logprob_token_ids:  # the position holds the sampled token and those ids
+                num_top = len(request.logprob_token_ids) + 1
             logprobs = chat_logprobs(delta.token_ids, delta.logprobs or [None] * len(delta.token_ids),
                                      num_top, self.tokenizer, as_token_ids=self.as_token_ids(request))
         return delta.text, logprobs, delta.token_ids if request.return_token_ids else None

@@ -67,7 +67,8 @@ class CompletionServing(GenerationServing):
         prompt_logprobs = request.prompt_logprobs
         if prompt_logprobs is None and request.echo:
             prompt_logprobs = request.logprobs
-        return build_sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
+        logprobs = None if request.logprob_token_ids else request.logprobs  # as vLLM's chat
+        return build_sampling_params(request, max_tokens=max_tokens, logprobs=logprobs,
                                      prompt_logprobs=prompt_logprobs, defaults=self.defaults)
 
     # stage 6 -------------------------------------------------------------------------------
@@ -145,6 +146,8 @@ class CompletionServing(GenerationServing):
         lp_object = None
         if request.logprobs is not None:
             num_top = self.engine.vocab_size if request.logprobs == -1 else request.logprobs
+            if request.logprob_token_ids:  # the position holds the sampled token and those ids
+                num_top = len(request.logprob_token_ids)
             lp_object, cursor.text_offset = completion_logprobs(
                 token_ids, logprobs or [None] * len(token_ids), num_top, self.tokenizer,
                 initial_offset=cursor.text_offset, as_token_ids=self.as_token_ids(request))

@@ -38,8 +38,6 @@ def _refuse(message: str, parameter: str, value: Any = None) -> None:
 
 def check_common(request: Any) -> None:
     """Refusals shared by completions and chat completions."""
-    if request.logprob_token_ids is not None:
-        _refuse(f"`logprob_token_ids` {_NOT_YET}.", "logprob_token_ids")
     for name in ("kv_transfer_params", "vllm_xargs",
                  "repetition_detection", "stream_interval"):
         if getattr(request, name) is not None:

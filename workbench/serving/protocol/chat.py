@@ -125,6 +125,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
         checks.check_integer_fields(data, ("prompt_logprobs", "top_logprobs"))
         checks.check_prompt_logprobs(data)
         _check_top_logprobs(data)
+        checks.check_logprob_token_ids(data, chat=True)
         data = _check_tool_usage(data)
         if data.get("continue_final_message") and data.get("add_generation_prompt"):
             raise ValidationError("Cannot set both `continue_final_message` and "

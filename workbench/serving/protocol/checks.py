@@ -40,6 +40,18 @@ def check_prompt_logprobs(data: dict[str, Any]) -> None:
                               parameter="prompt_logprobs", value=prompt_logprobs)
 
 
+def check_logprob_token_ids(data: dict[str, Any], *, chat: bool) -> None:
+    """`logprob_token_ids` needs logprobs on, and not beam search (vLLM's messages)."""
+    if not data.get("logprob_token_ids"):
+        return
+    if data.get("use_beam_search"):
+        raise ValidationError("`logprob_token_ids` is not supported with beam search.",
+                              parameter="logprob_token_ids")
+    if not data.get("logprobs") if chat else data.get("logprobs") is None:
+        raise ValidationError("when using `logprob_token_ids`, `logprobs` must be set"
+                              + (" to true." if chat else "."), parameter="logprob_token_ids")
+
+
 def check_top_k_field(data: dict[str, Any], name: str) -> None:
     """`logprobs` (completions) or `top_logprobs` (chat): a count >= 0, or -1 for the vocabulary."""
     value = data.get(name)
