@@ -89,7 +89,7 @@ def prepack_linears(model: nn.Module) -> int:
                       layer.output):
             for name, child in list(owner.named_children()):
                 if isinstance(child, nn.Linear):
-                    setattr(owner, name, FastLinear(child.weight, child.bias, True))
+                    setattr(owner, name, FastLinear(child.weight, child.bias, "onednn"))
                     count += 1
     return count
 

@@ -1,14 +1,20 @@
 """Faster projections for transformers' decoder layers, leaving their forward code as it is.
 
-Two changes, both exact in bfloat16 and used only in reduced precision (in float32 the model
-stays exactly as loaded, for the numerical tests):
+Two changes, used only in reduced precision (in float32 the model stays exactly as loaded, for
+the numerical tests):
 - Fusion: transformers' attention calls `q_proj(x)`, `k_proj(x)`, `v_proj(x)` on the same tensor,
   and its MLP `gate_proj(x)` then `up_proj(x)`. Each group becomes parts of one `FusedGroup`: the
   first part called with a tensor computes the concatenated projection once, the others return
-  their slice of it.
-- Prepacking: on CPU in bfloat16, every projection (and the LM head) keeps its weight in
-  oneDNN's blocked layout and multiplies with oneDNN's linear, two to three times faster than
-  `F.linear` for the small matrices of a small model, and bit-identical to it.
+  their slice of it (exact: the same products).
+- Kernels: on CPU in bfloat16 every projection (and the LM head) becomes a `FastLinear` with the
+  best kernel this torch build has (`best_kernel`):
+  - "onednn": the weight prepacked in oneDNN's blocked layout, bit-identical to `F.linear`;
+  - "mkl": as "onednn", except one-row products (a single sequence decoding), which go through
+    MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight: about 30% less time per
+    single-stream step here, for a second copy of the projection weights in memory (the LM
+    head shares its plain weight with the tied embeddings). fp32 accumulation and one rounding,
+    like oneDNN, but a product may differ from oneDNN's in the last bit of bf16;
+  - "torch": `F.linear`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from workbench.engine import mkl
+
+KERNELS = ("mkl", "onednn", "torch")
 
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 _SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
@@ -36,35 +46,51 @@ def can_prepack(weight: torch.Tensor) -> bool:
     return True
 
 
-class FastLinear(nn.Module):
-    """`y = x W^T + b` with W prepacked for oneDNN when possible (see the module docstring)."""
+def best_kernel(weight: torch.Tensor) -> str:
+    """The fastest `KERNELS` entry that works for `weight` here."""
+    if not can_prepack(weight):
+        return "torch"
+    return "mkl" if mkl.available() else "onednn"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, prepack: bool):
+
+class FastLinear(nn.Module):
+    """`y = x W^T + b` through one of `KERNELS` (see the module docstring)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str):
         super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         self.out_features, self.in_features = weight.shape
-        self.prepacked = prepack
+        self.kernel = kernel
         weight = weight.detach()
-        if prepack:
-            weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-        self.register_buffer("packed_weight", weight, persistent=False)
+        packed = None if kernel == "torch" else torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        plain = weight.contiguous() if kernel != "onednn" else None
+        self.register_buffer("weight", plain, persistent=False)  # [out, in] or None
+        self.register_buffer("packed_weight", packed, persistent=False)  # oneDNN layout or None
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prepacked:
+        if self.kernel == "mkl" and x.numel() == self.in_features:  # one row
+            return mkl.linear(x, self.weight, x.dtype, self.bias)
+        if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
                                                       "none", [], "")
-        return F.linear(x, self.packed_weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"kernel={self.kernel}"
 
 
 class FusedGroup:
     """One projection for several linears that read the same input."""
 
-    def __init__(self, linears: list[nn.Linear], prepack: bool):
+    def __init__(self, linears: list[nn.Linear], kernel: str):
         weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
         biases = [lin.bias for lin in linears]
         bias = torch.cat([b.detach() for b in biases]) if all(
             b is not None for b in biases) else None
-        self.linear = FastLinear(weight, bias, prepack)
+        self.linear = FastLinear(weight, bias, kernel)
         self.sizes = [lin.out_features for lin in linears]
         self._input: torch.Tensor | None = None
         self._parts: tuple[torch.Tensor, ...] = ()
@@ -93,12 +119,11 @@ class FusedPart(nn.Module):
         return self.group.part(self.index, x)
 
 
-def fuse_projections(model: nn.Module, prepack: bool | None = None) -> int:
-    """Fuses Q/K/V and gate/up in every decoder layer, and prepacks every projection and the
-    LM head where oneDNN can (`prepack=None`: decide from the weights); returns how many
-    fused groups."""
-    weight = next(model.parameters())
-    prepack = can_prepack(weight) if prepack is None else prepack
+def fuse_projections(model: nn.Module, kernel: str | None = None) -> int:
+    """Fuses Q/K/V and gate/up in every decoder layer and gives every projection and the LM head
+    `kernel` (None: `best_kernel`; with "torch" the unfused projections stay as they are);
+    returns how many fused groups."""
+    kernel = best_kernel(next(model.parameters())) if kernel is None else kernel
     fused = 0
     for layer in model.model.layers:
         for owner_name, names in _GROUPS:
@@ -106,16 +131,16 @@ def fuse_projections(model: nn.Module, prepack: bool | None = None) -> int:
             linears = [getattr(owner, n, None) for n in names] if owner is not None else []
             if not linears or not all(isinstance(lin, nn.Linear) for lin in linears):
                 continue
-            group = FusedGroup(linears, prepack)
+            group = FusedGroup(linears, kernel)
             for i, name in enumerate(names):
                 setattr(owner, name, FusedPart(group, i, linears[i].in_features))
             fused += 1
-        if prepack:
+        if kernel != "torch":
             for owner_name, name in _SINGLES:
                 owner = getattr(layer, owner_name, None)
                 lin = getattr(owner, name, None)
                 if isinstance(lin, nn.Linear):
-                    setattr(owner, name, FastLinear(lin.weight, lin.bias, True))
-    if prepack and isinstance(getattr(model, "lm_head", None), nn.Linear):
-        model.lm_head = FastLinear(model.lm_head.weight, model.lm_head.bias, True)
+                    setattr(owner, name, FastLinear(lin.weight, lin.bias, kernel))
+    if kernel != "torch" and isinstance(getattr(model, "lm_head", None), nn.Linear):
+        model.lm_head = FastLinear(model.lm_head.weight, model.lm_head.bias, kernel)
     return fused
