@@ -70,8 +70,9 @@ class FastLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "mkl" and x.numel() == self.in_features:  # one row
-            return mkl.linear(x, self.weight, x.dtype, self.bias)
+        one_row = x.numel() == self.in_features
+        if self.kernel == "mkl" and one_row and x.dtype == torch.bfloat16:
+            return mkl.linear(x, self.weight, self.bias)
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
                                                       "none", [], "")
