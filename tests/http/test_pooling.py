@@ -209,6 +209,28 @@ def test_rerank_is_stable_across_calls(ehttp):
     assert scores[0] == pytest.approx(scores[3], abs=1e-5)
 
 
+def test_per_side_token_limits_score_the_first_tokens(ehttp):
+    """`max_tokens_per_query` / `max_tokens_per_doc` keep the first N tokens of each side: the
+    scores equal those of the cut texts, and documents are echoed whole."""
+    query, doc = "a cat sleeps on the warm mat all day long", "the dog barks at the mailman"
+    cut = ehttp.post("/score", json={"queries": query, "documents": doc,
+                                     "max_tokens_per_query": 2, "max_tokens_per_doc": 2}).json()
+    by_hand = ehttp.post("/score", json={"queries": "a cat", "documents": "the dog"}).json()
+    whole = ehttp.post("/score", json={"queries": query, "documents": doc}).json()
+    assert cut["data"][0]["score"] == pytest.approx(by_hand["data"][0]["score"], abs=1e-5)
+    assert cut["data"][0]["score"] != pytest.approx(whole["data"][0]["score"], abs=1e-3)
+    assert cut["usage"]["prompt_tokens"] < whole["usage"]["prompt_tokens"]
+    ranked = ehttp.post("/rerank", json={"query": query, "documents": [doc],
+                                         "max_tokens_per_doc": 2}).json()
+    assert ranked["results"][0]["document"]["text"] == doc
+    assert ranked["results"][0]["relevance_score"] == pytest.approx(
+        ehttp.post("/score", json={"queries": query, "documents": "the dog"}).json()
+        ["data"][0]["score"], abs=1e-5)
+    error = error_of(ehttp.post("/score", json={"queries": query, "documents": doc,
+                                                "max_tokens_per_doc": -1}))
+    assert error["param"] == "body.max_tokens_per_doc" and "greater than or equal to 0" in error["message"]
+
+
 # -- the generative model (label tokens) ------------------------------------------------------
 @pytest.mark.slow
 def test_generative_classify_score_rerank_agree(http):

@@ -121,11 +121,7 @@ def check_encoding(request: Any) -> None:
 
 
 def check_score_extras(request: Any) -> None:
-    """`/score` and `/rerank` extras that need a cross-encoder template or per-side limits."""
-    for name in ("max_tokens_per_query", "max_tokens_per_doc"):
-        if getattr(request, name):
-            _refuse(f"`{name}` {_NOT_YET}; use truncate_prompt_tokens.", name,
-                    getattr(request, name))
+    """`/score` and `/rerank` extras that need a cross-encoder template."""
     if request.chat_template_kwargs is not None:
         _refuse(f"`chat_template_kwargs` {_NOT_YET} for scoring (it needs a score template); "
                 "`instruction` sets the judgement prompt's instruction.", "chat_template_kwargs")

@@ -33,7 +33,9 @@ class RerankServing(ScoreServing):
     operation = "embedding generation"
 
     def pairs(self, request: Any) -> list[tuple[str, str]]:
-        return pair_up([request.query], list(request.documents), ("query", "documents"))
+        query = self.first_tokens(request.query, request.max_tokens_per_query)
+        documents = [self.first_tokens(d, request.max_tokens_per_doc) for d in request.documents]
+        return pair_up([query], documents, ("query", "documents"))
 
     async def build_response(self, ctx: PoolingContext) -> RerankResponse:
         request = ctx.request

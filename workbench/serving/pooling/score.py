@@ -9,6 +9,7 @@ Two ways to score, chosen by the model:
 
 Pairs: `queries`+`documents` (or `items`), `data_1`+`data_2` or `text_1`+`text_2`; one first
 text is paired with every second text (1:N), otherwise the lists pair up (N:N).
+`max_tokens_per_query` / `max_tokens_per_doc` keep the first N tokens of each side (0: all).
 """
 
 from __future__ import annotations
@@ -66,7 +67,16 @@ class ScoreServing(PoolingServing):
 
     def pairs(self, request: Any) -> list[tuple[str, str]]:
         first_name, first, second_name, second = request.sides()
+        first = [self.first_tokens(t, request.max_tokens_per_query) for t in first]
+        second = [self.first_tokens(t, request.max_tokens_per_doc) for t in second]
         return pair_up(first, second, (first_name, second_name))
+
+    def first_tokens(self, text: str, limit: int) -> str:
+        """`text` cut to its first `limit` tokens (0: whole)."""
+        if not limit:
+            return text
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text if len(ids) <= limit else self.tokenizer.decode(ids[:limit])
 
     def preprocess(self, ctx: PoolingContext) -> None:
         ctx.engine_prompts = self.pair_prompts(ctx, self.pairs(ctx.request))

@@ -211,8 +211,9 @@ SCORE_FIELD_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", 
 
 
 class ScoreExtras(OpenAIBaseModel):
-    max_tokens_per_query: int = 0
-    max_tokens_per_doc: int = 0
+    # keep only the first N tokens of each query / document (0: all of them)
+    max_tokens_per_query: Annotated[int, Field(ge=0)] = 0
+    max_tokens_per_doc: Annotated[int, Field(ge=0)] = 0
     instruction: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
