@@ -172,6 +172,12 @@ class SamplingParams:
     # logprobs of exactly these ids at each generated position (besides the sampled token's),
     # whatever their rank; turns logprobs on by itself
     logprob_token_ids: list[int] | None = None
+    # end the reasoning by force after this many reasoning tokens (-1 / None: no limit); the
+    # reasoning ends with `reasoning_end_token_ids` and opens at the first output token, or,
+    # with `reasoning_start_token_ids`, once the output ends with them (`engine/thinking.py`)
+    thinking_token_budget: int | None = None
+    reasoning_end_token_ids: list[int] | None = None
+    reasoning_start_token_ids: list[int] | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -281,6 +287,14 @@ class SamplingParams:
                 f"greater than max allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids",
                 len(self.logprob_token_ids),
             )
+        if self.thinking_token_budget is not None:
+            if self.thinking_token_budget < -1:
+                _fail(f"thinking_token_budget must be -1 (no limit) or >= 0, got "
+                      f"{self.thinking_token_budget}.", "thinking_token_budget",
+                      self.thinking_token_budget)
+            if self.thinking_token_budget >= 0 and not self.reasoning_end_token_ids:
+                _fail("thinking_token_budget needs reasoning_end_token_ids: the token ids that "
+                      "end the reasoning.", "thinking_token_budget", self.thinking_token_budget)
         if self.truncate_prompt_tokens is not None and (
             self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1
         ):
@@ -313,6 +327,8 @@ class SamplingParams:
             ("stop_token_ids", self.stop_token_ids),
             ("logit_bias", list(self.logit_bias or {})),
             ("logprob_token_ids", self.logprob_token_ids or []),
+            ("reasoning_end_token_ids", self.reasoning_end_token_ids or []),
+            ("reasoning_start_token_ids", self.reasoning_start_token_ids or []),
         ):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:

@@ -167,6 +167,53 @@ def test_reasoning_opened_by_the_prompt_is_returned_as_reasoning(tc):
     assert hidden.reasoning is None
 
 
+def test_thinking_token_budget_ends_the_reasoning_by_force(tc, llm):
+    """The prompt opens `<think>`; with a budget of 5 the engine forces `</think>` after five
+    reasoning tokens and the answer follows (streamed the same way)."""
+    messages = [{"role": "user", "content": "Is 7 a prime number?"},
+                {"role": "assistant", "content": "<think>\n"}]
+    kwargs = dict(model=MODEL, messages=messages, temperature=0, max_tokens=16,
+                  extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                              "thinking_token_budget": 5, "return_token_ids": True})
+    r = tc.chat.completions.create(**kwargs)
+    choice = r.choices[0]
+    end = llm.get_tokenizer().encode("</think>", add_special_tokens=False)  # `</`, `think`, `>`
+    assert choice.token_ids[5:5 + len(end)] == end
+    assert r.usage.completion_tokens_details.reasoning_tokens == 5 + len(end)
+    tokenizer = llm.get_tokenizer()
+    assert choice.message.reasoning == tokenizer.decode(choice.token_ids[:5])
+    answer = tokenizer.decode(choice.token_ids[5 + len(end):], skip_special_tokens=True)
+    assert (choice.message.content or "") == answer  # what follows the forced tag
+    content, reasoning, _, _, _ = reassemble(tc.chat.completions.create(**kwargs, stream=True))
+    assert (reasoning, content) == (choice.message.reasoning, choice.message.content or "")
+    unlimited = dict(kwargs, extra_body={**kwargs["extra_body"], "thinking_token_budget": -1})
+    free = tc.chat.completions.create(**unlimited).choices[0]
+    assert free.message.content is None and free.token_ids[:5] == choice.token_ids[:5]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "message"), [
+    ("chat", {"thinking_token_budget": -2}, "thinking_token_budget must be -1 (no limit) or >= 0"),
+    ("chat", {"thinking_token_budget": 3, "use_beam_search": True, "n": 2},
+     "`thinking_token_budget` is not supported with beam search."),
+    ("completions", {"thinking_token_budget": 3}, "it is not supported on /v1/completions"),
+])
+def test_bad_thinking_budgets_are_400s(tc, endpoint, body, message):
+    with pytest.raises(openai.BadRequestError) as err:
+        if endpoint == "chat":
+            tc.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, extra_body=body)
+        else:
+            tc.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body=body)
+    assert message in err.value.body["message"]
+    assert err.value.body["param"] == "thinking_token_budget"
+
+
+def test_a_server_without_reasoning_parser_refuses_a_budget(client):
+    with pytest.raises(openai.BadRequestError, match="needs a reasoning parser"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, extra_body={"thinking_token_budget": 3})
+
+
 def test_without_reasoning_the_usage_has_no_reasoning_tokens_counted(tc):
     r = tc.chat.completions.create(model=MODEL, messages=ROME, temperature=0, max_tokens=5)
     assert r.choices[0].message.reasoning is None

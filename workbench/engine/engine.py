@@ -36,6 +36,7 @@ from workbench.engine.runner import ModelRunner, kv_bytes_per_token
 from workbench.engine.sampler import Sampler, SamplingRow
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.structured import attach_grammar_masks
+from workbench.engine.thinking import ThinkingBudget
 from workbench.errors import ValidationError
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
@@ -312,7 +313,12 @@ class LLMEngine:
         self.outputs.start(seq)
         if seq.request.grammar is not None:  # each sample its own matcher
             seq.grammar = seq.request.grammar.start()
-        seed = seq.request.params.seed
+        params = seq.request.params
+        budget = getattr(params, "thinking_token_budget", None)
+        if budget is not None and budget >= 0:
+            seq.thinking = ThinkingBudget(budget, params.reasoning_end_token_ids,
+                                          params.reasoning_start_token_ids)
+        seed = params.seed
         if seed is not None:
             seq.generator = torch.Generator().manual_seed(_seed_for(seed, seq.index))
         else:
@@ -555,7 +561,9 @@ class LLMEngine:
         rows = [SamplingRow(s.request.params,  # embedded prompts have no ids to penalize
                             [] if s.request.prompt_embeds is not None else s.request.prompt_token_ids,
                             s.output_token_ids,
-                            s.generator, s.request.min_tokens_stop_ids) for s in seqs]
+                            s.generator, s.request.min_tokens_stop_ids,
+                            forced_token=None if s.thinking is None
+                            else s.thinking.forced_token(s.output_token_ids)) for s in seqs]
         attach_grammar_masks(seqs, rows, logits, self.vocab_size)
         result = self.sampler(logits, rows)
         n = len(seqs)

@@ -76,6 +76,8 @@ class OutputProcessor:
         seq.token_ids.append(token)
         if seq.grammar is not None:  # structured outputs: the matcher takes the token
             seq.grammar.accept(token)
+        if seq.thinking is not None:  # thinking_token_budget: count reasoning tokens
+            seq.thinking.observe(seq.output_token_ids)
         if lp is not None:
             seq.cumulative_logprob += lp
             if seq.logprobs is not None:

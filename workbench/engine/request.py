@@ -83,6 +83,7 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.detok: Any = None  # the engine's incremental detokenizer state
         self.generator: Any = None  # torch.Generator of a seeded request
+        self.thinking: Any = None  # engine/thinking.py's ThinkingBudget, with a budget
         self.num_preemptions = 0
         self.num_sent_tokens = 0  # DELTA outputs: output tokens already handed out
         self.final_sent = False  # DELTA outputs: the finishing output went out

@@ -27,6 +27,7 @@ class SamplingRow:
     generator: torch.Generator | None
     stop_ids: frozenset[int]  # EOS and stop ids, banned while output < min_tokens
     grammar_mask: torch.Tensor | None = None  # [V] bool: what a structured-output grammar allows
+    forced_token: int | None = None  # the only token allowed (a reasoning past its budget)
 
 
 @dataclass
@@ -42,7 +43,8 @@ class SampleResult:
 
 def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Allowed ids, bad words, min_tokens and logit bias, row by row (rarely used, cheap);
-    then the grammar mask, which wins if the others left its row no token at all."""
+    then the grammar mask, which wins if the others left its row no token at all; a forced
+    token (a reasoning past its `thinking_token_budget`) wins over everything."""
     for i, row in enumerate(rows):
         p = row.params
         before = logits[i].clone() if row.grammar_mask is not None else None
@@ -64,6 +66,9 @@ def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Te
             logits[i] = logits[i].masked_fill(~allowed, float("-inf"))
             if not bool(torch.isfinite(logits[i]).any()):  # e.g. min_tokens banned EOS at the end
                 logits[i] = before.masked_fill(~allowed, float("-inf"))
+        if row.forced_token is not None:
+            logits[i] = float("-inf")
+            logits[i, row.forced_token] = 0.0
     return logits
 
 
@@ -162,7 +167,8 @@ class Sampler:
         """logits: [R, V] float32 raw logits, one row per `rows` entry."""
         logits = logits[:, :self.vocab_size]
         raw = logits
-        if any(_edits_logits(r.params) or r.grammar_mask is not None for r in rows):
+        if any(_edits_logits(r.params) or r.grammar_mask is not None
+               or r.forced_token is not None for r in rows):
             logits = apply_penalties(apply_token_masks(logits.clone(), rows), rows)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]

@@ -44,9 +44,9 @@ def check_common(request: Any) -> None:
             _refuse(f"`{name}` {_NOT_YET}.", name)
     if request.watermarking:
         _refuse(f"`watermarking` {_NOT_YET}.", "watermarking")
-    if request.thinking_token_budget not in (None, -1):
-        _refuse("`thinking_token_budget` is not supported by this server yet (ending the "
-                "reasoning after N tokens needs an engine hook).", "thinking_token_budget")
+    if request.thinking_token_budget not in (None, -1) and request.use_beam_search:
+        _refuse("`thinking_token_budget` is not supported with beam search.",
+                "thinking_token_budget")
     extra = request.model_extra or {}
     for name in _REMOVED:
         if extra.get(name) is not None:
@@ -70,6 +70,10 @@ def refuse_unknown_fields(request: Any) -> None:
 
 def check_completion(request: Any, *, enable_prompt_embeds: bool = False) -> None:
     """vLLM's completion-only checks, in its order, then the common refusals."""
+    if request.thinking_token_budget not in (None, -1):
+        _refuse("`thinking_token_budget` applies to chat completions (the reasoning parser "
+                "reads the chat prompt); it is not supported on /v1/completions.",
+                "thinking_token_budget")
     if request.echo and request.suffix is not None:
         _refuse("Echo is unsupported with suffix.", "echo")
     if request.echo and request.prompt_embeds is not None:
