@@ -10,9 +10,9 @@ the numerical tests):
   best kernel this torch build has (`best_kernel`):
   - "onednn": the weight prepacked in oneDNN's blocked layout, bit-identical to `F.linear`;
   - "mkl": as "onednn", except one-row products (a single sequence decoding), which go through
-    MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight: about 30% less time per
-    single-stream step here, for a second copy of the projection weights in memory (the LM
-    head shares its plain weight with the tied embeddings). fp32 accumulation and one rounding,
+    MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight: 16-31% less time per
+    single-stream step in alternating runs here, for a second copy of the projection weights
+    in memory (+210 MB for SmolLM2; the LM head shares its plain weight with tied embeddings). fp32 accumulation and one rounding,
     like oneDNN, but a product may differ from oneDNN's in the last bit of bf16;
   - "torch": `F.linear`.
 """
