@@ -12,8 +12,10 @@ the numerical tests):
   - "mkl": as "onednn", except one-row products (a single sequence decoding), which go through
     MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight: 16-31% less time per
     single-stream step in alternating runs here, for a second copy of the projection weights
-    in memory (+210 MB for SmolLM2; the LM head shares its plain weight with tied embeddings). fp32 accumulation and one rounding,
-    like oneDNN, but a product may differ from oneDNN's in the last bit of bf16;
+    in memory (+210 MB for SmolLM2; the LM head shares its plain weight with tied embeddings).
+    Chosen on Intel CPUs only (`mkl.preferred`: measured on an Intel Xeon; MKL is known to take
+    slower paths elsewhere), so a machine always runs the same kernels. fp32 accumulation and
+    one rounding, like oneDNN, but a product may differ from oneDNN's in the last bit of bf16;
   - "torch": `F.linear`.
 """
 
@@ -50,7 +52,7 @@ def best_kernel(weight: torch.Tensor) -> str:
     """The fastest `KERNELS` entry that works for `weight` here."""
     if not can_prepack(weight):
         return "torch"
-    return "mkl" if mkl.available() else "onednn"
+    return "mkl" if mkl.preferred() else "onednn"
 
 
 class FastLinear(nn.Module):
@@ -145,3 +147,4 @@ def fuse_projections(model: nn.Module, kernel: str | None = None) -> int:
     if kernel != "torch" and isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.lm_head = FastLinear(model.lm_head.weight, model.lm_head.bias, kernel)
     return fused
+
