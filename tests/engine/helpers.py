@@ -42,6 +42,19 @@ def hf_greedy(loaded, ids: list[int], max_new_tokens: int, **generate_kwargs) ->
     return out[0, len(ids):].tolist()
 
 
+BAD_SEED = 666  # the seed that marks the request an injected fault hits
+
+
+def faulty_sampler(real):
+    """`real` (an engine's sampler), except that a batch holding a `BAD_SEED` row raises."""
+    def sampler(logits, rows):
+        if any(r.params.seed == BAD_SEED for r in rows):
+            raise RuntimeError("injected sampler fault")
+        return real(logits, rows)
+
+    return sampler
+
+
 def make_request(rid: str, tokens: list[int], n: int = 1, priority: int = 0,
                  arrival_time: float = 0.0, max_tokens: int = 16, **params) -> Request:
     """A request with its first sequence, as the engine's `add_request` makes it."""

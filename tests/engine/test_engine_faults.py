@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.helpers import greedy, make_llm
+from tests.engine.helpers import BAD_SEED, faulty_sampler, greedy, make_llm
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
-BAD_SEED = 666  # the marker of the request the injected fault hits
 
 
 @pytest.fixture
@@ -48,12 +47,7 @@ def test_a_sampler_fault_ends_only_its_request(llm, monkeypatch):
     free = engine.block_manager.num_free_blocks
     real = engine.sampler
 
-    def sampler(logits, rows):
-        if any(r.params.seed == BAD_SEED for r in rows):
-            raise RuntimeError("injected sampler fault")
-        return real(logits, rows)
-
-    monkeypatch.setattr(engine, "sampler", sampler)
+    monkeypatch.setattr(engine, "sampler", faulty_sampler(real))
     outs = _run(llm, [greedy(8), _bad(), greedy(8)])
     assert outs[1].outputs[0].finish_reason == "error"
     assert [outs[0].outputs[0].token_ids, outs[2].outputs[0].token_ids] == [expected[0],

@@ -8,7 +8,7 @@ import asyncio
 
 import httpx
 
-BAD_SEED = 666
+from tests.engine.helpers import BAD_SEED, faulty_sampler
 
 
 async def test_a_sampler_fault_is_a_500_for_its_request_only(make_server, monkeypatch):
@@ -16,16 +16,11 @@ async def test_a_sampler_fault_is_a_500_for_its_request_only(make_server, monkey
     engine = server.engine.engine
     real = engine.sampler
 
-    def sampler(logits, rows):
-        if any(r.params.seed == BAD_SEED for r in rows):
-            raise RuntimeError("injected sampler fault")
-        return real(logits, rows)
-
     good = [{"prompt": f"Count {i}:", "max_tokens": 6, "temperature": 0} for i in range(6)]
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
         expected = [(await client.post("/v1/completions", json=b)).json()["choices"][0]["text"]
                     for b in good]
-        monkeypatch.setattr(engine, "sampler", sampler)
+        monkeypatch.setattr(engine, "sampler", faulty_sampler(real))
         bad = {"prompt": "Count 9:", "max_tokens": 6, "seed": BAD_SEED}
         answers = await asyncio.gather(
             client.post("/v1/completions", json=bad, headers={"X-Request-Id": "the-bad-one"}),
