@@ -314,7 +314,7 @@ class LLMEngine:
         if seq.request.grammar is not None:  # each sample its own matcher
             seq.grammar = seq.request.grammar.start()
         params = seq.request.params
-        budget = getattr(params, "thinking_token_budget", None)
+        budget = params.thinking_token_budget
         if budget is not None and budget >= 0:
             seq.thinking = ThinkingBudget(budget, params.reasoning_end_token_ids,
                                           params.reasoning_start_token_ids)

@@ -6,8 +6,9 @@ LM head) on a single ragged row of every scheduled token; attention goes through
 `workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
 them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
 In reduced precision the Q/K/V and gate/up projections are fused and, on CPU, every
-projection runs on the fastest bf16 kernel available (`engine/fusion.py`); Llama-family layers then run in one
-lean loop over their own modules (`engine/decoder.py`, bit-identical to calling them).
+projection runs on the fastest bf16 kernel available (`engine/fusion.py`); Llama-family layers
+then run in one lean loop over their own modules (`engine/decoder.py`, bit-identical to calling
+them).
 """
 
 from __future__ import annotations

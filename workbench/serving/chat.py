@@ -87,8 +87,7 @@ class ChatServing(GenerationServing):
             logprobs=request.top_logprobs if request.logprobs and not request.logprob_token_ids
             else None, defaults=self.defaults)
         self.tools.constrain(request, params, prompt.text)  # required / named tool choice
-        self.tools.budget_thinking(request, params, prompt.text)
-        return params
+        return self.tools.budget_thinking(request, params, prompt.text)
 
     def response_role(self, request: ChatCompletionRequest) -> str:
         if request.add_generation_prompt:

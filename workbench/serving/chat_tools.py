@@ -208,17 +208,14 @@ class ChatTools:
         params.structured_outputs = StructuredOutputsParams(
             json=schema, after_token_ids=after, parameter="tool_choice")
 
-    def budget_thinking(self, request: Any, params: Any, prompt_text: str | None) -> None:
-        """`thinking_token_budget`: the engine ends the reasoning after that many tokens by
-        forcing the reasoning parser's end tag (`engine/thinking.py`). The reasoning opens at
-        the first output token when the prompt opened it or the parser needs no start tag
-        (R1), else once the model writes the start tag."""
+    def budget_thinking(self, request: Any, params: Any, prompt_text: str | None) -> Any:
+        """`params` with the request's `thinking_token_budget`: the engine ends the reasoning
+        after that many tokens by forcing the reasoning parser's end tag (`engine/thinking.py`).
+        The reasoning opens at the first output token when the prompt opened it or the parser
+        needs no start tag (R1), else once the model writes the start tag."""
         budget = request.thinking_token_budget
         if budget is None or budget == -1:
-            return
-        if budget < -1:
-            raise ValidationError(f"thinking_token_budget must be -1 (no limit) or >= 0, got "
-                                  f"{budget}.", parameter="thinking_token_budget", value=budget)
+            return params
         if self.reasoning_parser is None:
             raise ValidationError("`thinking_token_budget` needs a reasoning parser: start the "
                                   "server with --reasoning-parser.",
@@ -226,9 +223,10 @@ class ChatTools:
         reasoning = self.reasoning_parser(self.tokenizer)
         reasoning.adjust_initial_state_from_prompt(prompt_text or "")
         opened = reasoning.opened_by_prompt or reasoning.reasoning_without_start
-        params.thinking_token_budget = budget
-        params.reasoning_end_token_ids = reasoning.end_token_ids
-        params.reasoning_start_token_ids = None if opened else reasoning.start_token_ids
+        return dataclasses.replace(  # SamplingParams checks the budget again on the copy
+            params, thinking_token_budget=budget,
+            reasoning_end_token_ids=reasoning.end_token_ids,
+            reasoning_start_token_ids=None if opened else reasoning.start_token_ids)
 
     def choice_parser(self, request: Any, prompt_text: str | None) -> ChoiceParser:
         mode = tool_mode(request)
