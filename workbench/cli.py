@@ -41,6 +41,8 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--kernel", default="auto", choices=["auto", "avx2", "mkl", "onednn", "torch"],
+                   help="projection kernel (default: the fastest this CPU and dtype can run)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=None)
@@ -146,7 +148,8 @@ def configs_from_args(args: argparse.Namespace):
     engine_kwargs.update(lora_engine_kwargs(args))
     if args.classifier_labels:
         engine_kwargs["classifier_labels"] = tuple(args.classifier_labels)
-    engine = EngineConfig(model=model, dtype=args.dtype, device=args.device, seed=args.seed,
+    engine = EngineConfig(model=model, dtype=args.dtype, kernel=args.kernel, device=args.device,
+                          seed=args.seed,
                           max_model_len=args.max_model_len, max_logprobs=args.max_logprobs,
                           served_model_name=names[0], **engine_kwargs)
     server = ServerConfig(

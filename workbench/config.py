@@ -23,6 +23,7 @@ class EngineConfig:
 
     model: str = "smollm2-135m-instruct"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    kernel: str = "auto"  # auto | avx2 | mkl | onednn | torch (workbench/engine/kernels.py)
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     max_model_len: int | None = None  # None: the model's own limit

@@ -16,23 +16,24 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog because",
            "Hello", "Once upon a time, in a land far away, there lived a very small knight"]
 
 
-def _pair(arch: str):
-    """Two engines on copies of one bf16 tiny model: one with the lean loop, one without."""
-    base = tiny_model(arch, dtype="bfloat16")
+def _pair(arch: str, dtype: str):
+    """Two engines on copies of one tiny model: one with the lean loop, one without."""
+    base = tiny_model(arch, dtype=dtype)
     llms = []
     for lean in (True, False):
         loaded = dataclasses.replace(base, model=copy.deepcopy(base.model))
         llm = make_llm(loaded, max_num_batched_tokens=24, enable_prefix_caching=True)
         runner = llm.llm_engine.runner
-        assert runner.stack is not None  # a supported family in reduced precision
+        assert runner.stack is not None  # a supported family, in any dtype
         if not lean:
             runner.stack = None  # transformers' decoder layers, called one by one
         llms.append(llm)
     return llms
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_lean_loop_is_bit_identical_to_the_layers(arch):
+def test_lean_loop_is_bit_identical_to_the_layers(arch, dtype):
     """Chunked prefill, a prefix-cache hit, mixed prefill and decode steps, n > 1 forks: every
     token and every logprob (sampled, top-3 and prompt) is the same bit for bit."""
     params = [SamplingParams(max_tokens=12, temperature=0, logprobs=3, prompt_logprobs=2,
@@ -40,7 +41,7 @@ def test_lean_loop_is_bit_identical_to_the_layers(arch):
               SamplingParams(max_tokens=12, temperature=1.0, n=2, seed=7, logprobs=3,
                              ignore_eos=True)]
     results = []
-    for llm in _pair(arch):
+    for llm in _pair(arch, dtype):
         outs = llm.generate(PROMPTS[:1], params[0])  # caches the shared prefix first
         outs += llm.generate(PROMPTS, [params[i % 2] for i in range(len(PROMPTS))])
         results.append([(list(c.token_ids), c.logprobs, o.prompt_logprobs)
@@ -49,6 +50,7 @@ def test_lean_loop_is_bit_identical_to_the_layers(arch):
     assert lean == layers
 
 
-def test_float32_keeps_transformers_layers(tiny_llama):
-    llm = make_llm(dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model)))
-    assert llm.llm_engine.runner.stack is None
+def test_an_unknown_family_keeps_transformers_layers(tiny_llama):
+    loaded = dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model))
+    loaded.model.config.model_type = "not-llama"  # a family the lean loop does not know
+    assert make_llm(loaded).llm_engine.runner.stack is None

@@ -1,12 +1,25 @@
-"""Fused Q/K/V and gate/up projections compute what the separate linears did."""
+"""Fused projections and the kernels behind them compute what the separate linears did.
+
+A test of a kernel skips, through `kernels.missing`, exactly where the engine would not choose
+that kernel (the same capability probe), so the suite passes on every x86-64 CPU; `make
+test-portable` forces each kernel this CPU can run through the engine tests.
+"""
 
 import copy
 
 import pytest
 import torch
 
-from workbench.engine.fusion import FusedPart, fuse_projections
+from workbench.engine import kernels
+from workbench.engine.fusion import AVX2_MAX_ROWS, FastLinear, FusedPart, fuse_projections
 from workbench.models import tiny_model
+from workbench.models.cpu import cpu_features
+
+
+def needs(kernel: str, dtype: torch.dtype) -> None:
+    lack = kernels.missing(kernel, dtype, cpu_features())
+    if lack is not None:
+        pytest.skip(f"the {kernel} kernel needs {lack}")
 
 
 def test_fusion_replaces_every_projection_group():
@@ -16,15 +29,21 @@ def test_fusion_replaces_every_projection_group():
     assert all(isinstance(getattr(attn, n), FusedPart) for n in ("q_proj", "k_proj", "v_proj"))
 
 
-def test_fused_model_gives_the_same_logits():
-    lm = tiny_model("qwen2")  # q/k/v with biases
+@pytest.mark.parametrize("kernel", kernels.KERNELS)
+def test_fused_model_gives_the_same_logits(kernel):
+    """Every kernel this machine runs, in its dtype: logits of one row (decoding) and of a
+    prompt (prefill) agree with transformers' unfused model within that dtype's rounding."""
+    dtype = torch.float32 if kernel in ("avx2", "torch") else torch.bfloat16
+    needs(kernel, dtype)
+    lm = tiny_model("qwen2", dtype=dtype)  # q/k/v with biases
     fused = copy.deepcopy(lm.model)
-    fuse_projections(fused)
-    ids = lm.tokenizer("The quick brown fox", return_tensors="pt").input_ids
+    fuse_projections(fused, kernel)
+    ids = lm.tokenizer("The quick brown fox jumps", return_tensors="pt").input_ids
+    tol = 1e-5 if dtype == torch.float32 else 0.02
     with torch.inference_mode():
-        expected = lm.model(ids).logits
-        got = fused(ids).logits
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        for part in (ids[:, :1], ids):
+            torch.testing.assert_close(fused(part).logits.float(), lm.model(part).logits.float(),
+                                       rtol=tol, atol=tol)
 
 
 def test_a_part_called_alone_computes_its_own_slice():
@@ -37,14 +56,42 @@ def test_a_part_called_alone_computes_its_own_slice():
     torch.testing.assert_close(k, x @ k_weight.T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, AVX2_MAX_ROWS, AVX2_MAX_ROWS + 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_avx2_products_equal_float64_within_float32_rounding(rows, bias):
+    """Few rows go through the C kernel, more through BLAS; shapes that leave partial blocks
+    (weight rows not a multiple of 4, K not a multiple of 8, an odd number of input rows)."""
+    needs("avx2", torch.float32)
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(99, 67, generator=gen)
+    b = torch.randn(99, generator=gen) if bias else None
+    x = torch.randn(1, rows, 67, generator=gen)
+    got = FastLinear(weight, b, "avx2")(x)
+    exact = x.double() @ weight.double().T + (0 if b is None else b.double())
+    assert got.shape == (1, rows, 99) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_avx2_products_do_not_depend_on_the_thread_count():
+    needs("avx2", torch.float32)
+    from workbench.engine import gemv
+
+    gen = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(517, 96, generator=gen), torch.randn(3, 96, generator=gen)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(gemv.linear(x, weight))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
 def test_prepacked_bf16_projections_are_bit_identical():
-    from workbench.engine.fusion import FastLinear, can_prepack
-
+    needs("onednn", torch.bfloat16)
     lm = tiny_model("llama", dtype="bfloat16")
-    if not can_prepack(next(lm.model.parameters())):
-        import pytest
-
-        pytest.skip("this torch build has no oneDNN prepacking")
     packed = copy.deepcopy(lm.model)
     fuse_projections(packed, kernel="onednn")
     assert isinstance(packed.lm_head, FastLinear) and packed.lm_head.kernel == "onednn"
@@ -54,28 +101,16 @@ def test_prepacked_bf16_projections_are_bit_identical():
         assert torch.equal(packed(ids).logits, lm.model(ids).logits)
 
 
-def _needs_mkl():
-    from workbench.engine import mkl
-
-    if not mkl.available():
-        import pytest
-
-        pytest.skip("this torch build does not export MKL's bf16 GEMM")
-
-
 @pytest.mark.parametrize("rows", [1, 3])
 def test_mkl_products_equal_float32_arithmetic_rounded_once(rows):
     """One row goes through MKL's bf16 GEMM, more through oneDNN: both accumulate in fp32 and
     round once, so each output is within one bf16 rounding of the exact product."""
-    from workbench.engine.fusion import FastLinear
-
-    _needs_mkl()
+    needs("mkl", torch.bfloat16)
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
     bias = torch.randn(96, generator=gen).to(torch.bfloat16)
     x = torch.randn(1, rows, 64, generator=gen).to(torch.bfloat16)
-    linear = FastLinear(weight, bias, "mkl")
-    got = linear(x)
+    got = FastLinear(weight, bias, "mkl")(x)
     exact = x.float() @ weight.float().T + bias.float()
     assert got.shape == (1, rows, 96) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), exact, rtol=2 ** -8, atol=1e-3)
@@ -83,27 +118,10 @@ def test_mkl_products_equal_float32_arithmetic_rounded_once(rows):
     assert (got != reference).float().mean() < 0.02  # at most a last-bit difference, rarely
 
 
-def test_the_tied_lm_head_shares_the_embedding_weight():
-    _needs_mkl()
-    lm = tiny_model("llama", dtype="bfloat16")
-    model = copy.deepcopy(lm.model)
-    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
-        pytest.skip("the tiny llama does not tie its embeddings")
-    fuse_projections(model, kernel="mkl")
+@pytest.mark.parametrize("kernel, dtype", [("mkl", torch.bfloat16), ("avx2", torch.float32)])
+def test_the_tied_lm_head_shares_the_embedding_weight(kernel, dtype):
+    needs(kernel, dtype)
+    model = copy.deepcopy(tiny_model("llama", dtype=dtype).model)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-
-
-def test_mkl_kernel_keeps_the_model_close_to_transformers():
-    """The whole tiny model with MKL projections: logits within bf16 noise of transformers'."""
-    _needs_mkl()
-    lm = tiny_model("qwen2", dtype="bfloat16")  # with q/k/v biases
-    fast = copy.deepcopy(lm.model)
-    fuse_projections(fast, kernel="mkl")
-    ids = lm.tokenizer("The quick brown fox jumps", return_tensors="pt").input_ids
-    with torch.inference_mode():
-        last = fast(ids[:, :1]).logits  # one row: MKL
-        whole = fast(ids).logits  # five rows: oneDNN
-        torch.testing.assert_close(last.float(), lm.model(ids[:, :1]).logits.float(),
-                                   rtol=0.02, atol=0.02)
-        torch.testing.assert_close(whole.float(), lm.model(ids).logits.float(), rtol=0.02,
-                                   atol=0.02)
+    fuse_projections(model, kernel=kernel)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -8,9 +8,9 @@ RMSNorms, fused projections, activation) and `attention.attend`, in the same ord
 dtypes, so the result is bit-identical to calling the layers (`tests/engine/test_decoder.py`),
 with about a third of the operator calls per layer.
 
-It is used in reduced precision, where `engine/fusion.py` has fused Q/K/V and gate/up, for the
-families whose layers are exactly pre-norm attention + gated MLP (`FAMILIES`); anything else
-(float32, other families, a layer it does not recognise) goes through transformers' layers.
+It is used in every dtype once `engine/fusion.py` has fused Q/K/V and gate/up, for the families
+whose layers are exactly pre-norm attention + gated MLP (`FAMILIES`); anything else (other
+families, a layer it does not recognise) goes through transformers' layers.
 Projections are looked up per call, so LoRA wrappers (`workbench/lora/layers.py`) apply.
 """
 

@@ -106,7 +106,7 @@ class LLMEngine:
             self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                        config.max_num_batched_tokens, config.enable_chunked_prefill,
                                        config.scheduling_policy)
-            self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+            self.runner = ModelRunner(self.model, num_blocks, config.block_size, config.kernel)
             if config.enable_lora:  # adapters per request: LoRA layers with resident slots
                 from workbench.lora.manager import LoRAManager
 

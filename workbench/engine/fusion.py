@@ -1,22 +1,25 @@
 """Faster projections for transformers' decoder layers, leaving their forward code as it is.
 
-Two changes, used only in reduced precision (in float32 the model stays exactly as loaded, for
-the numerical tests):
+Two changes, in every dtype:
 - Fusion: transformers' attention calls `q_proj(x)`, `k_proj(x)`, `v_proj(x)` on the same tensor,
   and its MLP `gate_proj(x)` then `up_proj(x)`. Each group becomes parts of one `FusedGroup`: the
   first part called with a tensor computes the concatenated projection once, the others return
-  their slice of it (exact: the same products).
-- Kernels: on CPU in bfloat16 every projection (and the LM head) becomes a `FastLinear` with the
-  best kernel this torch build has (`best_kernel`):
-  - "onednn": the weight prepacked in oneDNN's blocked layout, bit-identical to `F.linear`;
-  - "mkl": as "onednn", except one-row products (a single sequence decoding), which go through
-    MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight: 16-31% less time per
-    single-stream step in alternating runs here, for a second copy of the projection weights
-    in memory (+210 MB for SmolLM2; the LM head shares its plain weight with tied embeddings).
-    Chosen on Intel CPUs only (`mkl.preferred`: measured on an Intel Xeon; MKL is known to take
-    slower paths elsewhere), so a machine always runs the same kernels. fp32 accumulation and
-    one rounding, like oneDNN, but a product may differ from oneDNN's in the last bit of bf16;
+  their slice of it (the same products, each output a dot product of the same two rows).
+- Kernels: every projection (and the LM head) becomes a `FastLinear` on the kernel chosen for
+  this machine and dtype (`engine/kernels.py`):
+  - "avx2" (float32): products of up to `AVX2_MAX_ROWS` rows (decoding, beams, small batches)
+    through `engine/gemv.py`, which reads each weight once per call; longer ones (prefill
+    chunks) through `F.linear`. Same weight tensor, no copy; float32 sums in another order
+    than BLAS's, so outputs differ from `F.linear` in the last bits;
+  - "onednn" (bfloat16): the weight prepacked in oneDNN's blocked layout, bit-identical to
+    `F.linear`;
+  - "mkl" (bfloat16): as "onednn", except one-row products (a single sequence decoding), which go
+    through MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight; the copy costs the
+    projection weights' size again (the LM head shares its plain weight with tied embeddings).
+    fp32 accumulation and one rounding, like oneDNN, but a product may differ from oneDNN's in
+    the last bit of bf16;
   - "torch": `F.linear`.
+The README's Benchmark section has what each measured.
 """
 
 from __future__ import annotations
@@ -25,34 +28,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.engine import mkl
+from workbench.engine import gemv, kernels, mkl
 
-KERNELS = ("mkl", "onednn", "torch")
+AVX2_MAX_ROWS = 16  # longer products go to BLAS (its GEMM is tuned for many rows)
 
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 _SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
-    """oneDNN prepacking applies to bfloat16 weights on a CPU whose torch build has it."""
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
-        return False
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:  # a build without the op raises here, not in the middle of a step
-        probe = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(2, 2, dtype=weight.dtype), 1)
-        torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 2, dtype=weight.dtype), probe, None,
-                                           "none", [], "")
-    except (AttributeError, RuntimeError):
-        return False
-    return True
-
-
-def best_kernel(weight: torch.Tensor) -> str:
-    """The fastest `KERNELS` entry that works for `weight` here."""
-    if not can_prepack(weight):
-        return "torch"
-    return "mkl" if mkl.preferred() else "onednn"
+    """Whether oneDNN prepacking applies to `weight`: bfloat16 on a CPU that runs it."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+            and kernels.missing("onednn", weight.dtype, kernels.cpu_features()) is None)
 
 
 class FastLinear(nn.Module):
@@ -60,20 +47,23 @@ class FastLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str):
         super().__init__()
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel not in kernels.KERNELS:
+            raise ValueError(f"kernel must be one of {kernels.KERNELS}, got {kernel!r}")
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel
         weight = weight.detach()
-        packed = None if kernel == "torch" else torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        prepack = kernel in ("onednn", "mkl")
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if prepack else None
         plain = weight.contiguous() if kernel != "onednn" else None
         self.register_buffer("weight", plain, persistent=False)  # [out, in] or None
         self.register_buffer("packed_weight", packed, persistent=False)  # oneDNN layout or None
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        one_row = x.numel() == self.in_features
-        if self.kernel == "mkl" and one_row and x.dtype == torch.bfloat16:
+        rows = x.numel() // self.in_features
+        if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and x.dtype == torch.float32:
+            return gemv.linear(x, self.weight, self.bias)
+        if self.kernel == "mkl" and rows == 1 and x.dtype == torch.bfloat16:
             return mkl.linear(x, self.weight, self.bias)
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
@@ -124,9 +114,11 @@ class FusedPart(nn.Module):
 
 def fuse_projections(model: nn.Module, kernel: str | None = None) -> int:
     """Fuses Q/K/V and gate/up in every decoder layer and gives every projection and the LM head
-    `kernel` (None: `best_kernel`; with "torch" the unfused projections stay as they are);
-    returns how many fused groups."""
-    kernel = best_kernel(next(model.parameters())) if kernel is None else kernel
+    `kernel` (None: `kernels.choose` for the model's dtype and device; with "torch" the unfused
+    projections stay as they are); returns how many fused groups."""
+    if kernel is None:
+        weight = next(model.parameters())
+        kernel = kernels.choose(weight.dtype, weight.device.type).kernel
     fused = 0
     for layer in model.model.layers:
         for owner_name, names in _GROUPS:

@@ -1,11 +1,11 @@
 """bfloat16 matrix products through MKL's `cblas_gemm_bf16bf16f32`, which torch's CPU build carries.
 
 torch multiplies bfloat16 on the CPU with oneDNN. For the one-row products of single-stream
-decoding, MKL's bf16 GEMM streams the weights markedly faster on the Intel Xeon measured here
+decoding, MKL's bf16 GEMM streams the weights markedly faster on the AMX machine measured
 (README.md, "Benchmark"), with the same arithmetic: fp32 accumulation, one rounding to bf16 at
 the end. torch exports the symbol from `libtorch_cpu.so` on x86-64 Linux builds; anywhere it is
-missing, `available()` is False and nothing here is used. `preferred()` also asks for an Intel
-CPU: MKL is known to take slower code paths on others, and none was measured.
+missing, `available()` is False and nothing here is used. The kernel choice
+(`engine/kernels.py`) uses it only on CPUs with AMX BF16, the kind it was measured on.
 """
 
 from __future__ import annotations
@@ -44,17 +44,6 @@ def available() -> bool:
     w = torch.randn(24, 40, generator=gen).to(torch.bfloat16)
     expected = x.float() @ w.float().T
     return torch.allclose(linear(x, w), expected.to(torch.bfloat16), atol=0.05, rtol=0.02)
-
-
-@functools.cache
-def preferred() -> bool:
-    """Whether to use it: available, on an Intel CPU (Linux's /proc/cpuinfo says which)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            intel = "GenuineIntel" in f.read(4096)
-    except OSError:
-        intel = False
-    return intel and available()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

@@ -5,23 +5,26 @@ layer) and calls transformers' own modules (embedding, rotary embedding, decoder
 LM head) on a single ragged row of every scheduled token; attention goes through
 `workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
 them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
-In reduced precision the Q/K/V and gate/up projections are fused and, on CPU, every
-projection runs on the fastest bf16 kernel available (`engine/fusion.py`); Llama-family layers
-then run in one lean loop over their own modules (`engine/decoder.py`, bit-identical to calling
-them).
+In every dtype the Q/K/V and gate/up projections are fused and every projection runs on the
+kernel chosen once for this machine (`engine/kernels.py`, `engine/fusion.py`); Llama-family
+layers then run in one lean loop over their own modules (`engine/decoder.py`, bit-identical to
+calling them).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import attention
+from workbench.engine import attention, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk
 from workbench.engine.decoder import DecoderStack
 from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,14 +48,16 @@ class ModelRunner:
 
     lora = None  # a `workbench.lora.LoRAManager` when the engine serves adapters
 
-    def __init__(self, model, num_blocks: int, block_size: int):
+    def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto"):
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
-        if next(model.parameters()).dtype != torch.float32:
-            fuse_projections(model)  # float32 stays exactly as loaded, for numerical tests
+        weight = next(model.parameters())
+        self.kernel = kernels.choose(weight.dtype, weight.device.type, kernel)
+        logger.info("projections: %s", self.kernel.describe())
+        fuse_projections(model, self.kernel.kernel)
         self.model = model
         self.base = model.model
-        # transformers' layers in float32 (numerical tests) and for families it does not know
+        # transformers' layers for the families the lean loop does not know
         self.stack = DecoderStack(model) if DecoderStack.supports(model) else None
         self.config = model.config
         self.block_size = block_size

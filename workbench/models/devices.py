@@ -13,26 +13,19 @@ from pathlib import Path
 import torch
 
 from workbench.errors import ValidationError
+from workbench.models.cpu import cpu_features, probe
 
 DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
-_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_supports_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
-    """Whether the CPU has native bf16 instructions, read from the `flags` of /proc/cpuinfo."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            return any(flag in flags for flag in _CPU_BF16_FLAGS)
-    return False
+def cpu_supports_bf16(cpuinfo: str | Path | None = None) -> bool:
+    """Whether the CPU has native bf16 instructions (AVX-512 BF16 or AMX BF16), from the probe in
+    `workbench.models.cpu` (this process's, or that of a given /proc/cpuinfo file)."""
+    return (cpu_features() if cpuinfo is None else probe(cpuinfo, env={})).native_bf16
 
 
 def resolve_device(device: str | torch.device = "auto") -> str:

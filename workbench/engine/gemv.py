@@ -1,0 +1,102 @@
+"""The "avx2" kernel: few-row float32 products from `gemv.c`, compiled once per machine.
+
+The C source ships beside this module. `library()` compiles it with the system's C compiler
+(`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
+of the source, the flags and the compiler, so a change of any of them builds a new one; the
+build takes about a second and happens at most once per machine (`make install` does it ahead).
+`linear(x, w, b)` calls it through ctypes on the tensors' memory. Nothing here is used unless
+the kernel choice (`engine/kernels.py`) picked "avx2", which needs the CPU's AVX2 and FMA and a
+library that built and computed a known product correctly (`available()`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from workbench.models.cache import cache_dir
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("gemv.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: `$CC`, else `cc` or `gcc` on the PATH, else None."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def library_path(cc: str) -> Path:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()
+    return cache_dir() / "kernels" / f"gemv-{digest[:16]}.so"
+
+
+def build(cc: str) -> Path:
+    """Compiles `gemv.c` into the cache (atomically: a crash leaves no half-written library)."""
+    path = library_path(cc)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        out = Path(tmp) / path.name
+        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], check=True,
+                       capture_output=True, text=True, timeout=120)
+        os.replace(out, path)
+    logger.info("built the avx2 kernel: %s", path)
+    return path
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use; None (with the reason logged) when it cannot be."""
+    cc = compiler()
+    if cc is None:
+        logger.warning("no C compiler (set CC, or install gcc): the avx2 kernel is unavailable")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build(cc)))  # after torch: OpenMP resolves to the runtime it loaded
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", "") or error
+        logger.warning("the avx2 kernel did not build with %s: %s", cc, detail)
+        return None
+    fn = lib.wb_linear_f32
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    fn.restype = None
+    return lib
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the library built and computes a known product within float32 rounding."""
+    if library() is None:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(3, 43, generator=gen), torch.randn(13, 43, generator=gen), \
+        torch.randn(13, generator=gen)
+    expected = x.double() @ w.double().T + b.double()
+    return torch.allclose(linear(x, w, b).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` for float32 CPU tensors, x [..., K], a contiguous weight [N, K]
+    and bias [N] (the caller checks dtypes and layout: the C function reads raw memory)."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    m, k = rows.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m:
+        library().wb_linear_f32(rows.data_ptr(), weight.data_ptr(),
+                                None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                m, n, k, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)

@@ -1,0 +1,124 @@
+"""Which kernel runs the model's projections: chosen once per process from the CPU's features.
+
+| kernel   | dtype    | needs                                              | what it does
+|----------|----------|----------------------------------------------------|-----------------------------
+| "avx2"   | float32  | AVX2 + FMA, a C compiler (`engine/gemv.py`)        | few-row products (decoding,
+|          |          |                                                    | beams, small batches) in C;
+|          |          |                                                    | prefill chunks via `F.linear`
+| "mkl"    | bfloat16 | "onednn"'s needs + AMX BF16, MKL's bf16 GEMM       | one-row products via MKL,
+|          |          | exported by torch (`engine/mkl.py`)                | more rows as "onednn"
+| "onednn" | bfloat16 | AVX-512 BW/VL/DQ or AVX-NE-CONVERT, oneDNN in torch| weights prepacked by oneDNN
+| "torch"  | any      | nothing                                            | `F.linear`
+|
+`choose(dtype, device)` takes the first that this process can run, in the order above for its
+dtype ("auto"), or checks the one asked for (`kernel=` / `--kernel`, or `$WORKBENCH_KERNEL` when
+those say "auto") and refuses it at start-up, naming the flag and what the machine lacks. Every
+requirement is a probed capability (`workbench.models.cpu`, a test product), never a CPU vendor.
+On CUDA the kernel is always "torch" (cuBLAS).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from workbench.errors import ValidationError
+from workbench.models.cpu import CpuFeatures, cpu_features
+
+KERNELS = ("avx2", "mkl", "onednn", "torch")
+_AUTO_ORDER = {torch.float32: ("avx2", "torch"), torch.bfloat16: ("mkl", "onednn", "torch")}
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The kernel a model's projections run on, and why (for the start-up log and the bench)."""
+
+    kernel: str
+    dtype: torch.dtype
+    device: str
+    cpu_flags: str  # the probed flags that matter here ("" on CUDA)
+
+    def describe(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        flags = f", cpu flags: {self.cpu_flags}" if self.cpu_flags else ""
+        return f"kernel {self.kernel} ({dtype} on {self.device}{flags})"
+
+
+def missing(kernel: str, dtype: torch.dtype, features: CpuFeatures) -> str | None:
+    """What this process lacks to run `kernel` on `dtype` (None: it can run it)."""
+    if kernel == "torch":
+        return None
+    if kernel == "avx2":
+        from workbench.engine import gemv
+
+        if dtype != torch.float32:
+            return "it computes in float32 (use --dtype float32)"
+        if not features.has("avx2", "fma"):
+            return f"a CPU with AVX2 and FMA (this one has: {features.summary()})"
+        if not gemv.available():
+            return "a C compiler to build it (set CC or install gcc; the log says what failed)"
+        return None
+    if dtype != torch.bfloat16:
+        return "it computes in bfloat16 (use --dtype bfloat16)"
+    if not features.onednn_bf16:
+        return ("a CPU with AVX-512 BW/VL/DQ or AVX-NE-CONVERT for oneDNN's bf16 products "
+                f"(this one has: {features.summary()})")
+    if not onednn_prepack_works():
+        return "a torch build with oneDNN's prepacked linear weights"
+    if kernel == "mkl":
+        from workbench.engine import mkl
+
+        if not features.has("amx_bf16"):
+            return f"a CPU with AMX BF16 (this one has: {features.summary()})"
+        if not mkl.available():
+            return "a torch build that exports MKL's bf16 GEMM"
+    return None
+
+
+def onednn_prepack_works() -> bool:
+    """Whether oneDNN's prepacked bf16 linear runs here (a build or ISA without it raises)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(2, 2, dtype=torch.bfloat16), 1)
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 2, dtype=torch.bfloat16), packed, None,
+                                           "none", [], "")
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
+           features: CpuFeatures | None = None) -> KernelChoice:
+    """The kernel for `dtype` on `device` (see the module docstring); `ValidationError` naming
+    `kernel` when the one asked for cannot run here."""
+    if requested == "auto":
+        requested = os.environ.get("WORKBENCH_KERNEL", "auto") or "auto"
+    if requested not in ("auto", *KERNELS):
+        raise ValidationError(f"kernel must be 'auto' or one of {KERNELS}, got {requested!r}.",
+                              parameter="kernel", value=requested)
+    if not str(device).startswith("cpu"):
+        if requested not in ("auto", "torch"):
+            raise ValidationError(f"kernel {requested!r} (--kernel) runs on the CPU only; on "
+                                  f"{device} the kernel is 'torch'.", parameter="kernel",
+                                  value=requested)
+        return KernelChoice("torch", dtype, str(device), "")
+    features = cpu_features() if features is None else features
+    if requested == "auto":
+        kernel = next(k for k in _AUTO_ORDER.get(dtype, ("torch",))
+                      if missing(k, dtype, features) is None)
+    else:
+        lack = missing(requested, dtype, features)
+        if lack is not None:
+            raise ValidationError(f"kernel {requested!r} (--kernel) cannot run here: it needs "
+                                  f"{lack}.", parameter="kernel", value=requested)
+        kernel = requested
+    return KernelChoice(kernel, dtype, "cpu", features.summary())
+
+
+def runnable(dtype: torch.dtype, features: CpuFeatures | None = None) -> list[str]:
+    """Every kernel this process can run for `dtype` on the CPU (what the portable tests force)."""
+    features = cpu_features() if features is None else features
+    return [k for k in KERNELS if missing(k, dtype, features) is None]
