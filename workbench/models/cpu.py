@@ -58,7 +58,7 @@ class CpuFeatures:
     def summary(self) -> str:
         """The flags that matter for kernels, space-separated (the start-up log, the bench)."""
         shown = [flag for flag in KNOWN_FLAGS if flag in self.flags]
-        return " ".join(shown) or "none of " + " ".join(KNOWN_FLAGS[:2])
+        return " ".join(shown) or "(none)"
 
 
 def parse_cpuinfo(text: str) -> frozenset[str]:

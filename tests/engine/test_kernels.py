@@ -1,0 +1,149 @@
+"""The kernel choice (engine/kernels.py): one table of probed capabilities, refusals at start-up,
+and the float32 fast path's exactness against transformers on SmolLM2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.helpers import ids_of, make_llm
+from workbench import LLM, SamplingParams
+from workbench.engine import gemv, kernels, mkl
+from workbench.errors import ValidationError
+from workbench.models import load_model
+from workbench.models.cpu import CpuFeatures, cpu_features
+
+MACHINES = {  # the CPU kinds users have, as the probe sees them
+    "avx2": "avx2 fma f16c",
+    "avx512": "avx2 fma f16c avx512f avx512bw avx512vl avx512dq",
+    "avx512-bf16": "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16",
+    "amx": "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_tile amx_bf16",
+    "no-avx2": "sse4_2 avx",
+}
+EXPECTED = {  # machine -> (float32 kernel, bfloat16 kernel) that "auto" picks
+    "avx2": ("avx2", "torch"), "avx512": ("avx2", "onednn"), "avx512-bf16": ("avx2", "onednn"),
+    "amx": ("avx2", "mkl"), "no-avx2": ("torch", "torch"),
+}
+
+
+def simulated(machine: str) -> CpuFeatures:
+    return CpuFeatures(frozenset(MACHINES[machine].split()), "test")
+
+
+@pytest.fixture
+def every_build(monkeypatch):
+    """The run-time parts (a C compiler, torch's oneDNN and MKL) present, so that the choice
+    depends on the simulated flags alone."""
+    monkeypatch.setattr(gemv, "available", lambda: True)
+    monkeypatch.setattr(mkl, "available", lambda: True)
+    monkeypatch.setattr(kernels, "onednn_prepack_works", lambda: True)
+    monkeypatch.delenv("WORKBENCH_KERNEL", raising=False)
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_auto_picks_by_capability(machine, every_build):
+    features = simulated(machine)
+    got = tuple(kernels.choose(dtype, "cpu", features=features).kernel
+                for dtype in (torch.float32, torch.bfloat16))
+    assert got == EXPECTED[machine]
+    assert kernels.choose(torch.float16, "cpu", features=features).kernel == "torch"
+
+
+def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
+    monkeypatch.setattr(gemv, "available", lambda: False)  # no C compiler
+    assert kernels.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
+    monkeypatch.setattr(mkl, "available", lambda: False)  # no MKL bf16 GEMM in torch
+    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
+
+
+@pytest.mark.parametrize("kernel, dtype, words", [
+    ("onednn", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
+    ("mkl", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
+    ("avx2", torch.bfloat16, "float32"),
+    ("onednn", torch.float32, "bfloat16"),
+])
+def test_a_kernel_the_machine_cannot_run_is_refused_naming_the_flag(kernel, dtype, words,
+                                                                     every_build):
+    with pytest.raises(ValidationError) as error:
+        kernels.choose(dtype, "cpu", kernel, features=simulated("avx2"))
+    assert error.value.parameter == "kernel"
+    assert "--kernel" in str(error.value) and words in str(error.value)
+    assert "this one has: avx2 fma f16c" in str(error.value) or "dtype" in str(error.value)
+
+
+def test_mkl_needs_amx(every_build):
+    with pytest.raises(ValidationError, match="AMX BF16"):
+        kernels.choose(torch.bfloat16, "cpu", "mkl", features=simulated("avx512-bf16"))
+
+
+def test_unknown_kernel_names_and_cuda(every_build):
+    with pytest.raises(ValidationError, match="kernel must be 'auto' or one of"):
+        kernels.choose(torch.float32, "cpu", "fast")
+    assert kernels.choose(torch.bfloat16, "cuda").kernel == "torch"
+    with pytest.raises(ValidationError, match="runs on the CPU only"):
+        kernels.choose(torch.bfloat16, "cuda", "onednn")
+
+
+def test_the_environment_forces_a_kernel(every_build, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_KERNEL", "torch")
+    assert kernels.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
+    assert kernels.choose(torch.float32, "cpu", "avx2", features=simulated("avx2")).kernel == "avx2"
+
+
+def test_the_engine_refuses_at_start_up(tiny_llama):
+    unrunnable = next((k for k in kernels.KERNELS
+                       if kernels.missing(k, torch.float32, cpu_features())), None)
+    if unrunnable is None:
+        pytest.skip("this machine runs every kernel in float32")
+    with pytest.raises(ValidationError) as error:
+        LLM(tiny_llama, kernel=unrunnable, max_model_len=64, num_kv_blocks=8)
+    assert error.value.parameter == "kernel"
+
+
+def test_the_runner_says_which_kernel(tiny_llama, caplog):
+    import copy
+    import dataclasses
+
+    loaded = dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model))
+    with caplog.at_level("INFO", logger="workbench.engine.runner"):
+        llm = make_llm(loaded)
+    choice = llm.llm_engine.runner.kernel
+    assert choice.kernel == kernels.choose(torch.float32).kernel and choice.dtype == torch.float32
+    assert f"kernel {choice.kernel} (float32 on cpu" in caplog.text
+
+
+def hf_steps(loaded, prompt: str, tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """transformers' own greedy generation (its KV cache, SDPA): tokens up to the first EOS and
+    the float32 log-softmax of each step's logits."""
+    ids = ids_of(loaded, prompt)
+    with torch.inference_mode():
+        out = loaded.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
+                                    dtype=torch.long), do_sample=False, max_new_tokens=tokens,
+                                    output_logits=True, return_dict_in_generate=True,
+                                    pad_token_id=loaded.tokenizer.pad_token_id)
+    return out.sequences[0, len(ids):].tolist(), [torch.log_softmax(l[0], -1) for l in out.logits]
+
+
+@pytest.mark.slow
+def test_smollm2_float32_fast_path_matches_transformers():
+    """SmolLM2 in float32 on the kernel `auto` picks here (fused projections, the lean decoder
+    loop, few-row products): greedy tokens identical to transformers' `generate`, alone and as a
+    batch of four, and each chosen token's logprob within 2e-5 of transformers' step logits.
+    (1e-5 is below float32's noise here: the engine on plain `F.linear` differs from
+    `generate` by up to 1.6e-5 on these prompts, depending on the batch.)"""
+    ours = make_llm(load_model("smollm2-135m-instruct", dtype="float32", device="cpu"),
+                    max_model_len=512, num_kv_blocks=96)
+    assert ours.llm_engine.runner.kernel.kernel == kernels.choose(torch.float32).kernel
+    theirs = load_model("smollm2-135m-instruct", dtype="float32", device="cpu")  # unpatched
+    prompts = ["The capital of France is", "def fibonacci(n):",
+               "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n",
+               "Once upon a time, in a small village at the edge of a great forest,"]
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=0)
+    batch = ours.generate(prompts, params)
+    alone = [ours.generate(prompt, params)[0] for prompt in prompts]
+    for i, prompt in enumerate(prompts):
+        tokens, logprobs = hf_steps(theirs, prompt, 24)
+        for out in (batch[i].outputs[0], alone[i].outputs[0]):
+            assert list(out.token_ids) == tokens
+            for step, token in enumerate(tokens):
+                assert abs(out.logprobs[step][token].logprob - logprobs[step][token].item()) < 2e-5
