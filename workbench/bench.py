@@ -6,6 +6,12 @@ token ids, generate exactly the same number of tokens (`ignore_eos` / `min_new_t
 warmed up first, and are timed end to end (prefill included), taking turns; each figure is the
 best of `repeats` runs, since these shared machines only ever make a run slower. Ratios are
 ours over transformers' from the same run. `--json` prints one JSON object on the last line.
+
+`bench_machine` says what the figures were measured on (`cpu_flags`, `dtype`, `kernel`) and
+the single-stream limit of this machine: its memory read bandwidth (a plain reduction over a
+buffer far larger than any cache, best of three) divided by the bytes of weights one decode
+step must read in that dtype (`single_stream_limit_tok_s`); `single_stream_of_limit` is our
+single-stream rate's share of it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class BenchConfig:
 
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
+    kernel: str = "auto"  # our side's projection kernel (workbench/engine/kernels.py)
     threads: int = 2
     tokens: int = 64
     repeats: int = 3
@@ -64,7 +71,8 @@ class Contenders:
     def ours(self):
         from workbench import LLM
 
-        return LLM(model=self.config.model, dtype=self.config.dtype, seed=self.config.seed)
+        return LLM(model=self.config.model, dtype=self.config.dtype, kernel=self.config.kernel,
+                   seed=self.config.seed)
 
     @cached_property
     def embed(self):
@@ -187,6 +195,36 @@ def bench_beam4(side: Contenders, config: BenchConfig) -> dict[str, float]:
             "beam4_time_ratio": round(ours_s / theirs_s, 3)}
 
 
+def memory_read_gb_s(megabytes: int = 512, repeats: int = 3) -> float:
+    """This machine's memory read bandwidth: a float32 sum over `megabytes`, best of `repeats`."""
+    import torch
+
+    buffer = torch.ones(megabytes * 2**20 // 4)
+    best = min(seconds(buffer.sum) for _ in range(repeats))
+    return buffer.numel() * 4 / best / 1e9
+
+
+def decode_step_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every parameter once (tied embeddings are one
+    tensor, read whole by the LM head), except an untied input embedding (one row a token)."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return total if tied else total - embed.numel() * embed.element_size()
+
+
+def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
+    """What the run measures on: CPU flags, dtype, kernel, and the single-stream limit."""
+    runner = side.ours.llm_engine.runner
+    choice = runner.kernel
+    gb_s = memory_read_gb_s()
+    limit = gb_s * 1e9 / decode_step_bytes(runner.model)
+    return {"cpu_flags": choice.cpu_flags, "dtype": str(choice.dtype).removeprefix("torch."),
+            "kernel": choice.kernel, "memory_read_gb_s": round(gb_s, 2),
+            "single_stream_limit_tok_s": round(limit, 2)}
+
+
 def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
     """Sentences per second embedding a mixed-length corpus: our encode path vs transformers'
     padded batches of 32, same pooling and dtype (`workbench/bench_embed.py`)."""
@@ -196,8 +234,8 @@ def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
                              max(config.repeats, 3))  # short runs: at least 3 turns each
 
 
-BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, float]], ...] = (
-    bench_single_stream, bench_concurrent16, bench_beam4, bench_embed)
+BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
+    bench_machine, bench_single_stream, bench_concurrent16, bench_beam4, bench_embed)
 
 
 def peak_rss_mb() -> float:
@@ -206,13 +244,13 @@ def peak_rss_mb() -> float:
     return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
 
 
-def format_table(results: dict[str, float]) -> str:
+def format_table(results: dict[str, Any]) -> str:
     """The figures as an aligned two-column table."""
     width = max(map(len, results))
     return "\n".join(f"{key:<{width}}  {value:>10}" for key, value in results.items())
 
 
-def run(config: BenchConfig, benchmarks=None, log=None) -> dict[str, float]:
+def run(config: BenchConfig, benchmarks=None, log=None) -> dict[str, Any]:
     """Run `benchmarks` (default `BENCHMARKS`) in order; every figure plus `peak_rss_mb`."""
     import torch
 
@@ -222,6 +260,9 @@ def run(config: BenchConfig, benchmarks=None, log=None) -> dict[str, float]:
         if log:
             log(f"running {benchmark.__name__} ...")
         results.update(benchmark(side, config))
+    if "single_stream_tok_s" in results and "single_stream_limit_tok_s" in results:
+        results["single_stream_of_limit"] = round(
+            results["single_stream_tok_s"] / results["single_stream_limit_tok_s"], 3)
     results["peak_rss_mb"] = peak_rss_mb()
     return results
 
@@ -232,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object, last line")
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", help="default: what dtype='auto' picks here")
+    parser.add_argument("--kernel", default="auto", help="default: the kernel chosen for the dtype")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--soak", action="store_true", help="instead: the soak and fuzz run "
                         "(workbench/soak.py): disconnect storms, invalid bodies, schemathesis")
@@ -241,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         from workbench import soak
 
         return soak.main(json_line=args.json, quick=args.quick)
-    settings = dict(model=args.model, dtype=args.dtype, threads=args.threads)
+    settings = dict(model=args.model, dtype=args.dtype, kernel=args.kernel, threads=args.threads)
     config = BenchConfig.quick(**settings) if args.quick else BenchConfig(**settings)
     results = run(config, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(results) if args.json else format_table(results), flush=True)

@@ -73,3 +73,36 @@ def test_table_mode_prints_one_row_per_figure(monkeypatch, capsys):
     assert bench.main(["--quick"]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
     assert [row.split()[0] for row in rows] == ["fake_tok_s", "fake_ratio", "peak_rss_mb"]
+
+
+def test_the_machine_figures_say_what_was_measured(tiny_side, monkeypatch):
+    monkeypatch.setattr(bench, "memory_read_gb_s", lambda: 10.0)
+    figures = bench.bench_machine(tiny_side, bench.BenchConfig.quick())
+    runner = tiny_side.ours.llm_engine.runner
+    assert figures["kernel"] == runner.kernel.kernel and figures["dtype"] == "float32"
+    assert figures["cpu_flags"] == runner.kernel.cpu_flags
+    step_bytes = bench.decode_step_bytes(runner.model)
+    assert figures["single_stream_limit_tok_s"] == round(10.0e9 / step_bytes, 2)
+
+
+def test_decode_step_bytes_counts_a_tied_table_once_and_an_untied_input_table_not_at_all():
+    tied = tiny_model("llama").model  # tied embeddings
+    params = sum(p.numel() for p in tied.parameters())
+    assert bench.decode_step_bytes(tied) == params * 4
+    untied = tiny_model("mistral").model
+    embed = untied.get_input_embeddings().weight.numel()
+    assert bench.decode_step_bytes(untied) == (sum(p.numel() for p in untied.parameters())
+                                               - embed) * 4
+
+
+def test_memory_read_bandwidth_is_a_positive_rate():
+    assert bench.memory_read_gb_s(megabytes=8, repeats=1) > 0.1
+
+
+def test_the_share_of_the_limit_is_reported(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "BENCHMARKS", (
+        lambda side, config: {"single_stream_limit_tok_s": 40.0},
+        lambda side, config: {"single_stream_tok_s": 30.0}))
+    assert bench.main(["--json", "--quick"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["single_stream_of_limit"] == 0.75
