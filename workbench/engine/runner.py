@@ -20,7 +20,7 @@ import torch
 
 from workbench.engine import attention, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk
-from workbench.engine.decoder import DecoderStack
+from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
 
@@ -167,7 +167,9 @@ class ModelRunner:
             if self.lora is not None:
                 self.lora.end_step()
         rows, last_row, prompt_rows = self._select_rows(ordered)
-        hidden = self.base.norm(hidden[0, rows])  # [R, H]
+        hidden = hidden[0, rows]  # [R, H]
+        hidden = rms_norm(self.base.norm, hidden) if self.stack is not None else \
+            self.base.norm(hidden)
         logits = self.model.lm_head(hidden).float()  # [R, V]
         return LogitRows(logits, last_row, prompt_rows, hidden)
 
