@@ -48,3 +48,26 @@ def test_unknown_architecture_is_refused():
     with pytest.raises(ValueError, match="'gpt5'"):
         tiny_model("gpt5")
     assert "llama" in TINY_ARCHITECTURES
+
+
+@pytest.mark.parametrize("arch, model", [("llama", "smollm2-135m-instruct"),
+                                         ("bert", "all-minilm-l6-v2")])
+def test_shipped_tokenizers_equal_the_real_models(arch, model):
+    """The tokenizers in workbench/models/tokenizers/ are the real models' (same ids, special
+    tokens and chat template), so tiny tests need neither model package."""
+    from transformers import AutoTokenizer
+
+    from workbench.models.registry import resolve_model
+
+    try:
+        path = resolve_model(model).path
+    except (ValueError, FileNotFoundError):
+        pytest.skip(f"{model} is not installed here")
+    real = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    shipped = tiny_model(arch).tokenizer
+    texts = ["Once upon a time", "naïve café — 東京 🙂", "<|im_start|>user\nhi<|im_end|>"]
+    assert [shipped(t)["input_ids"] for t in texts] == [real(t)["input_ids"] for t in texts]
+    assert (shipped.eos_token_id, shipped.pad_token_id, shipped.bos_token_id) == \
+        (real.eos_token_id, real.pad_token_id, real.bos_token_id)
+    assert shipped.chat_template == real.chat_template
+    assert len(shipped) == len(real)

@@ -2,17 +2,22 @@
 
 `tiny_model("llama")` (also "qwen2", "mistral", "bert") builds a 2-layer model with hidden size
 64 from a seeded generator, so the same seed gives the same weights, and pairs it with a real
-tokenizer: the converted SmolLM2 tokenizer (vocabulary 49,152, ChatML template) for the
-generative ones, the MiniLM tokenizer for bert. Prompts are real text; outputs are noise.
+tokenizer shipped in this package (`workbench/models/tokenizers/`): SmolLM2's (vocabulary
+49,152, ChatML template) for the generative ones, MiniLM's for bert. No model package or
+download is needed, so the tiny tests run on any bare machine (a CUDA one included). Prompts are
+real text; outputs are noise.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from workbench.models.devices import resolve_device, resolve_dtype
 from workbench.models.loader import LoadedModel, prepare_for_inference
-from workbench.models.registry import DEFAULT_EMBED_MODEL, DEFAULT_MODEL, resolve_model
+
+TOKENIZERS = Path(__file__).with_name("tokenizers")  # SmolLM2's and MiniLM's, as package data
 
 TINY_ARCHITECTURES = ("llama", "qwen2", "mistral", "bert")
 _SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -49,8 +54,8 @@ def tiny_model(arch: str = "llama", *, seed: int = 0, dtype: str | torch.dtype =
     if arch not in TINY_ARCHITECTURES:
         raise ValueError(f"Unknown tiny architecture {arch!r}; choose one of {TINY_ARCHITECTURES}.")
     kind = "embed" if arch == "bert" else "generate"
-    source = resolve_model(DEFAULT_EMBED_MODEL if kind == "embed" else DEFAULT_MODEL)
-    tokenizer = AutoTokenizer.from_pretrained(source.path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZERS / ("minilm" if kind == "embed"
+                                                            else "smollm2"), local_files_only=True)
     config = tiny_config(arch, tokenizer)
     auto_class = AutoModel if kind == "embed" else AutoModelForCausalLM
     with torch.random.fork_rng(devices=[]):  # seed without touching the caller's RNG
