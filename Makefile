@@ -50,3 +50,11 @@ endif
 # AVX2 limits (scripts/test_portable.py); CI runs it after `make test`.
 test-portable: install
 	$(BIN)/python scripts/test_portable.py
+
+# On a machine with a CUDA GPU: the GPU tests (float32 exactness, the bf16 fused path) and a short
+# throughput comparison with transformers there. Fails at once where torch sees no GPU.
+gpu-check: install
+	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+		'gpu-check: torch ' + torch.__version__ + ' sees no CUDA GPU')"
+	$(BIN)/pytest -q -m gpu tests
+	$(BIN)/workbench bench --quick

@@ -218,10 +218,13 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     """What the run measures on: CPU flags, dtype, kernel, and the single-stream limit."""
     runner = side.ours.llm_engine.runner
     choice = runner.kernel
+    figures = {"device": choice.device, "cpu_flags": choice.cpu_flags,
+               "dtype": str(choice.dtype).removeprefix("torch."), "kernel": choice.kernel}
+    if choice.device != "cpu":  # the limit below is the CPU's memory
+        return figures
     gb_s = memory_read_gb_s()
     limit = gb_s * 1e9 / decode_step_bytes(runner.model)
-    return {"cpu_flags": choice.cpu_flags, "dtype": str(choice.dtype).removeprefix("torch."),
-            "kernel": choice.kernel, "memory_read_gb_s": round(gb_s, 2),
+    return {**figures, "memory_read_gb_s": round(gb_s, 2),
             "single_stream_limit_tok_s": round(limit, 2)}
 
 

@@ -4,7 +4,10 @@ Tiny llama in fp32 on the GPU: greedy equals transformers' generate there, seede
 reproducible, and n > 1, penalties, truncation and (prompt) logprobs run without moving tensors.
 """
 
+import copy
+
 import pytest
+import torch
 
 from tests.engine.helpers import greedy, hf_greedy, ids_of, make_llm
 from workbench.sampling_params import SamplingParams
@@ -37,3 +40,23 @@ def test_sampling_features_run_on_cuda(cuda_llama):
            [[c.token_ids for c in o.outputs] for o in again]
     assert all(len(c.logprobs) == 8 for o in first for c in o.outputs)
     assert all(len(o.prompt_logprobs) == len(o.prompt_token_ids) for o in first)
+
+
+def test_bf16_fused_path_on_cuda_stays_close_to_transformers():
+    """bfloat16 on the GPU: fused projections and the lean decoder loop (kernel "torch", i.e.
+    cuBLAS) keep logits within bf16 noise of transformers' own model, and the engine runs."""
+    from workbench.engine.fusion import fuse_projections
+    from workbench.models import tiny_model
+
+    lm = tiny_model("llama", seed=0, dtype="bfloat16", device="cuda")
+    fused = copy.deepcopy(lm.model)
+    fuse_projections(fused)
+    ids = lm.tokenizer("The quick brown fox jumps", return_tensors="pt").input_ids.to("cuda")
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(ids).logits.float(), lm.model(ids).logits.float(),
+                                   rtol=0.02, atol=0.02)
+    llm = make_llm(lm, block_size=4)
+    runner = llm.llm_engine.runner
+    assert runner.kernel.kernel == "torch" and runner.stack is not None
+    outs = llm.generate(PROMPTS, greedy(8, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
