@@ -30,7 +30,7 @@ from torch import nn
 
 from workbench.engine import gemv, kernels, mkl
 
-AVX2_MAX_ROWS = 16  # longer products go to BLAS (its GEMM is tuned for many rows)
+AVX2_MAX_ROWS = 48  # longer products go to BLAS (its GEMM is tuned for many rows)
 
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 _SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))

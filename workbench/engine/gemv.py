@@ -91,12 +91,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` for float32 CPU tensors, x [..., K], a contiguous weight [N, K]
     and bias [N] (the caller checks dtypes and layout: the C function reads raw memory)."""
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    m, k = rows.shape
-    n = weight.shape[0]
-    out = torch.empty(m, n, dtype=torch.float32)
+    x = x.contiguous()
+    k, n = x.shape[-1], weight.shape[0]
+    m = x.numel() // k
+    out = torch.empty(*x.shape[:-1], n)
     if m:
-        library().wb_linear_f32(rows.data_ptr(), weight.data_ptr(),
-                                None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                m, n, k, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
+        _function()(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                    out.data_ptr(), m, n, k, torch.get_num_threads())
+    return out
+
+
+@functools.cache
+def _function():
+    return library().wb_linear_f32
