@@ -223,7 +223,7 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
     gb_s = memory_read_gb_s()
-    limit = gb_s * 1e9 / decode_step_bytes(runner.model)
+    limit = gb_s * 1e9 / decode_step_bytes(side.theirs.model)  # as loaded: ours is fused
     return {**figures, "memory_read_gb_s": round(gb_s, 2),
             "single_stream_limit_tok_s": round(limit, 2)}
 
