@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -271,6 +272,7 @@ class GenerationServing(OpenAIServing):
         """One engine request; aborted if its consumer goes away before it finishes."""
         finished = False
         kwargs = {} if lora_request is None else {"lora_request": lora_request}
+        request_id = unique_engine_id(request_id)
         stream = self.engine.generate(prompt.as_engine_input(), params, request_id,
                                       priority=priority, **kwargs)
         try:
@@ -286,6 +288,7 @@ class GenerationServing(OpenAIServing):
                            lora_request: Any = None) -> AsyncIterator[Any]:
         """One beam search in the engine: its final result as one `RequestOutput`."""
         finished = False
+        request_id = unique_engine_id(request_id)
         stream = self.engine.beam_search(prompt.as_engine_input(), request_id, params,
                                          priority=priority, lora_request=lora_request)
         try:
@@ -375,6 +378,12 @@ class GenerationServing(OpenAIServing):
         if self.request_logger is not None:
             self.request_logger.log_outputs(gen.request_id, [c.text for c in choices],
                                             [c.finish_reason for c in choices])
+
+
+def unique_engine_id(request_id: str) -> str:
+    """The engine's id of a request: the client's id plus a random suffix (as vLLM's), so a
+    reused `X-Request-Id` or body `request_id` never reaches another client's request."""
+    return f"{request_id}-{secrets.token_hex(4)}"
 
 
 def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams:

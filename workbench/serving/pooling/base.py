@@ -128,7 +128,10 @@ class PoolingServing(OpenAIServing):
         return response
 
     def engine_request_id(self, ctx: PoolingContext, index: int) -> str:
-        return f"{ctx.request_id}-{index}"
+        """Unique whatever id the client sent (see `base.unique_engine_id`)."""
+        from workbench.serving.base import unique_engine_id
+
+        return unique_engine_id(f"{ctx.request_id}-{index}")
 
     def prepare_generators(self, ctx: PoolingContext) -> None:
         """Stage 5: one engine request per prompt, merged; nothing runs until iterated."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
@@ -56,6 +57,7 @@ class ResponsesServing(GenerationServing):
         self.auto_tools = getattr(self.config, "enable_auto_tool_choice", False)
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
         self._background: dict[str, asyncio.Task] = {}  # running background responses
+        self._running: set[str] = set()  # ids of responses whose loop is alive
 
     # -- stages -------------------------------------------------------------------------------
     def start(self, request: ResponsesRequest, meta: RequestMeta) -> tuple[ToolLoop, Any]:
@@ -77,9 +79,14 @@ class ResponsesServing(GenerationServing):
         sampling_params(request, 1, self.defaults).verify(self.engine.vocab_size,
                                                            self.engine.config.max_logprobs)
         header_priority = meta.int_header("x-vllm-priority")
-        loop = ToolLoop(self, request, self.response_id(request, meta),
-                        conversation(request.input, history), tools,
-                        request.priority if header_priority is None else header_priority)
+        response_id = self.claim_id(self.response_id(request, meta))
+        try:
+            loop = ToolLoop(self, request, response_id, conversation(request.input, history),
+                            tools, request.priority if header_priority is None else header_priority)
+        except BaseException:
+            self._running.discard(response_id)
+            raise
+        weakref.finalize(loop, self._running.discard, response_id)  # released with its loop
         prompt = loop.first_prompt()
         if loop.constraint is not None:
             self.check_grammar(loop, prompt)
@@ -97,6 +104,15 @@ class ResponsesServing(GenerationServing):
     def response_id(self, request: ResponsesRequest, meta: RequestMeta) -> str:
         base = self.base_request_id(meta, request.request_id)
         return base if base.startswith("resp_") else f"resp_{base}"
+
+    def claim_id(self, response_id: str) -> str:
+        """A client-chosen id (`request_id`, `X-Request-Id`) names one response: an id that is
+        stored or still running is refused, never overwritten."""
+        if response_id in self._running or response_id in self.store:
+            raise ValidationError(f"request_id '{response_id}' is already in use by another "
+                                  "response; send a new id.", parameter="request_id")
+        self._running.add(response_id)
+        return response_id
 
     def check_tool_choice(self, request: ResponsesRequest, tools: ToolSet) -> None:
         """The reference's tool-choice rules: `auto` needs --enable-auto-tool-choice and a
