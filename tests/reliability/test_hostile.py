@@ -99,6 +99,41 @@ def test_a_burst_past_max_waiting_requests_is_refused_with_503(make_server, slow
     assert peak <= 64
 
 
+# -- item 2: CPU-heavy requests never stall the event loop ----------------------------------------
+
+HEAVY_TEMPLATE = ("{% for i in range(9000) %}{% for j in range(9000) %}{% endfor %}{% endfor %}"
+                  "{{ messages[0]['content'] }}")
+
+
+def test_health_answers_within_a_second_while_huge_prompts_and_heavy_templates_run(make_server):
+    server = make_server(trust_request_chat_template=True)
+    server.app.state.servings.chat.renderer.render_timeout = 1.0
+    huge = "hello world, a long prompt. " * 20000  # ~0.56 MB: about a second to tokenize
+
+    async def attack() -> tuple[list[httpx.Response], float]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            heavy = [client.post("/v1/completions", json={"prompt": huge, "max_tokens": 1})
+                     for _ in range(2)]
+            heavy.append(client.post("/v1/chat/completions", json={
+                **CHAT, "max_tokens": 1, "chat_template": HEAVY_TEMPLATE}))
+            heavy.append(client.post("/tokenize", json={"prompt": huge}))
+            tasks = [asyncio.create_task(h) for h in heavy]
+            worst = 0.0
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as probe:
+                while not all(t.done() for t in tasks):
+                    start = time.perf_counter()
+                    assert (await probe.get("/health")).status_code == 200
+                    worst = max(worst, time.perf_counter() - start)
+                    await asyncio.sleep(0.05)
+            return [t.result() for t in tasks], worst
+
+    responses, worst = asyncio.run(attack())
+    assert worst < 1.0
+    assert [r.status_code for r in responses] == [400, 400, 400, 200]
+    assert responses[2].json()["error"]["param"] == "chat_template"
+    assert "took too long" in responses[2].json()["error"]["message"]
+
+
 def _wait_for(predicate, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -19,6 +19,7 @@ from workbench.serving.config import ServerConfig
 from workbench.serving.errors import ServingError, error_response
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
+from workbench.serving.offload import CpuPool
 from workbench.serving.pooling import (
     ClassifyServing, EmbeddingServing, PoolingEndpointServing, RerankServing, ScoreServing,
 )
@@ -49,9 +50,15 @@ class Servings:
 
         self.adapters = ServedAdapters.from_config(self.completions.engine,
                                                    self.completions.config)
+        self.cpu = CpuPool()  # one preprocessing pool per server (`offload.py`)
         for serving in list(vars(self).values()):
             if isinstance(serving, OpenAIServing):
                 serving.adapters = self.adapters
+                serving.cpu = self.cpu
+
+    def close(self) -> None:
+        """Drops preprocessing work still queued (the server is stopping)."""
+        self.cpu.close()
 
     @classmethod
     def build(cls, engine: Any, config: ServerConfig | None = None,

@@ -36,6 +36,7 @@ from workbench.sampling_params import BeamSearchParams, SamplingParams
 from workbench.serving.config import ServerConfig
 from workbench.serving.errors import GenerationError
 from workbench.serving.metrics import ServingMetrics
+from workbench.serving.offload import CpuPool
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer
 from workbench.serving.recorder import PipelineRecorder
 from workbench.serving.request_logger import RequestLogger
@@ -122,6 +123,7 @@ class OpenAIServing:
                                if self.config.enable_log_requests else None)
         self._warned_trace = False
         self.system_fingerprint = fingerprint(engine)
+        self.cpu = CpuPool()  # tokenizing and rendering off the loop; `Servings` shares one
 
     adapters = None  # `workbench.lora.serving.ServedAdapters`, shared by a server's endpoints
     supports_lora = False  # endpoints that run a request's adapter set this
@@ -191,6 +193,24 @@ class GenerationServing(OpenAIServing):
     def prepare(self, request: Any, meta: RequestMeta, *, schedule: bool = True) -> Generation:
         """Stages 1-4; raises to end the request with an error. Every check is recorded in
         `meta.recorder` (or a fresh one): `schedule=False` is the dry run of `validate`."""
+        gen = self.build_generation(request, meta)
+        if not schedule:
+            self.check_engine_inputs(gen)
+            return gen
+        with gen.recorder.stage("prepare generators"):
+            self.prepare_generators(gen, meta)                                         # 4
+        return gen
+
+    async def prepare_off_loop(self, request: Any, meta: RequestMeta) -> Generation:
+        """`prepare` for a server: stages 1-3 (template, tokenizer: CPU-heavy) run in the
+        server's thread pool, so the event loop stays free; stage 4 on the loop."""
+        gen = await self.cpu.run(self.build_generation, request, meta)
+        with gen.recorder.stage("prepare generators"):
+            self.prepare_generators(gen, meta)                                         # 4
+        return gen
+
+    def build_generation(self, request: Any, meta: RequestMeta) -> Generation:
+        """Stages 1-3: the checked request as a `Generation`, nothing queued yet."""
         rec = meta.recorder if meta.recorder is not None else PipelineRecorder()
         with rec.stage("check model"), rec.check("model", "check model", "model"):     # 1
             self.check_model(request.model)
@@ -217,11 +237,6 @@ class GenerationServing(OpenAIServing):
         gen.lora_request = self.lora_request_for(request)
         if gen.lora_request is not None:  # responses name the adapter, as vLLM's
             gen.model_name = gen.lora_request.lora_name
-        if not schedule:
-            self.check_engine_inputs(gen)
-            return gen
-        with rec.stage("prepare generators"):
-            self.prepare_generators(gen, meta)                                         # 4
         return gen
 
     preprocess_check = "prompt (chat template, tokenize, input length)"

@@ -118,8 +118,11 @@ class PoolingServing(OpenAIServing):
         return ctx
 
     async def create(self, request: Any, meta: RequestMeta | None = None) -> Any:
-        """The whole pipeline: the response model, or an exception for the error envelope."""
-        ctx = self.prepare(request, meta)
+        """The whole pipeline: the response model, or an exception for the error envelope.
+        Stages 1-4 (tokenizing: CPU work) run in the server's thread pool, off the loop."""
+        ctx = await self.cpu.run(self.prepare, request, meta, schedule=False)
+        with ctx.recorder.stage("prepare generators"):
+            self.prepare_generators(ctx)
         with ctx.recorder.stage("collect batch"):
             await self.collect_batch(ctx)
         with ctx.recorder.stage("build response"):

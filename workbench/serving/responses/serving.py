@@ -147,14 +147,14 @@ class ResponsesServing(GenerationServing):
     # -- responses ----------------------------------------------------------------------------
     async def create(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
         if request.background:
-            return self.start_background(request, meta)
+            return await self.start_background(request, meta)
         response, _ = await self.run(request, meta)
         return response
 
     async def run(self, request: ResponsesRequest, meta: RequestMeta
                   ) -> tuple[ResponsesResponse, ToolLoop]:
         """The response and the loop that made it (its rounds: `ToolLoopTrace.from_loop`)."""
-        loop, prompt = self.start(request, meta)
+        loop, prompt = await self.cpu.run(self.start, request, meta)  # render, tokenize
         started, created = time.perf_counter(), int(time.time())
         async for _ in loop.run(prompt):
             pass
@@ -162,7 +162,7 @@ class ResponsesServing(GenerationServing):
 
     async def create_stream(self, request: ResponsesRequest, meta: RequestMeta
                             ) -> AsyncIterator[dict[str, Any]]:
-        loop, prompt = self.start(request, meta)
+        loop, prompt = await self.cpu.run(self.start, request, meta)
         return self._stream(loop, prompt)
 
     async def _stream(self, loop: ToolLoop, prompt: Any) -> AsyncIterator[dict[str, Any]]:
@@ -258,13 +258,14 @@ class ResponsesServing(GenerationServing):
         return cancelled
 
     # -- background responses -------------------------------------------------------------------
-    def start_background(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
+    async def start_background(self, request: ResponsesRequest, meta: RequestMeta
+                               ) -> ResponsesResponse:
         """`background=true`: stored as `queued` and answered at once; the loop runs as a task
         of this event loop, and the stored response becomes `completed` (or `failed`)."""
         if request.stream:
             raise ValidationError(f"`background` with `stream` {checks.NOT_YET}.",
                                   parameter="background")
-        loop, prompt = self.start(request, meta)
+        loop, prompt = await self.cpu.run(self.start, request, meta)
         created = int(time.time())
         queued = self.build(loop, created, status="queued")
         self.store.put(queued, loop.input_messages)
