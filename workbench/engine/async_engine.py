@@ -196,6 +196,15 @@ class AsyncLLMEngine:
         await asyncio.to_thread(self.engine.abort_request, request_id)
         self._wake.set()
 
+    def abort_all(self) -> None:
+        """Aborts every request submitted through this front (a server's shutdown deadline);
+        never blocks the caller's loop."""
+        pending = list(self._submitted)
+        if pending:
+            threading.Thread(target=self.engine.abort_request, args=(pending,),
+                             daemon=True).start()
+            self._wake.set()
+
     def _abort_soon(self, request_id: str) -> None:
         """Aborts from a `finally` that may run during cancellation: never blocks the loop."""
         threading.Thread(target=self.engine.abort_request, args=(request_id,), daemon=True).start()

@@ -28,7 +28,8 @@ async def _serve(raw: Request, serving: Any, request: Any) -> Response:
     try:
         if request.stream:
             stream = await with_cancellation(raw, serving.create_stream(request, meta))
-            return Response(status_code=499) if stream is None else sse_response(stream)
+            return (Response(status_code=499) if stream is None
+                    else sse_response(stream, raw.app.state.drain))
         response = await with_cancellation(raw, serving.create(request, meta))
     except Exception as exc:  # noqa: BLE001 - every failure becomes the error envelope
         return error_json(exc, log_stack=log_stack)
