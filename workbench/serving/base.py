@@ -16,7 +16,8 @@ outputs go into the request's `PipelineRecorder` (`recorder.py`; `RequestMeta.re
 pass your own), from which `workbench.inspect` builds `ValidationReport` and `Trace`;
 `prepare(..., schedule=False)` is the dry run behind `validate`. Request ids come from `X-Request-Id` (else the body's `request_id`, else a
 uuid); `X-data-parallel-rank` and `X-Vllm-Priority` are parsed from headers (invalid values
-ignored); trace headers are noted (tracing is off: a one-time warning).
+ignored); with `--otlp-traces-endpoint` each finished request is a span (`tracing.py`), a
+child of the `traceparent` it came with; without it, trace headers get a one-time warning.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Generation:
     prompt_logprobs: dict[int, list | None] = field(default_factory=dict)
     recorder: PipelineRecorder = field(default_factory=PipelineRecorder)
     beam: list[BeamSearchParams] | None = None  # `use_beam_search`: one per prompt
+    headers: Mapping[str, str] = field(default_factory=dict)  # trace context, for the span
     lora_request: Any = None  # the adapter it runs with (`workbench.lora`); None: base model
 
     @property
@@ -126,6 +128,7 @@ class OpenAIServing:
         self.cpu = CpuPool()  # tokenizing and rendering off the loop; `Servings` shares one
 
     adapters = None  # `workbench.lora.serving.ServedAdapters`, shared by a server's endpoints
+    tracer = None  # `tracing.RequestTracer` with --otlp-traces-endpoint, shared likewise
     supports_lora = False  # endpoints that run a request's adapter set this
 
     def check_model(self, model: str | None) -> None:
@@ -146,7 +149,8 @@ class OpenAIServing:
         rank = meta.int_header("x-data-parallel-rank")
         if rank is not None and rank != 0:
             raise ValueError(f"data_parallel_rank {rank} is out of range [0, 1).")
-        if not self._warned_trace and any(meta.header(h) for h in _TRACE_HEADERS):
+        if (self.tracer is None and not self._warned_trace
+                and any(meta.header(h) for h in _TRACE_HEADERS)):
             self._warned_trace = True
             logger.warning("Received a request with trace context but tracing is disabled; "
                            "the traceparent/tracestate headers are not propagated.")
@@ -230,7 +234,7 @@ class GenerationServing(OpenAIServing):
         self.record_coercions(rec, request, prompts, params)
         body_id = getattr(request, "request_id", None)
         gen = Generation(request=request, model_name=self.model_name, prompts=prompts,
-                         params=params, recorder=rec,
+                         params=params, recorder=rec, headers=meta.headers,
                          request_id=f"{self.id_prefix}-{self.base_request_id(meta, body_id)}")
         if getattr(request, "use_beam_search", False):
             gen.beam = [beam_search_params(request, p) for p in params]
@@ -393,6 +397,8 @@ class GenerationServing(OpenAIServing):
         if self.request_logger is not None:
             self.request_logger.log_outputs(gen.request_id, [c.text for c in choices],
                                             [c.finish_reason for c in choices])
+        if self.tracer is not None:
+            self.tracer.record(gen, choices, gen.headers)
 
 
 def unique_engine_id(request_id: str) -> str:
