@@ -134,6 +134,29 @@ def test_health_answers_within_a_second_while_huge_prompts_and_heavy_templates_r
     assert "took too long" in responses[2].json()["error"]["message"]
 
 
+# -- item 3: grammars that eat memory or never match --------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_over_the_size_limit_is_a_400_naming_structured_outputs(make_server, stream):
+    server = make_server()
+    server.engine.engine.inputs.grammars.max_grammar_bytes = 1 << 20
+    body = {**CHAT, "max_tokens": 4, "stream": stream,
+            "structured_outputs": {"regex": "(x{100}){100}"}}  # ~5 MiB of lexer states
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "structured_outputs" and "MiB" in error["message"]
+
+
+def test_a_grammar_with_no_finite_match_is_not_reported_as_stop(make_server):
+    server = make_server()
+    body = {"prompt": "Hi", "max_tokens": 20, "temperature": 0,
+            "structured_outputs": {"grammar": 'start: "a" start'}}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
 def _wait_for(predicate, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -108,6 +108,33 @@ def test_streams_open_at_the_deadline_get_an_error_event_and_done(make_server, s
     assert took < 0.5 + 1
 
 
+def test_a_responses_stream_open_at_the_deadline_ends_with_an_error_event(make_server,
+                                                                          slow_steps):
+    server = make_server()
+    slow_steps(server, 0.05)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def run() -> None:
+        body = {"input": "Hi", "max_output_tokens": 100, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream(
+                "POST", server.url + "/v1/responses", json=body) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if "output_text.delta" in line:
+                    started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(60)
+    server.stop(timeout=0.3)
+    thread.join(30)
+    events = [line for line in lines if line.startswith("event: ")]
+    assert events[-1] == "event: error"
+    last = json.loads([line for line in lines if line.startswith("data: ")][-1][6:])
+    assert last["code"] == "503" and "shutting down" in last["message"]
+
+
 # -- `workbench serve` in a subprocess ----------------------------------------------------------
 
 LAUNCHER = r"""
