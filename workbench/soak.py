@@ -93,9 +93,9 @@ class SoakReport:
                 ("RSS before / after (MB)", f"{self.rss_before_mb:.0f} / {self.rss_after_mb:.0f}"
                  if self.rss_before_mb else "not measured"),
                 ("slowest /health (ms)", f"{self.health_max_ms:.0f}"),
-                ("burst: sent / 503 / peak waiting", f"{self.burst_requests} / {self.burst_503} / "
+                ("burst: sent, 503, peak wait", f"{self.burst_requests} / {self.burst_503} / "
                  f"{self.burst_peak_waiting} (limit {self.burst_limit})"),
-                ("shutdown: streams cut cleanly", f"{self.shutdown_clean} / {self.shutdown_streams}"
+                ("shutdown: streams cut clean", f"{self.shutdown_clean} / {self.shutdown_streams}"
                  f" in {self.shutdown_s:.1f} s (timeout {self.shutdown_timeout:g} s)")]
         lines = [f"{name:<30} {value}" for name, value in rows]
         lines += [f"  failure: {f}" for f in self.failures[:10]]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -58,6 +59,7 @@ class ResponsesServing(GenerationServing):
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
         self._background: dict[str, asyncio.Task] = {}  # running background responses
         self._running: set[str] = set()  # ids of responses whose loop is alive
+        self._claims = threading.Lock()  # `start` runs in the preprocessing pool's threads
 
     # -- stages -------------------------------------------------------------------------------
     def start(self, request: ResponsesRequest, meta: RequestMeta) -> tuple[ToolLoop, Any]:
@@ -108,10 +110,11 @@ class ResponsesServing(GenerationServing):
     def claim_id(self, response_id: str) -> str:
         """A client-chosen id (`request_id`, `X-Request-Id`) names one response: an id that is
         stored or still running is refused, never overwritten."""
-        if response_id in self._running or response_id in self.store:
-            raise ValidationError(f"request_id '{response_id}' is already in use by another "
-                                  "response; send a new id.", parameter="request_id")
-        self._running.add(response_id)
+        with self._claims:
+            if response_id in self._running or response_id in self.store:
+                raise ValidationError(f"request_id '{response_id}' is already in use by another "
+                                      "response; send a new id.", parameter="request_id")
+            self._running.add(response_id)
         return response_id
 
     def check_tool_choice(self, request: ResponsesRequest, tools: ToolSet) -> None:
