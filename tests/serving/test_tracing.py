@@ -63,7 +63,8 @@ async def test_a_traceparent_header_makes_the_span_its_child(traced):
 
 
 def test_the_endpoint_flag_builds_an_otlp_tracer(fake_engine):
-    servings = Servings.build(fake_engine, ServerConfig(otlp_traces_endpoint="http://127.0.0.1:4317"))
+    config = ServerConfig(otlp_traces_endpoint="http://127.0.0.1:4317")
+    servings = Servings.build(fake_engine, config)
     try:
         assert servings.chat.tracer is servings.completions.tracer is not None
     finally:
