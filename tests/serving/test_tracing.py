@@ -77,3 +77,16 @@ def test_the_flag_reaches_the_server_config():
     args = build_parser().parse_args(["serve", "--otlp-traces-endpoint", "http://collector:4317"])
     _, server = configs_from_args(args)
     assert server.otlp_traces_endpoint == "http://collector:4317"
+
+
+async def test_a_response_is_one_span_with_its_rounds_as_events(traced):
+    from workbench.serving.protocol.responses import ResponsesRequest
+
+    servings, exporter = traced
+    response = await servings.responses.create(
+        ResponsesRequest(input="Hi", max_output_tokens=3), RequestMeta({"traceparent": PARENT}))
+    span = exporter.get_finished_spans()[0]
+    assert span.attributes["gen_ai.request.id"] == response.id
+    assert span.attributes["gen_ai.usage.completion_tokens"] == response.usage.output_tokens
+    assert [e.name for e in span.events] == ["round 0", "finished"]
+    assert format(span.context.trace_id, "032x") == TRACE_ID

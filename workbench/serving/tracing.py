@@ -1,11 +1,12 @@
 """OpenTelemetry spans of requests, as vLLM's `--otlp-traces-endpoint`.
 
-With tracing on, every finished generation request (chat, completions) becomes one span,
-`llm_request` (kind SERVER), a child of the caller's span when the request carries W3C
+With tracing on, every finished generation request (chat, completions, responses) becomes
+one span, `llm_request` (kind SERVER), a child of the caller's span when the request carries W3C
 `traceparent` / `tracestate` headers. Its attributes are vLLM's `gen_ai.*` names (request id,
 model, sampling knobs, token counts, latencies); its events are the pipeline's stages as the
 `PipelineRecorder` timed them (check model, validate, preprocess, sampling params, prepare
-generators), then `first token` and `finished`. OpenTelemetry is an optional dependency:
+generators), then `first token` and `finished` (a response: one event per round of its tool
+loop). Pooling requests are not traced yet. OpenTelemetry is an optional dependency:
 `pip install workbench[tracing]` (`opentelemetry-sdk`, `opentelemetry-exporter-otlp-proto-grpc`).
 A span that fails to record is logged, never the request's failure.
 
@@ -74,6 +75,37 @@ class RequestTracer:
         span.add_event("finished", {"finish_reasons": [str(c.finish_reason) for c in choices]},
                        timestamp=_ns(rec.finished_at))
         span.end(end_time=_ns(rec.finished_at))
+
+    def record_response(self, response: Any, loop: Any, elapsed: float,
+                        headers: Mapping[str, str]) -> None:
+        """The span of one finished `/v1/responses` request: its rounds as events."""
+        try:
+            self._record_response(response, loop, elapsed, headers)
+        except Exception:  # noqa: BLE001 - tracing never fails a request
+            logger.warning("could not record the span of %s", response.id, exc_info=True)
+
+    def _record_response(self, response: Any, loop: Any, elapsed: float,
+                         headers: Mapping[str, str]) -> None:
+        import time
+
+        from opentelemetry.propagate import extract
+        from opentelemetry.trace import SpanKind
+
+        end = time.time()
+        span = self.tracer.start_span(SPAN_NAME, context=extract(dict(headers)),
+                                      kind=SpanKind.SERVER, start_time=_ns(end - elapsed))
+        span.set_attributes({
+            "gen_ai.request.id": response.id, "gen_ai.response.model": response.model,
+            "gen_ai.usage.prompt_tokens": response.usage.input_tokens,
+            "gen_ai.usage.completion_tokens": response.usage.output_tokens,
+            "gen_ai.latency.e2e": elapsed})
+        for r in loop.rounds:  # recorded when the response ends: no per-round timestamps
+            span.add_event(f"round {r.index}", {
+                "request_id": r.request_id, "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens, "finish_reason": str(r.finish_reason)},
+                timestamp=_ns(end))
+        span.add_event("finished", {"status": str(response.status)}, timestamp=_ns(end))
+        span.end(end_time=_ns(end))
 
     @staticmethod
     def attributes(gen: Any, choices: list[Any], start: float) -> dict[str, Any]:

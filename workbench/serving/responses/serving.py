@@ -89,6 +89,7 @@ class ResponsesServing(GenerationServing):
             self._running.discard(response_id)
             raise
         weakref.finalize(loop, self._running.discard, response_id)  # released with its loop
+        loop.headers = meta.headers  # trace context, for the span (`tracing.py`)
         prompt = loop.first_prompt()
         if loop.constraint is not None:
             self.check_grammar(loop, prompt)
@@ -194,6 +195,9 @@ class ResponsesServing(GenerationServing):
             self.metrics.finished(time.perf_counter() - started, response.usage.input_tokens,
                                   response.usage.output_tokens,
                                   [loop.rounds[-1].finish_reason] if loop.rounds else [])
+        if self.tracer is not None:
+            self.tracer.record_response(response, loop, time.perf_counter() - started,
+                                        getattr(loop, "headers", {}))
         return response
 
     def build(self, loop: ToolLoop, created: int, status: str | None = None) -> ResponsesResponse:
