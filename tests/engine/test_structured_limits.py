@@ -33,7 +33,7 @@ def test_the_grammar_cache_is_bounded_by_bytes(tokenizer):
     for i in range(4):  # each ~5 MiB: at most one fits the budget
         compiler.compile(StructuredOutputsParams(regex=f"(y{{{100 + i}}}){{100}}"))
     assert compiler.num_compiled == 4
-    assert len(compiler._cache) == 1 and compiler.cached_bytes <= 8 << 20
+    assert len(compiler._cache) < 4 and compiler.cached_bytes <= 8 << 20  # unbounded: all 4
 
 
 def test_a_grammar_with_no_finite_match_finishes_with_length(tiny_llama):
