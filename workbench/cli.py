@@ -64,6 +64,9 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
                    help="abort a request running longer than this (504)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, in-flight requests get this long to finish (default 10)")
+    p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="export one OpenTelemetry span per request over OTLP (gRPC) to URL "
+                        "(needs the tracing extra)")
     p.add_argument("--chat-template", default=None, help="jinja file path or inline template")
     p.add_argument("--default-chat-template-kwargs", type=_json_dict, default=None)
     p.add_argument("--trust-request-chat-template", action="store_true")
@@ -158,7 +161,7 @@ def configs_from_args(args: argparse.Namespace):
         api_key_exempt=tuple(args.api_key_exempt),
         max_request_body_bytes=args.max_request_body_bytes,
         max_waiting_requests=args.max_waiting_requests, request_timeout=args.request_timeout,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, otlp_traces_endpoint=args.otlp_traces_endpoint,
         chat_template=read_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},

@@ -7,7 +7,8 @@ route of the server's own `/openapi.json`. Both fill a `SoakReport`: requests se
 5xx, hangs (no answer within the timeout), requests still in the engine afterwards, KV blocks
 not returned, and the process RSS before and after the storms. `run_soak()` is
 `workbench bench --soak`: a tiny random llama behind an in-kernel server, several storm
-rounds, then a fuzz pass.
+rounds (`/health` polled throughout, huge prompts in the first), a fuzz pass, a burst of 300
+against `--max-waiting-requests 64`, then a shutdown with streams open (`soak_checks.py`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ class SoakReport:
     rss_before_mb: float = 0.0
     rss_after_mb: float = 0.0
     fuzz_requests: int = 0
+    health_max_ms: float = 0.0  # slowest /health during the storms (the event loop's latency)
+    burst_requests: int = 0  # sent at once against --max-waiting-requests=burst_limit
+    burst_limit: int = 0
+    burst_503: int = 0
+    burst_peak_waiting: int = 0
+    shutdown_streams: int = 0  # open when the server stopped
+    shutdown_clean: int = 0  # of which ended with an error event and [DONE]
+    shutdown_s: float = 0.0
+    shutdown_timeout: float = 0.0
     failures: list[str] = field(default_factory=list)
 
     def count(self, status: int) -> None:
@@ -63,7 +73,10 @@ class SoakReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.status_5xx or self.hangs or self.stuck_requests or self.blocks_leaked)
+        return not (self.status_5xx or self.hangs or self.stuck_requests or self.blocks_leaked
+                    or self.health_max_ms >= 1000 or self.burst_peak_waiting > self.burst_limit
+                    or self.shutdown_clean < self.shutdown_streams
+                    or self.shutdown_s > self.shutdown_timeout + 1)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -78,7 +91,12 @@ class SoakReport:
                 ("requests stuck in the engine", self.stuck_requests),
                 ("KV blocks leaked", self.blocks_leaked),
                 ("RSS before / after (MB)", f"{self.rss_before_mb:.0f} / {self.rss_after_mb:.0f}"
-                 if self.rss_before_mb else "not measured")]
+                 if self.rss_before_mb else "not measured"),
+                ("slowest /health (ms)", f"{self.health_max_ms:.0f}"),
+                ("burst: sent, 503, peak wait", f"{self.burst_requests} / {self.burst_503} / "
+                 f"{self.burst_peak_waiting} (limit {self.burst_limit})"),
+                ("shutdown: streams cut clean", f"{self.shutdown_clean} / {self.shutdown_streams}"
+                 f" in {self.shutdown_s:.1f} s (timeout {self.shutdown_timeout:g} s)")]
         lines = [f"{name:<30} {value}" for name, value in rows]
         lines += [f"  failure: {f}" for f in self.failures[:10]]
         return "\n".join(lines)
@@ -238,7 +256,9 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
     from workbench.models import tiny_model
 
     torch.set_num_threads(1)
-    llm = LLM(tiny_model("llama", seed=seed), max_model_len=128, block_size=16,
+    from workbench import soak_checks
+
+    llm = LLM(tiny_model("llama", seed=seed), max_model_len=2048, block_size=16,
               num_kv_blocks=512, max_num_seqs=32, seed=seed)
     server = serve_in_kernel(llm, port=0, request_timeout=60.0)
     report = SoakReport()
@@ -247,7 +267,7 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
         engine_leaks(server.engine)
         report.rss_before_mb = rss_mb()
         for i in range(rounds):
-            asyncio.run(storm(server.url, clients=clients, seed=seed + i + 1, report=report))
+            asyncio.run(_watched_storm(server.url, clients, seed + i + 1, report, huge=i == 0))
             stuck, leaked = engine_leaks(server.engine)
             report.stuck_requests = max(report.stuck_requests, stuck)
             report.blocks_leaked = max(report.blocks_leaked, leaked)
@@ -266,9 +286,27 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
 
         if httpx.get(server.url + "/health", timeout=30).status_code != 200:
             report.failures.append("/health is not 200 after the run")
+        asyncio.run(soak_checks.burst(server.url, server.engine, report))
+        engine_leaks(server.engine)
+        soak_checks.shutdown(server, report)
     finally:
         server.stop(timeout=5)
     return report
+
+
+async def _watched_storm(url: str, clients: int, seed: int, report: SoakReport,
+                         huge: bool) -> None:
+    """One storm (with huge prompts when `huge`) while `/health` is polled."""
+    from workbench import soak_checks
+
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(soak_checks.health_latency(url, stop, report))
+    try:
+        await asyncio.gather(storm(url, clients=clients, seed=seed, report=report),
+                             *([soak_checks.huge_prompts(url)] if huge else []))
+    finally:
+        stop.set()
+        await watcher
 
 
 def main(json_line: bool = False, quick: bool = False) -> int:

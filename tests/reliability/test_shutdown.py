@@ -84,6 +84,57 @@ def test_stop_aborts_what_outlives_the_grace_period(make_server, slow_steps):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def _cut_with_error_then_done(events: list[str]) -> bool:
+    """The stream's last two events: an error (503, shutting down), then `[DONE]`."""
+    if len(events) < 2 or events[-1] != "[DONE]":
+        return False
+    error = json.loads(events[-2]).get("error") or {}
+    return error.get("code") == 503 and "shutting down" in error.get("message", "")
+
+
+def test_streams_open_at_the_deadline_get_an_error_event_and_done(make_server, slow_steps):
+    server = make_server()
+    slow_steps(server, 0.05)
+    started = [threading.Event() for _ in range(3)]
+    results = [_stream_in_thread(server.url, 100, event) for event in started]
+    assert all(event.wait(60) for event in started)
+    begin = time.monotonic()
+    server.stop(timeout=0.5)
+    took = time.monotonic() - begin
+    for result in results:
+        result["thread"].join(30)
+        assert result["error"] is None  # not cut at the transport level
+        assert _cut_with_error_then_done(result["events"]), result["events"][-3:]
+    assert took < 0.5 + 1
+
+
+def test_a_responses_stream_open_at_the_deadline_ends_with_an_error_event(make_server,
+                                                                          slow_steps):
+    server = make_server()
+    slow_steps(server, 0.05)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def run() -> None:
+        body = {"input": "Hi", "max_output_tokens": 100, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream(
+                "POST", server.url + "/v1/responses", json=body) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if "output_text.delta" in line:
+                    started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(60)
+    server.stop(timeout=0.3)
+    thread.join(30)
+    events = [line for line in lines if line.startswith("event: ")]
+    assert events[-1] == "event: error"
+    last = json.loads([line for line in lines if line.startswith("data: ")][-1][6:])
+    assert last["code"] == "503" and "shutting down" in last["message"]
+
+
 # -- `workbench serve` in a subprocess ----------------------------------------------------------
 
 LAUNCHER = r"""
@@ -152,6 +203,27 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_dir):
         assert result["error"] is None
         assert _finish_reasons(result["events"]) == ["length"]
         assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_sigterm_ends_open_streams_at_the_deadline_and_exits_within_a_second(tiny_dir):
+    proc, url = _serve(tiny_dir, 0.05, "--shutdown-timeout", "1")
+    try:
+        started = [threading.Event() for _ in range(2)]
+        results = [_stream_in_thread(url, 100, event) for event in started]
+        assert all(event.wait(60) for event in started)
+        proc.send_signal(signal.SIGTERM)
+        begin = time.monotonic()
+        assert proc.wait(30) == 0
+        assert time.monotonic() - begin < 1 + 1
+        for result in results:
+            result["thread"].join(30)
+            assert result["error"] is None
+            assert _cut_with_error_then_done(result["events"])
+        log = proc.stdout.read()
+        assert "CancelledError" not in log and "Traceback" not in log, log[-2000:]
     finally:
         proc.kill()
 

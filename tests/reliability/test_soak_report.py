@@ -53,3 +53,38 @@ def test_bench_soak_exits_non_zero_on_a_5xx(monkeypatch, capsys):
 
     monkeypatch.setattr(soak, "run_soak", fake_run)
     assert bench.main(["--soak"]) == 1
+
+
+def test_the_new_checks_fail_the_report():
+    assert not SoakReport(health_max_ms=1500).ok
+    assert not SoakReport(burst_limit=64, burst_peak_waiting=65).ok
+    assert not SoakReport(shutdown_streams=2, shutdown_clean=1).ok
+    assert not SoakReport(shutdown_timeout=1, shutdown_s=2.5).ok
+    assert SoakReport(health_max_ms=20, burst_limit=64, burst_peak_waiting=64, shutdown_streams=2,
+                      shutdown_clean=2, shutdown_timeout=1, shutdown_s=1.2).ok
+
+
+def test_burst_latency_and_shutdown_checks_against_a_live_server(make_server, slow_steps):
+    import asyncio
+
+    from workbench import soak_checks
+
+    server = make_server(engine={"max_num_seqs": 4})
+    slow_steps(server, 0.02)
+    report = SoakReport()
+
+    async def huge_prompts_while_watched():
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(soak_checks.health_latency(server.url, stop, report))
+        await soak_checks.huge_prompts(server.url, count=2)
+        stop.set()
+        await watcher
+
+    asyncio.run(huge_prompts_while_watched())
+    asyncio.run(soak_checks.burst(server.url, server.engine, report, requests=120, limit=16))
+    assert report.burst_requests == 120 and report.burst_503 > 0
+    assert report.burst_peak_waiting <= 16 and server.engine.max_waiting_requests is None
+    assert 0 < report.health_max_ms < 1000
+    soak_checks.shutdown(server, report, streams=2, timeout=0.5, max_tokens=100)
+    assert report.shutdown_clean == report.shutdown_streams == 2
+    assert report.shutdown_s < 1.5 and report.ok, report

@@ -108,7 +108,11 @@ async def test_request_id_header_names_the_response_and_engine_requests(fake_eng
     response = await servings(fake_engine).completions.create(
         CompletionRequest(prompt=["a", "b"], max_tokens=1), RequestMeta({"x-request-id": "abc"}))
     assert response.id == "cmpl-abc"
-    assert [r[0] for r in fake_engine.submitted] == ["cmpl-abc-0", "cmpl-abc-1"]
+    ids = [r[0] for r in fake_engine.submitted]  # the client's id plus a random suffix
+    assert [i.rsplit("-", 1)[0] for i in ids] == ["cmpl-abc-0", "cmpl-abc-1"]
+    again = await servings(fake_engine).completions.create(
+        CompletionRequest(prompt="a", max_tokens=1), RequestMeta({"x-request-id": "abc"}))
+    assert again.id == "cmpl-abc" and fake_engine.submitted[-1][0] not in ids
 
 
 async def test_data_parallel_rank_header(fake_engine):

@@ -27,7 +27,8 @@ def engine():
 
 
 async def _wait_for(engine, request_id: str) -> None:
-    while request_id not in engine.engine.requests:
+    """Until the engine holds `request_id` (plus the random suffix engine ids carry)."""
+    while not any(r.startswith(f"{request_id}-") for r in list(engine.engine.requests)):
         await asyncio.sleep(0.001)
 
 

@@ -42,6 +42,8 @@ class AsyncLLMEngine:
         self.request_timeout: float | None = None
         self.on_dead: Any = None  # called (from the engine thread) if the loop dies
         self._submitted: set[str] = set()  # this front's requests not finished yet
+        self._admission = threading.Lock()  # capacity check and reservation, as one step
+        self._admitting = 0  # admitted, not yet in the scheduler's waiting queue
         self._thread = threading.Thread(target=self._loop, name="workbench-engine", daemon=True)
         self._thread.start()
 
@@ -130,7 +132,6 @@ class AsyncLLMEngine:
 
     async def _submit(self, add, prompt, params, request_id: str, **kwargs: Any):
         self.check_health()
-        self.check_capacity()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
@@ -138,8 +139,12 @@ class AsyncLLMEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         deadline = None if self.request_timeout is None else loop.time() + self.request_timeout
-        # off the event loop: adding waits for the engine lock while a step runs
-        await asyncio.to_thread(add, request_id, prompt, params, on_output=deliver, **kwargs)
+        self._admit()
+        try:  # off the event loop: adding waits for the engine lock while a step runs
+            await asyncio.to_thread(add, request_id, prompt, params, on_output=deliver, **kwargs)
+        finally:
+            with self._admission:
+                self._admitting -= 1
         self._submitted.add(request_id)
         self._wake.set()
         finished = False
@@ -155,12 +160,20 @@ class AsyncLLMEngine:
             if not finished:
                 self._abort_soon(request_id)
 
+    def _admit(self) -> None:
+        """Checks capacity and reserves a place in one step: a burst cannot overshoot the
+        bound while earlier requests are still on their way into the waiting queue."""
+        with self._admission:
+            self.check_capacity()
+            self._admitting += 1
+
     def check_capacity(self) -> None:
-        """`max_waiting_requests`: a full waiting queue refuses new requests (503)."""
+        """`max_waiting_requests`: a full waiting queue refuses new requests (503). Requests
+        admitted but not yet added count as waiting."""
         limit = self.max_waiting_requests
         if limit is None:
             return
-        waiting = len(self.engine.scheduler.waiting)
+        waiting = len(self.engine.scheduler.waiting) + self._admitting
         if waiting >= limit:
             raise ServiceUnavailableError(
                 "The engine is currently busy and cannot accept new requests. Please try again "
@@ -182,6 +195,15 @@ class AsyncLLMEngine:
     async def abort(self, request_id: str) -> None:
         await asyncio.to_thread(self.engine.abort_request, request_id)
         self._wake.set()
+
+    def abort_all(self) -> None:
+        """Aborts every request submitted through this front (a server's shutdown deadline);
+        never blocks the caller's loop."""
+        pending = list(self._submitted)
+        if pending:
+            threading.Thread(target=self.engine.abort_request, args=(pending,),
+                             daemon=True).start()
+            self._wake.set()
 
     def _abort_soon(self, request_id: str) -> None:
         """Aborts from a `finally` that may run during cancellation: never blocks the loop."""

@@ -95,6 +95,8 @@ class OutputProcessor:
 
     def _check_stop(self, seq: Sequence, token: int):
         p = seq.request.params
+        if seq.grammar is not None and seq.grammar.failed:  # no match can follow: not "stop"
+            return "length", None
         if seq.num_output_tokens < p.min_tokens:
             return None, None
         if token == self.eos_token_id and not p.ignore_eos:

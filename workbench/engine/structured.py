@@ -10,13 +10,23 @@ ended only they are. Every constrained step is recorded as a `GrammarStep` (how 
 allowed, which of the model's top candidates the grammar masked) for
 `CompletionOutput.grammar_steps`. Logprobs stay those of the raw logits.
 
+Memory is bounded: compiling computes the first mask at once (where llguidance builds its
+lexer), measures what the grammar took on the heap, and refuses one over `max_grammar_bytes`
+(a 400 naming the constraint's parameter); the cache keeps compiled grammars up to
+`cache_bytes` in all, least recently used first out. A grammar that fails while generating
+(a parser or lexer limit, a grammar with no finite match) finishes its sequence with
+`length`, never with `stop`: the output does not match it.
+
 n > 1: every sample has its own matcher. Preemption recomputes the KV cache only: the tokens
 and the matcher state stay with the sequence. Beam search does not take constraints.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -28,7 +38,39 @@ from workbench.errors import ValidationError
 from workbench.sampling_params import StructuredOutputsParams
 
 GRAMMAR_TOP_K = 5  # the model's top candidates checked against the mask at each step
-_CACHE_SIZE = 128
+MAX_GRAMMAR_BYTES = 64 << 20  # one compiled grammar (its lexer, built on the first mask)
+CACHE_BYTES = 512 << 20  # every cached grammar together
+_LEXER_STATE_BYTES = 2048  # llguidance: about 1-2 kB per lexer state
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's `mallinfo2` (the heap llguidance allocates from), or None elsewhere."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+def heap_bytes() -> int:
+    """Bytes in use on the process's C heap (glibc), else its resident set size."""
+    fn = _mallinfo2()
+    if fn is not None:
+        info = fn()
+        return info.uordblks + info.hblkhd
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
 
 
 def _no_additional_properties(schema: Any) -> Any:
@@ -88,11 +130,20 @@ def _describe(so: StructuredOutputsParams, error: str) -> str:
     return f"The structured output constraint could not be compiled: {error}"
 
 
+def _what(so: StructuredOutputsParams) -> str:
+    """The constraint as the request named it (`structured_outputs.regex`, ...)."""
+    if so.parameter == "response_format":
+        return "The JSON schema in response_format"
+    return f"structured_outputs.{so.kind}"
+
+
 class CompiledGrammar:
     """One compiled constraint: a pristine matcher each sequence copies, and its trigger."""
 
-    def __init__(self, matcher: Any, after_token_ids: list[int] | None, eos_ids: list[int]):
+    def __init__(self, matcher: Any, after_token_ids: list[int] | None, eos_ids: list[int],
+                 nbytes: int = 0):
         self._matcher = matcher
+        self.nbytes = nbytes  # heap it took to compile (and build its first mask)
         self._lock = threading.Lock()
         self.after_token_ids = list(after_token_ids) if after_token_ids else None
         self.eos_ids = eos_ids
@@ -121,6 +172,12 @@ class SequenceGrammar:
         """The grammar has ended (EOS consumed) or failed: only EOS is allowed now."""
         return self.matcher.is_stopped() or self.matcher.is_error()
 
+    @property
+    def failed(self) -> bool:
+        """The matcher gave up (a parser or lexer limit, no finite match): the output so far
+        cannot be completed into a match, so the sequence finishes with `length`."""
+        return self.active and self.matcher.is_error()
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Writes the allowed-token bitmask of the next position into bitmask[row] (int32)."""
         view = bitmask[row]
@@ -146,14 +203,21 @@ class SequenceGrammar:
 class GrammarCompiler:
     """Compiles constraints for one tokenizer, caching compiled matchers by grammar text."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: list[int]):
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: list[int], *,
+                 max_grammar_bytes: int = MAX_GRAMMAR_BYTES, cache_bytes: int = CACHE_BYTES):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_ids = [t for t in dict.fromkeys(eos_ids) if t is not None and t < vocab_size]
+        self.max_grammar_bytes = max_grammar_bytes
+        self.cache_bytes = cache_bytes
         self._ll_tokenizer = None
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # cache misses, for tests and stats
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(c.nbytes for c in self._cache.values())
 
     def ll_tokenizer(self) -> Any:
         """llguidance's view of the tokenizer (built once, on the first constraint: ~0.5 s)."""
@@ -189,16 +253,35 @@ class GrammarCompiler:
             if is_error:
                 raise ValidationError(_describe(so, messages[0] if messages else "invalid"),
                                       parameter=so.parameter, value=so.kind)
-            matcher = LLMatcher(tokenizer, text, log_level=0)
-            if matcher.is_error():
-                raise ValidationError(_describe(so, matcher.get_error()),
-                                      parameter=so.parameter, value=so.kind)
-            compiled = CompiledGrammar(matcher, None, self.eos_ids)
+            compiled = self._build(so, text, tokenizer)
             self.num_compiled += 1
             self._cache[key] = compiled
-            if len(self._cache) > _CACHE_SIZE:
+            while len(self._cache) > 1 and self.cached_bytes > self.cache_bytes:
                 self._cache.popitem(last=False)
             return self._with_trigger(compiled, so)
+
+    def _build(self, so: StructuredOutputsParams, text: str, tokenizer: Any) -> CompiledGrammar:
+        """A matcher with its first mask computed (its lexer built), measured and bounded."""
+        from llguidance import LLMatcher, LLParserLimits
+
+        limits = LLParserLimits(max_lexer_states=max(1000, self.max_grammar_bytes
+                                                     // _LEXER_STATE_BYTES))
+        before = heap_bytes()
+        matcher = LLMatcher(tokenizer, text, log_level=0, limits=limits)
+        if not matcher.is_error():
+            scratch = torch.zeros((self.vocab_size + 31) // 32, dtype=torch.int32)
+            matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
+        if matcher.is_error():
+            raise ValidationError(_describe(so, matcher.get_error().split("\n")[0]),
+                                  parameter=so.parameter, value=so.kind)
+        nbytes = max(heap_bytes() - before, len(text))
+        if nbytes > self.max_grammar_bytes:
+            del matcher
+            raise ValidationError(
+                f"{_what(so)} compiles to {nbytes / 2**20:.1f} MiB, over the limit of "
+                f"{self.max_grammar_bytes / 2**20:.1f} MiB per grammar: simplify it (bounded "
+                "repetitions multiply).", parameter=so.parameter, value=so.kind)
+        return CompiledGrammar(matcher, None, self.eos_ids, nbytes)
 
     @staticmethod
     def _with_trigger(compiled: CompiledGrammar, so: StructuredOutputsParams) -> CompiledGrammar:

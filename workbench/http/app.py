@@ -25,6 +25,7 @@ from workbench.http.middleware import (
     ApiKeyMiddleware, BodyLimitMiddleware, RequestCounterMiddleware,
 )
 from workbench.http.routes import lora, openai, pooling, responses, system, tokenize
+from workbench.http.shutdown import Drain
 from workbench.serving import ServerConfig, ServingMetrics, Servings
 
 
@@ -45,6 +46,7 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
     app.state.server_config = config
     app.state.registry = registry
     app.state.servings = Servings.build(engine, config, metrics, tool_server=tool_server)
+    app.state.drain = Drain(engine)  # the shutdown deadline of open streams (`shutdown.py`)
     tasks = pooling.engine_attr(engine, "pooling_tasks", ())
     generates = not pooling.engine_attr(engine, "is_pooling_model", False)
     for router in (openai.router if generates else pooling.models_only(openai.router),

@@ -39,13 +39,14 @@ class KernelServer:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stops accepting at once; in-flight requests get `timeout` seconds (default: the
-        config's `shutdown_timeout`) to finish, then are cancelled (their engine requests
-        aborted, blocks freed); the port is freed."""
+        config's `shutdown_timeout`) to finish, then open streams end with an error event and
+        `[DONE]` (engine requests aborted, blocks freed); the port is freed."""
         grace = self.app.state.server_config.shutdown_timeout if timeout is None else timeout
-        self._server.config.timeout_graceful_shutdown = grace
+        self._server.set_timeout(grace)
         self._server.should_exit = True
         self._thread.join(grace + 10)
         self._sock.close()
+        self.app.state.servings.close()
         if self._owns_engine:
             self.engine.shutdown()  # stops this wrapper's step thread, not the LLM's engine
 
@@ -72,6 +73,7 @@ def serve_in_kernel(llm: Any, port: int = 0, host: str = "127.0.0.1",
 
     from workbench.engine.async_engine import AsyncLLMEngine
     from workbench.http.app import build_app
+    from workbench.http.shutdown import DrainingServer
 
     owns_engine = not isinstance(llm, AsyncLLMEngine)
     engine = AsyncLLMEngine.from_llm(llm) if owns_engine else llm
@@ -82,8 +84,8 @@ def serve_in_kernel(llm: Any, port: int = 0, host: str = "127.0.0.1",
     sock.bind((host, port))
     sock.set_inheritable(True)
     bound_port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=config.shutdown_timeout))
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False),
+                            app.state.drain, config.shutdown_timeout)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name=f"workbench-server-{bound_port}", daemon=True)
     thread.start()

@@ -1,8 +1,9 @@
 """`run_server`: load the engine, build the app, serve it with uvicorn until told to stop.
 
 SIGTERM / SIGINT (uvicorn's handlers) stop accepting connections at once, give in-flight
-requests `ServerConfig.shutdown_timeout` seconds to finish, then cancel the rest (their engine
-requests are aborted and their blocks freed). If the engine loop dies, the server stops too and
+requests `ServerConfig.shutdown_timeout` seconds to finish, then end the rest: open streams
+get an error event and `[DONE]`, engine requests are aborted and their blocks freed
+(`shutdown.py`). If the engine loop dies, the server stops too and
 `run_server` returns 1, so `workbench serve` exits non-zero and a supervisor can restart it.
 """
 
@@ -39,26 +40,16 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, *,
         engine.shutdown()
 
 
-class _DrainingServer(uvicorn.Server):
-    """uvicorn's server, exiting with status 0 after a SIGTERM drain (uvicorn re-raises the
-    signal once shut down, which a supervisor would read as a crash)."""
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        super().handle_exit(sig, frame)
-        if hasattr(self, "_captured_signals"):
-            self._captured_signals.clear()
-
-
 def serve_engine(engine: Any, server_config: ServerConfig, *, host: str, port: int,
                  log_level: str = "info", **uvicorn_kwargs: Any) -> int:
     """Serves an `AsyncLLMEngine` until a signal or its death; returns the exit status."""
     from workbench.http.app import build_app
 
+    from workbench.http.shutdown import DrainingServer, exit_now
+
     app = build_app(engine, server_config)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=server_config.shutdown_timeout,
-                            **uvicorn_kwargs)
-    server = _DrainingServer(config)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **uvicorn_kwargs)
+    server = DrainingServer(config, app.state.drain, server_config.shutdown_timeout)
     died: list[BaseException] = []
 
     def on_dead(exc: BaseException) -> None:
@@ -67,7 +58,12 @@ def serve_engine(engine: Any, server_config: ServerConfig, *, host: str, port: i
         server.should_exit = True
 
     engine.on_dead = on_dead
-    server.run()
-    if died:
-        return 1
-    return 0
+    try:
+        server.run()
+    finally:
+        app.state.servings.close()
+    status = 1 if died else 0
+    if server.signalled:  # SIGTERM / SIGINT: the process ends now, within the deadline
+        engine.shutdown()
+        exit_now(status)
+    return status

@@ -19,11 +19,13 @@ from workbench.serving.config import ServerConfig
 from workbench.serving.errors import ServingError, error_response
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
+from workbench.serving.offload import CpuPool
 from workbench.serving.pooling import (
     ClassifyServing, EmbeddingServing, PoolingEndpointServing, RerankServing, ScoreServing,
 )
 from workbench.serving.responses import ResponsesServing
 from workbench.serving.tokenize import TokenizeServing
+from workbench.serving.tracing import RequestTracer
 
 
 @dataclass
@@ -45,13 +47,33 @@ class Servings:
         """One `ServedAdapters` (LoRA adapter names) shared by every endpoint; a server's
         static adapters load here, so a bad one stops the start."""
         from workbench.lora.serving import ServedAdapters
-        from workbench.serving.base import OpenAIServing
 
         self.adapters = ServedAdapters.from_config(self.completions.engine,
                                                    self.completions.config)
-        for serving in list(vars(self).values()):
-            if isinstance(serving, OpenAIServing):
-                serving.adapters = self.adapters
+        self.cpu = CpuPool()  # one preprocessing pool per server (`offload.py`)
+        endpoint = self.completions.config.otlp_traces_endpoint
+        self.tracer = RequestTracer.from_endpoint(endpoint) if endpoint else None
+        for serving in self.endpoints():
+            serving.adapters = self.adapters
+            serving.cpu = self.cpu
+            serving.tracer = self.tracer
+
+    def endpoints(self) -> list[Any]:
+        from workbench.serving.base import OpenAIServing
+
+        return [s for s in vars(self).values() if isinstance(s, OpenAIServing)]
+
+    def use_tracer(self, tracer: RequestTracer | None) -> None:
+        """Spans of every endpoint go to `tracer` (e.g. one on an in-memory exporter)."""
+        self.tracer = tracer
+        for serving in self.endpoints():
+            serving.tracer = tracer
+
+    def close(self) -> None:
+        """Drops preprocessing work still queued and flushes spans (the server is stopping)."""
+        self.cpu.close()
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
     @classmethod
     def build(cls, engine: Any, config: ServerConfig | None = None,

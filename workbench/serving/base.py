@@ -16,13 +16,15 @@ outputs go into the request's `PipelineRecorder` (`recorder.py`; `RequestMeta.re
 pass your own), from which `workbench.inspect` builds `ValidationReport` and `Trace`;
 `prepare(..., schedule=False)` is the dry run behind `validate`. Request ids come from `X-Request-Id` (else the body's `request_id`, else a
 uuid); `X-data-parallel-rank` and `X-Vllm-Priority` are parsed from headers (invalid values
-ignored); trace headers are noted (tracing is off: a one-time warning).
+ignored); with `--otlp-traces-endpoint` each finished request is a span (`tracing.py`), a
+child of the `traceparent` it came with; without it, trace headers get a one-time warning.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -35,6 +37,7 @@ from workbench.sampling_params import BeamSearchParams, SamplingParams
 from workbench.serving.config import ServerConfig
 from workbench.serving.errors import GenerationError
 from workbench.serving.metrics import ServingMetrics
+from workbench.serving.offload import CpuPool
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer
 from workbench.serving.recorder import PipelineRecorder
 from workbench.serving.request_logger import RequestLogger
@@ -79,6 +82,7 @@ class Generation:
     prompt_logprobs: dict[int, list | None] = field(default_factory=dict)
     recorder: PipelineRecorder = field(default_factory=PipelineRecorder)
     beam: list[BeamSearchParams] | None = None  # `use_beam_search`: one per prompt
+    headers: Mapping[str, str] = field(default_factory=dict)  # trace context, for the span
     lora_request: Any = None  # the adapter it runs with (`workbench.lora`); None: base model
 
     @property
@@ -121,8 +125,10 @@ class OpenAIServing:
                                if self.config.enable_log_requests else None)
         self._warned_trace = False
         self.system_fingerprint = fingerprint(engine)
+        self.cpu = CpuPool()  # tokenizing and rendering off the loop; `Servings` shares one
 
     adapters = None  # `workbench.lora.serving.ServedAdapters`, shared by a server's endpoints
+    tracer = None  # `tracing.RequestTracer` with --otlp-traces-endpoint, shared likewise
     supports_lora = False  # endpoints that run a request's adapter set this
 
     def check_model(self, model: str | None) -> None:
@@ -143,7 +149,8 @@ class OpenAIServing:
         rank = meta.int_header("x-data-parallel-rank")
         if rank is not None and rank != 0:
             raise ValueError(f"data_parallel_rank {rank} is out of range [0, 1).")
-        if not self._warned_trace and any(meta.header(h) for h in _TRACE_HEADERS):
+        if (self.tracer is None and not self._warned_trace
+                and any(meta.header(h) for h in _TRACE_HEADERS)):
             self._warned_trace = True
             logger.warning("Received a request with trace context but tracing is disabled; "
                            "the traceparent/tracestate headers are not propagated.")
@@ -190,6 +197,24 @@ class GenerationServing(OpenAIServing):
     def prepare(self, request: Any, meta: RequestMeta, *, schedule: bool = True) -> Generation:
         """Stages 1-4; raises to end the request with an error. Every check is recorded in
         `meta.recorder` (or a fresh one): `schedule=False` is the dry run of `validate`."""
+        gen = self.build_generation(request, meta)
+        if not schedule:
+            self.check_engine_inputs(gen)
+            return gen
+        with gen.recorder.stage("prepare generators"):
+            self.prepare_generators(gen, meta)                                         # 4
+        return gen
+
+    async def prepare_off_loop(self, request: Any, meta: RequestMeta) -> Generation:
+        """`prepare` for a server: stages 1-3 (template, tokenizer: CPU-heavy) run in the
+        server's thread pool, so the event loop stays free; stage 4 on the loop."""
+        gen = await self.cpu.run(self.build_generation, request, meta)
+        with gen.recorder.stage("prepare generators"):
+            self.prepare_generators(gen, meta)                                         # 4
+        return gen
+
+    def build_generation(self, request: Any, meta: RequestMeta) -> Generation:
+        """Stages 1-3: the checked request as a `Generation`, nothing queued yet."""
         rec = meta.recorder if meta.recorder is not None else PipelineRecorder()
         with rec.stage("check model"), rec.check("model", "check model", "model"):     # 1
             self.check_model(request.model)
@@ -209,18 +234,13 @@ class GenerationServing(OpenAIServing):
         self.record_coercions(rec, request, prompts, params)
         body_id = getattr(request, "request_id", None)
         gen = Generation(request=request, model_name=self.model_name, prompts=prompts,
-                         params=params, recorder=rec,
+                         params=params, recorder=rec, headers=meta.headers,
                          request_id=f"{self.id_prefix}-{self.base_request_id(meta, body_id)}")
         if getattr(request, "use_beam_search", False):
             gen.beam = [beam_search_params(request, p) for p in params]
         gen.lora_request = self.lora_request_for(request)
         if gen.lora_request is not None:  # responses name the adapter, as vLLM's
             gen.model_name = gen.lora_request.lora_name
-        if not schedule:
-            self.check_engine_inputs(gen)
-            return gen
-        with rec.stage("prepare generators"):
-            self.prepare_generators(gen, meta)                                         # 4
         return gen
 
     preprocess_check = "prompt (chat template, tokenize, input length)"
@@ -271,6 +291,7 @@ class GenerationServing(OpenAIServing):
         """One engine request; aborted if its consumer goes away before it finishes."""
         finished = False
         kwargs = {} if lora_request is None else {"lora_request": lora_request}
+        request_id = unique_engine_id(request_id)
         stream = self.engine.generate(prompt.as_engine_input(), params, request_id,
                                       priority=priority, **kwargs)
         try:
@@ -286,6 +307,7 @@ class GenerationServing(OpenAIServing):
                            lora_request: Any = None) -> AsyncIterator[Any]:
         """One beam search in the engine: its final result as one `RequestOutput`."""
         finished = False
+        request_id = unique_engine_id(request_id)
         stream = self.engine.beam_search(prompt.as_engine_input(), request_id, params,
                                          priority=priority, lora_request=lora_request)
         try:
@@ -375,6 +397,14 @@ class GenerationServing(OpenAIServing):
         if self.request_logger is not None:
             self.request_logger.log_outputs(gen.request_id, [c.text for c in choices],
                                             [c.finish_reason for c in choices])
+        if self.tracer is not None:
+            self.tracer.record(gen, choices, gen.headers)
+
+
+def unique_engine_id(request_id: str) -> str:
+    """The engine's id of a request: the client's id plus a random suffix (as vLLM's), so a
+    reused `X-Request-Id` or body `request_id` never reaches another client's request."""
+    return f"{request_id}-{secrets.token_hex(4)}"
 
 
 def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams:

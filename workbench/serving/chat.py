@@ -118,7 +118,7 @@ class ChatServing(GenerationServing):
 
     async def create(self, request: ChatCompletionRequest, meta: RequestMeta
                      ) -> ChatCompletionResponse:
-        gen = self.prepare(request, meta)
+        gen = await self.prepare_off_loop(request, meta)
         deltas = await self.collect(gen)
         role, echo = self.response_role(request), self.echo_text(request)
         choices, reasoning_tokens = [], 0
@@ -145,7 +145,7 @@ class ChatServing(GenerationServing):
 
     async def create_stream(self, request: ChatCompletionRequest, meta: RequestMeta
                             ) -> AsyncIterator[str]:
-        gen = self.prepare(request, meta)
+        gen = await self.prepare_off_loop(request, meta)
         await self.prime(gen)
         return self._stream(gen)
 

@@ -4,6 +4,7 @@
 maps `developer` to `system` when the template does not know it, merges template kwargs
 (server defaults < request `chat_template_kwargs` < explicit fields), drops kwargs the
 template never reads, and refuses a request-supplied template unless the server trusts them.
+A render is bounded by `render_timeout` seconds (`offload.render_deadline`): past it, a 400.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.errors import ValidationError
+from workbench.serving.offload import RenderTimeout, render_deadline
 
 logger = logging.getLogger("workbench.serving")
 
@@ -94,6 +96,8 @@ def template_variables(template: str) -> set[str] | None:
 class ChatRenderer:
     """Renders chat requests for one tokenizer under one server configuration."""
 
+    render_timeout: float | None = 10.0  # seconds one render may take
+
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
                  trust_request_chat_template: bool = False,
                  default_chat_template_kwargs: dict[str, Any] | None = None):
@@ -137,8 +141,16 @@ class ChatRenderer:
         if reasoning_effort is not None and "enable_thinking" not in (chat_template_kwargs or {}):
             explicit["enable_thinking"] = reasoning_effort != "none"
         kwargs = self.template_kwargs(template, chat_template_kwargs, explicit)
-        prompt = self.tokenizer.apply_chat_template(
-            conversation, chat_template=template, tools=tools, documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tokenize=False, **kwargs)
+        try:
+            with render_deadline(self.render_timeout):
+                prompt = self.tokenizer.apply_chat_template(
+                    conversation, chat_template=template, tools=tools, documents=documents,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message, tokenize=False, **kwargs)
+        except RenderTimeout as exc:
+            given = chat_template or (chat_template_kwargs or {}).get("chat_template")
+            raise ValidationError(
+                f"Rendering the chat template took too long: {exc}. Shorten the messages or "
+                "simplify the template.", parameter="chat_template" if given else "messages"
+            ) from None
         return RenderedChat(prompt=prompt, conversation=conversation)

@@ -74,7 +74,7 @@ class CompletionServing(GenerationServing):
     # stage 6 -------------------------------------------------------------------------------
 
     async def create(self, request: CompletionRequest, meta: RequestMeta) -> CompletionResponse:
-        gen = self.prepare(request, meta)
+        gen = await self.prepare_off_loop(request, meta)
         choices = await self.collect(gen)
         built = [self.completion_choice(gen, c, ChoiceCursor(), final=True) for c in choices]
         return CompletionResponse(
@@ -84,7 +84,7 @@ class CompletionServing(GenerationServing):
 
     async def create_stream(self, request: CompletionRequest, meta: RequestMeta
                             ) -> AsyncIterator[str]:
-        gen = self.prepare(request, meta)
+        gen = await self.prepare_off_loop(request, meta)
         await self.prime(gen)
         return self._stream(gen)
 

@@ -43,6 +43,7 @@ class ServerConfig:
     max_waiting_requests: int | None = None  # a full waiting queue: 503 + Retry-After
     request_timeout: float | None = None  # seconds; a request running longer is aborted (504)
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
+    otlp_traces_endpoint: str | None = None  # OpenTelemetry spans over OTLP (serving/tracing.py)
     # LoRA adapters served by name (workbench.lora.serving; the engine needs enable_lora)
     lora_modules: tuple[Any, ...] = ()  # "name=path", JSON text, dicts or LoRAModulePath
     default_mm_loras: dict[str, str] = field(default_factory=dict)  # content type -> path

@@ -28,7 +28,8 @@ async def _serve(raw: Request, serving: Any, request: Any) -> Response:
     try:
         if request.stream:
             stream = await with_cancellation(raw, serving.create_stream(request, meta))
-            return Response(status_code=499) if stream is None else sse_response(stream)
+            return (Response(status_code=499) if stream is None
+                    else sse_response(stream, raw.app.state.drain))
         response = await with_cancellation(raw, serving.create(request, meta))
     except Exception as exc:  # noqa: BLE001 - every failure becomes the error envelope
         return error_json(exc, log_stack=log_stack)
@@ -68,5 +69,6 @@ async def validate_request(raw: Request) -> JSONResponse:
         return error_json(ValueError(f"The body is not valid JSON: {exc}"))
     if not isinstance(body, dict):
         return error_json(ValueError("The body must be a JSON object."))
-    report = validate(raw.app.state.servings, body, headers=dict(raw.headers))
+    servings = raw.app.state.servings  # the dry run renders and tokenizes: off the loop
+    report = await servings.cpu.run(validate, servings, body, headers=dict(raw.headers))
     return JSONResponse(report.to_dict())

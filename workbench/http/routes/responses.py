@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from workbench.http.cancellation import with_cancellation
 from workbench.http.errors import error_json, validate_json_request
 from workbench.http.routes import request_meta
+from workbench.serving.errors import error_response
 from workbench.serving.protocol import ErrorResponse
 from workbench.serving.protocol.responses import ResponsesRequest, ResponsesResponse
 
@@ -21,10 +22,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 500, 501)}
 
 
-async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-    """`event: <type>` and `data: <json>` per event, as the reference (no `[DONE]`)."""
+async def _sse(events: AsyncIterator[dict[str, Any]], drain: Any = None) -> AsyncIterator[str]:
+    """`event: <type>` and `data: <json>` per event, as the reference (no `[DONE]`); cut at
+    the shutdown deadline with an `error` event."""
     async with aclosing(events):
         async for event in events:
+            if drain is not None and drain.cutting:
+                error = error_response(drain.error()).error
+                event = {"type": "error", "code": str(error.code), "message": error.message,
+                         "param": None, "sequence_number": event.get("sequence_number")}
+                yield f"event: error\ndata: {json.dumps(event)}\n\n"
+                return
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
@@ -37,7 +45,8 @@ async def create_response(request: ResponsesRequest, raw: Request) -> Response:
     try:
         if request.stream:
             events = await serving.create_stream(request, meta)
-            return StreamingResponse(_sse(events), media_type="text/event-stream")
+            return StreamingResponse(_sse(events, raw.app.state.drain),
+                                     media_type="text/event-stream")
         response = await with_cancellation(raw, serving.create(request, meta))
     except Exception as exc:  # noqa: BLE001 - every failure becomes the error envelope
         return error_json(exc, log_stack=raw.app.state.server_config.log_error_stack)

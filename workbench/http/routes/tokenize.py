@@ -17,7 +17,8 @@ router = APIRouter()
              response_model=TokenizeResponse)
 async def tokenize(request: TokenizeRequest, raw: Request) -> JSONResponse:
     try:
-        response = raw.app.state.servings.tokenize.tokenize(request)
+        serving = raw.app.state.servings.tokenize
+        response = await serving.cpu.run(serving.tokenize, request)  # off the event loop
     except Exception as exc:  # noqa: BLE001
         return error_json(exc, log_stack=raw.app.state.server_config.log_error_stack)
     return JSONResponse(response.model_dump(mode="json"))

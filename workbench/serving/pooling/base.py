@@ -118,8 +118,11 @@ class PoolingServing(OpenAIServing):
         return ctx
 
     async def create(self, request: Any, meta: RequestMeta | None = None) -> Any:
-        """The whole pipeline: the response model, or an exception for the error envelope."""
-        ctx = self.prepare(request, meta)
+        """The whole pipeline: the response model, or an exception for the error envelope.
+        Stages 1-4 (tokenizing: CPU work) run in the server's thread pool, off the loop."""
+        ctx = await self.cpu.run(self.prepare, request, meta, schedule=False)
+        with ctx.recorder.stage("prepare generators"):
+            self.prepare_generators(ctx)
         with ctx.recorder.stage("collect batch"):
             await self.collect_batch(ctx)
         with ctx.recorder.stage("build response"):
@@ -128,7 +131,10 @@ class PoolingServing(OpenAIServing):
         return response
 
     def engine_request_id(self, ctx: PoolingContext, index: int) -> str:
-        return f"{ctx.request_id}-{index}"
+        """Unique whatever id the client sent (see `base.unique_engine_id`)."""
+        from workbench.serving.base import unique_engine_id
+
+        return unique_engine_id(f"{ctx.request_id}-{index}")
 
     def prepare_generators(self, ctx: PoolingContext) -> None:
         """Stage 5: one engine request per prompt, merged; nothing runs until iterated."""

@@ -183,7 +183,7 @@ class ToolLoop:
             for call in builtin:
                 await self._run_tool(call, last)
             yield self.builder.drain()
-            prompt = self.render()
+            prompt = await self.serving.cpu.run(self.render)  # off the event loop
         if not self.builder.items:
             self.builder.empty_message()  # the model said nothing: one empty message
         self.builder.close()

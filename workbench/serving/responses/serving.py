@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
@@ -56,6 +58,8 @@ class ResponsesServing(GenerationServing):
         self.auto_tools = getattr(self.config, "enable_auto_tool_choice", False)
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
         self._background: dict[str, asyncio.Task] = {}  # running background responses
+        self._running: set[str] = set()  # ids of responses whose loop is alive
+        self._claims = threading.Lock()  # `start` runs in the preprocessing pool's threads
 
     # -- stages -------------------------------------------------------------------------------
     def start(self, request: ResponsesRequest, meta: RequestMeta) -> tuple[ToolLoop, Any]:
@@ -77,9 +81,15 @@ class ResponsesServing(GenerationServing):
         sampling_params(request, 1, self.defaults).verify(self.engine.vocab_size,
                                                            self.engine.config.max_logprobs)
         header_priority = meta.int_header("x-vllm-priority")
-        loop = ToolLoop(self, request, self.response_id(request, meta),
-                        conversation(request.input, history), tools,
-                        request.priority if header_priority is None else header_priority)
+        response_id = self.claim_id(self.response_id(request, meta))
+        try:
+            loop = ToolLoop(self, request, response_id, conversation(request.input, history),
+                            tools, request.priority if header_priority is None else header_priority)
+        except BaseException:
+            self._running.discard(response_id)
+            raise
+        weakref.finalize(loop, self._running.discard, response_id)  # released with its loop
+        loop.headers = meta.headers  # trace context, for the span (`tracing.py`)
         prompt = loop.first_prompt()
         if loop.constraint is not None:
             self.check_grammar(loop, prompt)
@@ -97,6 +107,16 @@ class ResponsesServing(GenerationServing):
     def response_id(self, request: ResponsesRequest, meta: RequestMeta) -> str:
         base = self.base_request_id(meta, request.request_id)
         return base if base.startswith("resp_") else f"resp_{base}"
+
+    def claim_id(self, response_id: str) -> str:
+        """A client-chosen id (`request_id`, `X-Request-Id`) names one response: an id that is
+        stored or still running is refused, never overwritten."""
+        with self._claims:
+            if response_id in self._running or response_id in self.store:
+                raise ValidationError(f"request_id '{response_id}' is already in use by another "
+                                      "response; send a new id.", parameter="request_id")
+            self._running.add(response_id)
+        return response_id
 
     def check_tool_choice(self, request: ResponsesRequest, tools: ToolSet) -> None:
         """The reference's tool-choice rules: `auto` needs --enable-auto-tool-choice and a
@@ -131,14 +151,14 @@ class ResponsesServing(GenerationServing):
     # -- responses ----------------------------------------------------------------------------
     async def create(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
         if request.background:
-            return self.start_background(request, meta)
+            return await self.start_background(request, meta)
         response, _ = await self.run(request, meta)
         return response
 
     async def run(self, request: ResponsesRequest, meta: RequestMeta
                   ) -> tuple[ResponsesResponse, ToolLoop]:
         """The response and the loop that made it (its rounds: `ToolLoopTrace.from_loop`)."""
-        loop, prompt = self.start(request, meta)
+        loop, prompt = await self.cpu.run(self.start, request, meta)  # render, tokenize
         started, created = time.perf_counter(), int(time.time())
         async for _ in loop.run(prompt):
             pass
@@ -146,7 +166,7 @@ class ResponsesServing(GenerationServing):
 
     async def create_stream(self, request: ResponsesRequest, meta: RequestMeta
                             ) -> AsyncIterator[dict[str, Any]]:
-        loop, prompt = self.start(request, meta)
+        loop, prompt = await self.cpu.run(self.start, request, meta)
         return self._stream(loop, prompt)
 
     async def _stream(self, loop: ToolLoop, prompt: Any) -> AsyncIterator[dict[str, Any]]:
@@ -175,6 +195,9 @@ class ResponsesServing(GenerationServing):
             self.metrics.finished(time.perf_counter() - started, response.usage.input_tokens,
                                   response.usage.output_tokens,
                                   [loop.rounds[-1].finish_reason] if loop.rounds else [])
+        if self.tracer is not None:
+            self.tracer.record_response(response, loop, time.perf_counter() - started,
+                                        getattr(loop, "headers", {}))
         return response
 
     def build(self, loop: ToolLoop, created: int, status: str | None = None) -> ResponsesResponse:
@@ -242,13 +265,14 @@ class ResponsesServing(GenerationServing):
         return cancelled
 
     # -- background responses -------------------------------------------------------------------
-    def start_background(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
+    async def start_background(self, request: ResponsesRequest, meta: RequestMeta
+                               ) -> ResponsesResponse:
         """`background=true`: stored as `queued` and answered at once; the loop runs as a task
         of this event loop, and the stored response becomes `completed` (or `failed`)."""
         if request.stream:
             raise ValidationError(f"`background` with `stream` {checks.NOT_YET}.",
                                   parameter="background")
-        loop, prompt = self.start(request, meta)
+        loop, prompt = await self.cpu.run(self.start, request, meta)
         created = int(time.time())
         queued = self.build(loop, created, status="queued")
         self.store.put(queued, loop.input_messages)
