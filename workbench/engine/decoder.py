@@ -17,7 +17,6 @@ Projections are looked up per call, so LoRA wrappers (`workbench/lora/layers.py`
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from workbench.engine.attention import AttentionContext, attend
 from workbench.engine.fusion import FusedPart
@@ -29,7 +28,7 @@ def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """transformers' Llama-family `RMSNorm` module `norm` applied to `x` with torch's fused
     kernel: the same ops in the same dtypes (normalise in float32, cast back, then scale),
     bit-identical (`tests/engine/test_decoder.py`) in about a third of the time."""
-    return F.rms_norm(x.float(), norm.weight.shape, None, norm.variance_epsilon).to(x.dtype) \
+    return torch.rms_norm(x.float(), norm.weight.shape, None, norm.variance_epsilon).to(x.dtype) \
         * norm.weight
 
 
