@@ -119,6 +119,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
         if not isinstance(data, dict):
             return data
         data = _rename_reasoning_content(data)
+        _check_user_content(data)
         checks.check_cache_salt(data)
         checks.check_response_format(data)
         checks.check_stream_options(data)
@@ -147,6 +148,16 @@ def _rename_reasoning_content(data: dict[str, Any]) -> dict[str, Any]:
                 message["reasoning"] = content
         renamed.append(message)
     return {**data, "messages": renamed}
+
+
+def _check_user_content(data: dict[str, Any]) -> None:
+    """OpenAI refuses a `user` message without `content` (vLLM renders it as empty text)."""
+    messages = data.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        if (isinstance(message, dict) and message.get("role") == "user"
+                and message.get("content") is None):
+            raise ValidationError(f"Missing required parameter: 'messages[{i}].content'.",
+                                  parameter=f"messages.{i}.content")
 
 
 def _check_top_logprobs(data: dict[str, Any]) -> None:
