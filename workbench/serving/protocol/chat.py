@@ -14,7 +14,8 @@ from pydantic import Field, model_serializer, model_validator
 from workbench.errors import ValidationError
 from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
-    INT64_MAX, INT64_MIN, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions, UsageInfo,
+    INT64_MAX, INT64_MIN, Metadata, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions,
+    UsageInfo,
 )
 from workbench.serving.protocol.tools import DeltaToolCall, ToolCall
 
@@ -71,6 +72,21 @@ class ChatCompletionRequest(OpenAIBaseModel):
     include_reasoning: bool = True  # with --reasoning-parser: return `reasoning`
     parallel_tool_calls: bool | None = True
     user: str | None = None  # ignored, as by vLLM
+    # OpenAI fields with no effect on the output here (unsupported.NO_EFFECT lists why; the
+    # validation report and a warning say so), or refused by value (`unsupported.check_chat`)
+    audio: dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    metadata: Metadata | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    web_search_options: dict[str, Any] | None = None
     # vLLM sampling extras
     use_beam_search: bool = False
     top_k: int | None = None

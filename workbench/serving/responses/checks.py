@@ -32,6 +32,9 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
     """Everything decided from the body alone (tools are checked by `ToolSet.build`)."""
     if request.prompt is not None:
         _refuse("prompt template is not supported", "prompt")
+    if request.conversation is not None:
+        _refuse("`conversation` (OpenAI's Conversations API) is not supported here; send "
+                "`previous_response_id` to continue a stored response.", "conversation")
     if request.background:
         if not store_enabled:
             _refuse(BACKGROUND_NEEDS_STORE, "background")

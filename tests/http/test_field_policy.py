@@ -1,0 +1,119 @@
+"""Issue 16 item 1: every field the OpenAI API defines is accepted; those with no effect here
+are named in the validation report and in a warning; names neither OpenAI nor vLLM define are
+refused; `metadata` stays within OpenAI's limits; the Responses store honours `store: false`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+MSG = [{"role": "user", "content": "hi"}]
+OPENAI_CHAT_FIELDS = {
+    "store": True, "metadata": {"team": "a"}, "service_tier": "auto",
+    "prompt_cache_key": "k1", "prompt_cache_retention": "24h", "safety_identifier": "u-1",
+    "verbosity": "low", "modalities": ["text"], "prediction": {"type": "content",
+                                                                 "content": "hello"},
+}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    from workbench import LLM, serve_in_kernel
+
+    llm = LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
+    handle = serve_in_kernel(llm, port=0)
+    yield handle
+    handle.stop(timeout=5)
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.mark.parametrize("name", sorted(OPENAI_CHAT_FIELDS))
+def test_openai_chat_fields_are_accepted(http, name):
+    body = {"messages": MSG, "max_tokens": 2, name: OPENAI_CHAT_FIELDS[name]}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+
+
+def test_no_effect_fields_are_in_the_report_and_logged(http, caplog):
+    body = {"messages": MSG, "max_tokens": 2, **OPENAI_CHAT_FIELDS}
+    report = http.post("/v1/validate", json=body).json()
+    assert report["ok"], report
+    ignored = {c["param"]: c["reason"] for c in report["checks"] if c["status"] == "ignored"}
+    assert set(OPENAI_CHAT_FIELDS) <= set(ignored)
+    assert "no effect" in ignored["store"]
+    with caplog.at_level(logging.WARNING, logger="workbench.serving"):
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "has no effect here" in r.getMessage()]
+    assert lines and all(f"`{name}`" in lines[0] for name in OPENAI_CHAT_FIELDS)
+
+
+def test_a_typo_is_still_refused_by_name(http):
+    r = http.post("/v1/chat/completions", json={"messages": MSG, "temprature": 0.2})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "temprature"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("modalities", ["text", "audio"]),
+    ("audio", {"voice": "alloy", "format": "wav"}),
+    ("web_search_options", {}),
+    ("functions", [{"name": "f", "parameters": {}}]),
+])
+def test_fields_asking_for_what_is_not_here_are_refused_by_name(http, field, value):
+    r = http.post("/v1/chat/completions", json={"messages": MSG, field: value})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("metadata, what", [
+    ({f"k{i}": "v" for i in range(17)}, "too many properties"),
+    ({"k" * 65: "v"}, "key too long"),
+    ({"k": "v" * 513}, "value too long"),
+])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+def test_metadata_keeps_openai_limits(http, path, metadata, what):
+    body = ({"messages": MSG} if "chat" in path else {"input": "hi"})
+    r = http.post(path, json={**body, "max_tokens" if "chat" in path else "max_output_tokens": 2,
+                              "metadata": metadata})
+    assert r.status_code == 400, r.text
+    assert what in r.json()["error"]["message"]
+
+
+def test_metadata_within_limits_is_kept_on_a_response(http):
+    metadata = {f"k{i}": "v" * 512 for i in range(16)}
+    r = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2,
+                                          "metadata": metadata})
+    assert r.status_code == 200, r.text
+    assert r.json()["metadata"] == metadata
+
+
+def test_responses_store_false_is_honoured(http):
+    r = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2, "store": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["store"] is False
+    assert http.get(f"/v1/responses/{r.json()['id']}").status_code == 404
+    kept = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2})
+    assert http.get(f"/v1/responses/{kept.json()['id']}").status_code == 200
+
+
+@pytest.mark.parametrize("name, value", [
+    ("prompt_cache_key", "k"), ("safety_identifier", "u"), ("prompt_cache_retention", "24h"),
+    ("stream_options", {"include_obfuscation": False}),
+])
+def test_openai_responses_fields_are_accepted(http, name, value):
+    r = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2, name: value})
+    assert r.status_code == 200, r.text
+
+
+def test_responses_conversation_is_refused_by_name(http):
+    r = http.post("/v1/responses", json={"input": "hi", "conversation": "conv_1"})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "conversation"
