@@ -89,6 +89,14 @@ def _refuse(message: str, parameter: str, value: Any = None) -> None:
     raise ValidationError(message, parameter=parameter, value=value)
 
 
+def _answer(message: str, parameter: str | None = None) -> None:
+    """A refusal vLLM answers as a plain error response (no `(parameter=...)` suffix; its
+    `param` only where vLLM names one)."""
+    from workbench.serving.errors import ServingError, make_error
+
+    raise ServingError(make_error(message, param=parameter))
+
+
 def check_common(request: Any) -> None:
     """Refusals shared by completions and chat completions."""
     for name in ("kv_transfer_params", "vllm_xargs",
@@ -131,9 +139,9 @@ def check_completion(request: Any, *, enable_prompt_embeds: bool = False) -> Non
     if request.echo and request.suffix is not None:
         _refuse("Echo is unsupported with suffix.", "echo")
     if request.echo and request.prompt_embeds is not None:
-        _refuse("Echo is unsupported with prompt embeds.", "echo")
+        _answer("Echo is unsupported with prompt embeds.")
     if request.prompt_logprobs is not None and request.prompt_embeds is not None:
-        _refuse("prompt_logprobs is not compatible with prompt embeds.", "prompt_logprobs")
+        _answer("prompt_logprobs is not compatible with prompt embeds.")
     if request.prompt_embeds is not None and not enable_prompt_embeds:
         _refuse("You must set `--enable-prompt-embeds` to input `prompt_embeds`.", "prompt_embeds")
     if request.prompt_embeds is not None and request.use_beam_search:

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 logger = logging.getLogger("workbench.serving")
 
@@ -86,8 +86,22 @@ class UsageInfo(OpenAIBaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool | None = True
+    """As vLLM's: no usage chunk unless `include_usage` is true; OpenAI's
+    `include_obfuscation` has no effect (no padding is sent); other keys are refused."""
+
+    include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+    include_obfuscation: bool | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unknown(self) -> "StreamOptions":
+        from workbench.errors import ValidationError
+
+        for name in sorted(self.model_extra or {}):
+            raise ValidationError(f"Unknown field `stream_options.{name}`: stream_options "
+                                  "takes include_usage, continuous_usage_stats and "
+                                  "include_obfuscation.", parameter="stream_options")
+        return self
 
 
 class PromptLogprob(OpenAIBaseModel):

@@ -32,14 +32,41 @@ def tools_json_schema(tools: list[Any], parallel_tool_calls: bool = True) -> dic
     schemas are used as given."""
     variants = [{"type": "object",
                  "properties": {"name": {"type": "string", "enum": [name]},
-                                "parameters": parameters or EMPTY_PARAMETERS},
+                                "parameters": _without_defs(parameters) or EMPTY_PARAMETERS},
                  "required": ["name", "parameters"], "additionalProperties": False}
                 for name, parameters in map(_function, tools)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": {"anyOf": variants}}  # each variant is an object
     if not parallel_tool_calls:
         schema["maxItems"] = 1
+    defs = _tool_defs(tools)
+    if defs:  # `#/$defs/...` references of each tool now resolve at the root, as vLLM's
+        schema["$defs"] = defs
     return schema
+
+
+def _without_defs(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not parameters or "$defs" not in parameters:
+        return parameters
+    return {key: value for key, value in parameters.items() if key != "$defs"}
+
+
+def _tool_defs(tools: list[Any]) -> dict[str, Any]:
+    """Every tool's `$defs`, merged (vLLM's `_get_tool_schema_defs`, with its messages)."""
+    from workbench.errors import ValidationError
+
+    merged: dict[str, Any] = {}
+    for name, parameters in map(_function, tools):
+        defs = (parameters or {}).get("$defs", {})
+        if not isinstance(defs, dict):
+            raise ValidationError(f"`$defs` in the parameters of tool '{name}' must be an "
+                                  f"object, got {type(defs).__name__}.", parameter="tools")
+        for def_name, def_schema in defs.items():
+            if def_name in merged and merged[def_name] != def_schema:
+                raise ValidationError(f"Tool definition '{def_name}' has multiple schemas, "
+                                      "which is not supported.", parameter="tools")
+            merged[def_name] = def_schema
+    return merged
 
 
 def named_tool_schema(tools: list[Any], name: str) -> dict[str, Any]:
