@@ -92,6 +92,7 @@ class ToolLoop:
         self.input_messages = messages  # the conversation before this response (no instructions)
         self.tools = tools
         self.priority = priority
+        self.lora_request = serving.lora_request_for(request)  # a served adapter's name
         self.builder = OutputBuilder()
         self.rounds: list[ToolRound] = []
         self.status = "in_progress"
@@ -212,7 +213,7 @@ class ToolLoop:
                             reasoning_parser=self.serving.reasoning_parser_name,
                             tool_request=self.tool_request, prompt_text=prompt.text)
         async for output in self.serving.engine_stream(prompt, params, record.request_id,
-                                                       record.priority):
+                                                       record.priority, self.lora_request):
             for out in output.outputs:
                 if out.finish_reason == "error":
                     raise GenerationError()
