@@ -8,7 +8,7 @@ Each round is one engine request with its own id; rounds after the first run at 
 reference's priority `priority - 1` (under `EngineConfig(scheduling_policy="priority")` lower
 values run first, so a loop already holding context finishes before new requests). Bounds: the
 context (a next turn that would not fit ends the response `incomplete`, reason
-`context_length`), `max_output_tokens` over all rounds (reason `max_output_tokens`) and
+`context_length`), `max_output_tokens` per round, as vLLM 0.32 (reason `max_output_tokens`) and
 `max_tool_calls` (default `DEFAULT_MAX_TOOL_CALLS`; reason `max_tool_calls`). A tool's failure
 is its output (`Error: ...`), handed back to the model; it never fails the request.
 """
@@ -143,9 +143,9 @@ class ToolLoop:
 
     # -- the loop -----------------------------------------------------------------------------
     def _budget(self) -> int | None:
-        if self.request.max_output_tokens is None:
-            return None
-        return self.request.max_output_tokens - sum(r.output_tokens for r in self.rounds)
+        """The bound of each round: vLLM 0.32 gives every round `max_output_tokens` (its
+        `get_max_tokens` per turn), not a total over the rounds."""
+        return self.request.max_output_tokens
 
     def _stop(self, status: str, reason: str | None = None) -> None:
         self.status, self.incomplete_reason = status, reason
