@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.serving.protocol.tools import (
+    ExtractedToolCallInformation, FunctionCall, ToolCall,
+)
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
 from workbench.serving.tool_parsers.json_list import read_call_list
 from workbench.serving.tool_parsers.json_scan import normalize_json, scan_json, skip_ws
@@ -80,6 +83,14 @@ def named_tool_schema(tools: list[Any], name: str) -> dict[str, Any]:
 class RequiredToolParser(ToolParser):
     name = "required"
 
+    def extract_tool_calls(self, model_output: str, request: Any = None
+                           ) -> ExtractedToolCallInformation:
+        """As vLLM: content is always "" (the output is the calls); output that is not a
+        whole call list (cut off by `max_tokens`) gives no calls, never the JSON as text."""
+        info = super().extract_tool_calls(model_output, request)
+        return ExtractedToolCallInformation(tools_called=info.tools_called,
+                                            tool_calls=info.tool_calls, content="")
+
     def parse(self, text: str, request: Any, final: bool) -> Parsed:
         parsed = Parsed()
         i = skip_ws(text, 0)
@@ -99,6 +110,21 @@ class NamedToolParser(ToolParser):
     def __init__(self, tokenizer: Any = None, function_name: str = ""):
         super().__init__(tokenizer)
         self.function_name = function_name
+
+    def extract_tool_calls(self, model_output: str, request: Any = None
+                           ) -> ExtractedToolCallInformation:
+        """As vLLM: the output is the named call's arguments even when cut off by
+        `max_tokens` (the partial JSON, as the stream sent it); content stays empty."""
+        info = super().extract_tool_calls(model_output, request)
+        if info.tools_called:
+            return ExtractedToolCallInformation(tools_called=True, tool_calls=info.tool_calls,
+                                                content="")
+        parsed = self.parse(model_output, request, final=True)
+        if not parsed.calls:  # nothing but whitespace (or not an object at all)
+            return ExtractedToolCallInformation(tools_called=False, content="")
+        call = ToolCall(function=FunctionCall(name=self.function_name,
+                                              arguments=parsed.calls[0].arguments))
+        return ExtractedToolCallInformation(tools_called=True, tool_calls=[call], content="")
 
     def parse(self, text: str, request: Any, final: bool) -> Parsed:
         if skip_ws(text, 0) >= len(text):
