@@ -117,3 +117,13 @@ def test_responses_conversation_is_refused_by_name(http):
     r = http.post("/v1/responses", json={"input": "hi", "conversation": "conv_1"})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "conversation"
+
+
+def test_responses_text_verbosity_is_accepted_and_other_text_keys_refused(http, caplog):
+    with caplog.at_level(logging.WARNING, logger="workbench.serving"):
+        r = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2,
+                                              "text": {"verbosity": "low"}})
+    assert r.status_code == 200, r.text
+    assert any("text.verbosity" in rec.getMessage() for rec in caplog.records)
+    r = http.post("/v1/responses", json={"input": "hi", "text": {"formta": {"type": "text"}}})
+    assert r.status_code == 400 and "text.formta" in r.json()["error"]["message"]
