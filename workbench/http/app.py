@@ -3,7 +3,8 @@
 Everything the routes need hangs on `app.state` (engine, serving objects, config, a private
 Prometheus registry), so several apps coexist in one process. Routes: `routes/openai.py`
 (`/v1/models`, `/v1/completions`, `/v1/chat/completions`), `routes/tokenize.py`,
-`routes/system.py` (`/health`, `/version`, `/metrics`, `/docs`); `/openapi.json` is FastAPI's.
+`routes/system.py` (`/health`, `/version`, `/metrics`, `/docs`), `routes/extras.py` (vLLM's
+batch chat, `/invocations`, `/load`, `/tokenizer_info`); `/openapi.json` is FastAPI's.
 By model kind: an embedding model gets `/v1/models` but no generation routes; the pooling
 routes follow the engine's pooling tasks (`routes/pooling.py`).
 """
