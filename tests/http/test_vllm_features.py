@@ -227,3 +227,23 @@ def test_models_root_is_the_model_argument_not_a_path(default_model):
 
     card = ModelsServing(Engine()).list_models().data[0]
     assert card.root == "smollm2-135m-instruct"
+
+
+def test_prompt_logprobs_true_is_one_as_in_vllm(http):
+    r = http.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 1,
+                                           "prompt_logprobs": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["prompt_logprobs"][0] is None
+
+
+def test_prompt_logprobs_true_with_prompt_embeds_is_vllms_refusal():
+    from workbench.serving.errors import error_response
+    from workbench.serving.protocol.completion import CompletionRequest
+    from workbench.serving.unsupported import check_completion
+
+    request = CompletionRequest(prompt="", prompt_embeds="AAAA", prompt_logprobs=True)
+    with pytest.raises(Exception) as err:
+        check_completion(request, enable_prompt_embeds=True)
+    assert error_response(err.value).error.model_dump() == {
+        "message": "prompt_logprobs is not compatible with prompt embeds.",
+        "type": "BadRequestError", "param": None, "code": 400}
