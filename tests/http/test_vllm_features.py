@@ -247,3 +247,17 @@ def test_prompt_logprobs_true_with_prompt_embeds_is_vllms_refusal():
     assert error_response(err.value).error.model_dump() == {
         "message": "prompt_logprobs is not compatible with prompt embeds.",
         "type": "BadRequestError", "param": None, "code": 400}
+
+
+def test_serve_flags_reach_the_server_config():
+    from workbench.cli import build_parser, configs_from_args
+
+    args = build_parser().parse_args([
+        "serve", "--root-path", "/llm", "--enable-tokenizer-info-endpoint",
+        "--enable-server-load-tracking", "--enable-prompt-tokens-details"])
+    _, server = configs_from_args(args)
+    assert (server.root_path, server.enable_tokenizer_info_endpoint,
+            server.enable_server_load_tracking, server.enable_prompt_tokens_details) == (
+        "/llm", True, True, True)
+    _, default = configs_from_args(build_parser().parse_args(["serve"]))
+    assert (default.root_path, default.enable_prompt_tokens_details) == ("", False)
