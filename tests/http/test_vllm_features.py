@@ -142,6 +142,7 @@ def test_batch_chat_refuses_unknown_fields(http):
 @pytest.mark.parametrize("body, kind", [
     ({"messages": MSG, "max_tokens": 2}, "chat.completion"),
     ({"prompt": "hi", "max_tokens": 2}, "text_completion"),
+    ({"input": "hi"}, "list"),  # the generative model's `embed` pooling task
 ])
 def test_invocations_dispatch_by_body(http, body, kind):
     r = http.post("/invocations", json=body)
