@@ -142,7 +142,6 @@ def test_batch_chat_refuses_unknown_fields(http):
 @pytest.mark.parametrize("body, kind", [
     ({"messages": MSG, "max_tokens": 2}, "chat.completion"),
     ({"prompt": "hi", "max_tokens": 2}, "text_completion"),
-    ({"input": "hi"}, "list"),  # the generative model's `embed` pooling task
 ])
 def test_invocations_dispatch_by_body(http, body, kind):
     r = http.post("/invocations", json=body)
@@ -151,11 +150,44 @@ def test_invocations_dispatch_by_body(http, body, kind):
 
 
 def test_invocations_without_a_matching_type(http):
+    """As vLLM 0.32: the completion's own check answers a body that is neither."""
     r = http.post("/invocations", json={"nothing": 1})
     assert r.status_code == 400
-    assert r.json()["error"]["message"].startswith(
-        "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', "
-        "'CompletionRequest'")
+    assert r.json()["error"] == {
+        "message": "Either prompt or prompt_embeds must be provided and non-empty. "
+                   "(parameter=prompt)", "type": "BadRequestError", "param": "prompt",
+        "code": 400}
+
+
+def test_invocations_on_an_embedding_model():
+    from workbench import LLM, serve_in_kernel
+
+    with serve_in_kernel(LLM(model="all-minilm-l6-v2", dtype="float32"), port=0) as handle:
+        r = httpx.post(f"{handle.url}/invocations", json={"input": ["a cat"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["object"] == "list" and len(r.json()["data"][0]["embedding"]) == 384
+        r = httpx.post(f"{handle.url}/invocations", json={"nothing": 1}, timeout=60)
+        assert r.status_code == 400  # a check of one of the pooling types refuses it
+        assert r.json()["error"]["param"] == "queries"
+
+
+def test_invocations_with_no_type_left(tiny_llama):
+    """An embedding-only type list and a body none of them takes: vLLM's message."""
+    from starlette.testclient import TestClient
+
+    from workbench.http.routes import extras
+
+    assert [name for _, name, _ in extras.invocation_types(False, ("embed",))] == [
+        "EmbeddingRequest", "PoolingRequest"]
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.state.invocation_types = extras.invocation_types(False, ("embed",))
+    app.include_router(extras.invocations_router)
+    r = TestClient(app).post("/invocations", json={"nothing": 1})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ("Cannot find suitable handler for request. Expected "
+                                            "one of: ['EmbeddingRequest', 'PoolingRequest']")
 
 
 def test_tokenizer_info(http):

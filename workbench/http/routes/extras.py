@@ -3,7 +3,10 @@ and `/tokenizer_info` (with `--enable-tokenizer-info-endpoint`).
 
 `/invocations` tries the body as each request type the model serves, in vLLM's order (chat,
 completion; embeddings, classify, rerank, score, pooling) and answers as the first that
-validates; none -> 400 "Cannot find suitable handler for request. Expected one of: [...]".
+validates; a type whose own checks refuse the body answers with that refusal (vLLM's checks
+raise past pydantic: a body with neither `messages` nor `prompt` gets the completion's "Either
+prompt or prompt_embeds must be provided..."); none -> 400 "Cannot find suitable handler for
+request. Expected one of: [...]".
 `/load` reports the requests in flight on the inference routes (`LoadTracking`; counted only
 with `--enable-server-load-tracking`, else 0, as vLLM).
 """
@@ -17,6 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from workbench.errors import ValidationError
 from workbench.http.cancellation import with_cancellation
 from workbench.http.errors import error_json, validate_error_json, validate_json_request
 from workbench.http.routes import openai, pooling, request_meta
@@ -92,12 +96,24 @@ async def invocations(raw: Request) -> Response:
     for kind, _, serve in types:
         try:
             request = pydantic.TypeAdapter(kind).validate_python(body)
-        except pydantic.ValidationError:
+        except pydantic.ValidationError as exc:
+            check = _failed_check(exc)
+            if check is not None:  # vLLM's checks raise past pydantic there: that answer
+                return error_json(check)
             continue
         return await serve(raw, request)
     names = [name for _, name, _ in types]
     return error_json(ValueError(
         f"Cannot find suitable handler for request. Expected one of: {names}"))
+
+
+def _failed_check(exc: pydantic.ValidationError) -> ValidationError | None:
+    """One of vLLM's request checks (run before the schema) that refused the body, if any."""
+    for error in exc.errors():
+        check = (error.get("ctx") or {}).get("error")
+        if isinstance(check, ValidationError):
+            return check
+    return None
 
 
 @load_router.get("/load")
