@@ -127,3 +127,39 @@ def test_responses_text_verbosity_is_accepted_and_other_text_keys_refused(http, 
     assert any("text.verbosity" in rec.getMessage() for rec in caplog.records)
     r = http.post("/v1/responses", json={"input": "hi", "text": {"formta": {"type": "text"}}})
     assert r.status_code == 400 and "text.formta" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_vllms_render_only_fields_are_accepted_as_no_effect(http, path):
+    body = {"messages": MSG} if "chat" in path else {"prompt": "hi"}
+    body = {**body, "max_tokens": 2, "return_token_offsets": True, "return_mm_kwargs": False}
+    assert http.post(path, json=body).status_code == 200
+    report = http.post("/v1/validate", json=body).json()
+    ignored = {c["param"] for c in report["checks"] if c["status"] == "ignored"}
+    assert {"return_token_offsets", "return_mm_kwargs"} <= ignored
+
+
+@pytest.mark.parametrize("field, value", [("ec_transfer_params", {"a": 1}),
+                                          ("routed_experts_prompt_start", 0)])
+def test_vllm_extras_not_built_here_are_refused_by_name(http, field, value):
+    r = http.post("/v1/chat/completions", json={"messages": MSG, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert "Unknown field" not in r.json()["error"]["message"]
+
+
+def test_responses_vllm_extras(http):
+    r = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2,
+                                          "skip_special_tokens": False, "session_id": "s",
+                                          "include_stop_str_in_output": True})
+    assert r.status_code == 200, r.text
+    r = http.post("/v1/responses", json={"input": "hi", "watermarking": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "watermarking"
+
+
+def test_responses_sampling_extras_reach_the_sampling_params():
+    from workbench.serving.protocol.responses import ResponsesRequest
+    from workbench.serving.responses.loop import sampling_params
+
+    params = sampling_params(ResponsesRequest(input="hi", skip_special_tokens=False,
+                                              include_stop_str_in_output=True), 4, {})
+    assert params.skip_special_tokens is False and params.include_stop_str_in_output is True

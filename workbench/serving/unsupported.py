@@ -51,8 +51,13 @@ _NO_EFFECT_RESPONSES = {
     "stream_options": "`include_obfuscation` pads OpenAI's stream events; no padding is sent "
                       "here; no effect",
 }
+_RENDER_ONLY = {name: "a field of vLLM's /render endpoints; no effect on generation, as vLLM"
+                for name in ("return_token_offsets", "mm_payload", "return_mm_kwargs")}
+_NO_EFFECT_CHAT.update(_RENDER_ONLY)
+_NO_EFFECT_RESPONSES["session_id"] = IGNORED_FIELDS["session_id"]
 # request model name -> {field: why it has no effect}; other models: IGNORED_FIELDS
-NO_EFFECT = {"ChatCompletionRequest": _NO_EFFECT_CHAT, "ResponsesRequest": _NO_EFFECT_RESPONSES}
+NO_EFFECT = {"ChatCompletionRequest": _NO_EFFECT_CHAT, "ResponsesRequest": _NO_EFFECT_RESPONSES,
+             "CompletionRequest": {**IGNORED_FIELDS, **_RENDER_ONLY}}
 
 
 def no_effect_fields(request: Any) -> dict[str, str]:
@@ -99,8 +104,8 @@ def _answer(message: str, parameter: str | None = None) -> None:
 
 def check_common(request: Any) -> None:
     """Refusals shared by completions and chat completions."""
-    for name in ("kv_transfer_params", "vllm_xargs",
-                 "repetition_detection", "stream_interval"):
+    for name in ("kv_transfer_params", "ec_transfer_params", "routed_experts_prompt_start",
+                 "vllm_xargs", "repetition_detection", "stream_interval"):
         if getattr(request, name) is not None:
             _refuse(f"`{name}` {_NOT_YET}.", name)
     if request.watermarking:

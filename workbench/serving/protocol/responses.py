@@ -75,6 +75,11 @@ class ResponsesRequest(OpenAIBaseModel):
     mm_processor_kwargs: dict[str, Any] | None = None
     previous_input_messages: list[dict[str, Any]] | None = None
     enable_response_messages: bool = False
+    session_id: str | None = None  # no effect: no session-affine scheduling here
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    media_io_kwargs: dict[str, Any] | None = None  # refused by name: text-only model
+    watermarking: bool | None = None  # refused by name
 
 
 class InputTokensDetails(OpenAIBaseModel):

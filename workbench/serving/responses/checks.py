@@ -76,6 +76,11 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
     for key in reasoning:
         if key not in ("effort",) and reasoning[key] is not None:
             _refuse(f"reasoning.{key} {NOT_YET} (only `effort`).", "reasoning")
+    if request.watermarking:
+        _refuse(f"`watermarking` {NOT_YET}.", "watermarking")
+    if request.media_io_kwargs:
+        _refuse("`media_io_kwargs` is not supported: the served model is text-only.",
+                "media_io_kwargs")
     for name in ("cache_salt", "kv_transfer_params", "vllm_xargs",
                  "mm_processor_kwargs", "previous_input_messages"):
         if getattr(request, name) is not None:

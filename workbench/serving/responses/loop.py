@@ -78,6 +78,8 @@ def sampling_params(request: ResponsesRequest, max_tokens: int,
     stop_ids += [t for t in defaults.get("stop_token_ids") or [] if t not in stop_ids]
     return SamplingParams(**values, seed=request.seed, stop=request.stop, stop_token_ids=stop_ids,
                           ignore_eos=request.ignore_eos, max_tokens=max_tokens,
+                          include_stop_str_in_output=request.include_stop_str_in_output,
+                          skip_special_tokens=request.skip_special_tokens,
                           logit_bias=request.logit_bias, output_kind=RequestOutputKind.DELTA)
 
 
