@@ -163,3 +163,10 @@ def test_responses_sampling_extras_reach_the_sampling_params():
     params = sampling_params(ResponsesRequest(input="hi", skip_special_tokens=False,
                                               include_stop_str_in_output=True), 4, {})
     assert params.skip_special_tokens is False and params.include_stop_str_in_output is True
+
+
+def test_pooling_padding_as_vllm_names_it(http):
+    ok = http.post("/v1/embeddings", json={"input": "hi", "padding": "do_not_pad"})
+    assert ok.status_code == 200, ok.text
+    r = http.post("/v1/embeddings", json={"input": "hi", "padding": "max_length"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "padding"
