@@ -170,3 +170,16 @@ def test_pooling_padding_as_vllm_names_it(http):
     assert ok.status_code == 200, ok.text
     r = http.post("/v1/embeddings", json={"input": "hi", "padding": "max_length"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "padding"
+
+
+def test_strict_tools_under_auto_say_they_are_not_constrained(caplog):
+    from workbench.serving.protocol.chat import ChatCompletionRequest
+    from workbench.serving.unsupported import check_chat
+
+    tool = {"type": "function", "function": {"name": "f", "strict": True,
+                                              "parameters": {"type": "object"}}}
+    request = ChatCompletionRequest(messages=MSG, tools=[tool], tool_choice="auto")
+    assert request.tools[0].function.strict is True and not request.tools[0].function.model_extra
+    with caplog.at_level(logging.WARNING, logger="workbench.serving"):
+        check_chat(request)
+    assert any("`strict` tools ['f']" in r.getMessage() for r in caplog.records)

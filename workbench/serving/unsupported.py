@@ -180,4 +180,9 @@ def check_chat(request: Any) -> None:
         if getattr(request, name) is not None:
             _refuse(f"`{name}` is deprecated by OpenAI and not supported here; send `tools` "
                     "and `tool_choice`.", name)
+    strict = [t.function.name for t in request.tools or () if t.function.strict]
+    if strict and request.tool_choice == "auto":
+        logger.warning("ChatCompletionRequest: `strict` tools %s: with tool_choice \"auto\" "
+                       "the arguments are parsed, not constrained (required and named choices "
+                       "are); they may not match the schema", strict)
     check_common(request)

@@ -39,6 +39,10 @@ class FunctionDefinition(OpenAIBaseModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    # OpenAI's: the call's arguments always match `parameters`; here that holds for
+    # `required` / named choices (constrained decoding), not for `auto` (a warning says so)
+    strict: bool | None = None
+    defer_loading: bool | None = None  # vLLM's; no effect here (every tool is rendered)
 
 
 class ChatCompletionToolsParam(OpenAIBaseModel):
