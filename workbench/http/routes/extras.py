@@ -37,7 +37,8 @@ load_router = APIRouter()
 tokenizer_info_router = APIRouter()
 
 # the routes vLLM's `load_aware_call` counts
-LOAD_TRACKED = ("/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+LOAD_TRACKED = ("/v1/responses", "/v1/chat/completions", "/v1/chat/completions/batch",
+                "/v1/completions", "/v1/embeddings",
                 "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank",
                 "/v2/rerank", "/invocations")
 
