@@ -84,6 +84,15 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--responses-store-size", type=int, default=1000, metavar="N",
                    help="stored /v1/responses (LRU) for previous_response_id and retrieval; "
                    "0 disables storing (default 1000)")
+    # vLLM's optional routes and fields (workbench/http/routes/extras.py)
+    p.add_argument("--root-path", default="",
+                   help="path prefix of a proxy in front: routes answer with and without it")
+    p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (init kwargs, class, chat template)")
+    p.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="GET /load counts the inference requests in flight")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage.prompt_tokens_details.cached_tokens (prefix-cache hits)")
     p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
     p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                    help='adapters served as models: NAME=PATH or JSON {"name": ..., "path": ..., '
@@ -173,7 +182,10 @@ def configs_from_args(args: argparse.Namespace):
         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_prompt_embeds=args.enable_prompt_embeds,
-        responses_store_size=args.responses_store_size)
+        responses_store_size=args.responses_store_size, root_path=args.root_path,
+        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+        enable_server_load_tracking=args.enable_server_load_tracking,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     return engine, _with_loras(server, args)
 
 

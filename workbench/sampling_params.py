@@ -31,6 +31,15 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2  # a single output when the request finishes
 
 
+def _is_text(text: str) -> bool:
+    """False for a string holding a lone UTF-16 surrogate (it has no UTF-8 form)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _fail(message: str, parameter: str, value: Any) -> None:
     raise ValidationError(message, parameter=parameter, value=value)
 
@@ -304,6 +313,10 @@ class SamplingParams:
             )
         if any(not s for s in self.stop):
             _fail("stop cannot contain an empty string.", "stop", self.stop)
+        for s in self.stop:  # a lone surrogate can never match decoded text, nor be logged
+            if not _is_text(s):
+                _fail("stop strings must be valid Unicode text (a lone UTF-16 surrogate is "
+                      "not).", "stop", s.encode("utf-8", "backslashreplace").decode())
         if any(not w for w in self.bad_words):
             _fail(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}",
                   "bad_words", self.bad_words)

@@ -125,13 +125,23 @@ async def test_a_next_turn_that_does_not_fit_ends_incomplete(tokenizer):
     assert len(engine.submitted) == 1 and response.output[1]["type"] == "function_call_output"
 
 
-async def test_max_output_tokens_bounds_all_rounds_together(tokenizer):
+async def test_max_output_tokens_bounds_each_round(tokenizer):
+    """As vLLM 0.32: every round may generate `max_output_tokens` (not a total)."""
     script = call("calculator", expression="1+1")
-    s, engine = serving(tokenizer, [script, "Two, certainly, as everyone knows."])
+    answer = "Two, certainly, as everyone knows."
+    s, engine = serving(tokenizer, [script, answer])
     budget = len(tokenizer(script).input_ids) + 3
+    assert len(tokenizer(answer).input_ids) > 3
     response = await create(s, input="Add.", tools=CALCULATOR, max_output_tokens=budget)
-    assert engine.submitted[1]["params"].max_tokens == 3
-    assert response.usage.output_tokens == budget
+    assert [e["params"].max_tokens for e in engine.submitted] == [budget, budget]
+    assert response.status == "completed", response.incomplete_details
+    assert response.output_text == answer
+
+
+async def test_max_output_tokens_cuts_a_round_incomplete(tokenizer):
+    s, engine = serving(tokenizer, ["Two, certainly, as everyone knows."])
+    response = await create(s, input="Add.", max_output_tokens=3)
+    assert response.usage.output_tokens == 3
     assert response.incomplete_details.reason == "max_output_tokens"
 
 

@@ -3,7 +3,8 @@
 Everything the routes need hangs on `app.state` (engine, serving objects, config, a private
 Prometheus registry), so several apps coexist in one process. Routes: `routes/openai.py`
 (`/v1/models`, `/v1/completions`, `/v1/chat/completions`), `routes/tokenize.py`,
-`routes/system.py` (`/health`, `/version`, `/metrics`, `/docs`); `/openapi.json` is FastAPI's.
+`routes/system.py` (`/health`, `/version`, `/metrics`, `/docs`), `routes/extras.py` (vLLM's
+batch chat, `/invocations`, `/load`, `/tokenizer_info`); `/openapi.json` is FastAPI's.
 By model kind: an embedding model gets `/v1/models` but no generation routes; the pooling
 routes follow the engine's pooling tasks (`routes/pooling.py`).
 """
@@ -24,7 +25,7 @@ from workbench.http.json_guard import JsonGuardMiddleware
 from workbench.http.middleware import (
     ApiKeyMiddleware, BodyLimitMiddleware, RequestCounterMiddleware,
 )
-from workbench.http.routes import lora, openai, pooling, responses, system, tokenize
+from workbench.http.routes import extras, lora, openai, pooling, responses, system, tokenize
 from workbench.http.shutdown import Drain
 from workbench.serving import ServerConfig, ServingMetrics, Servings
 
@@ -55,6 +56,7 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
         app.include_router(router)
     if app.state.servings.adapters.allow_runtime:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
         app.include_router(lora.router)
+    include_extras(app, config, generates, tuple(tasks))
     app.add_exception_handler(RequestValidationError, request_validation_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
@@ -64,8 +66,26 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
     if config.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=config.api_keys, exempt=config.api_key_exempt)
     app.add_middleware(RequestCounterMiddleware, registry=registry)
+    if config.enable_server_load_tracking:
+        app.add_middleware(extras.LoadTracking, load=app.state.server_load)
+    if config.root_path:  # outermost: every middleware and route sees the prefix
+        app.add_middleware(extras.RootPath, root_path=config.root_path)
     apply_engine_limits(engine, config)
     return app
+
+
+def include_extras(app: FastAPI, config: ServerConfig, generates: bool,
+                   tasks: tuple[str, ...]) -> None:
+    """vLLM's further routes (`routes/extras.py`): batch chat, /invocations, /load and, when
+    enabled, /tokenizer_info."""
+    if generates:
+        app.include_router(extras.batch_router)
+    app.state.invocation_types = extras.invocation_types(generates, tasks)
+    app.state.server_load = extras.ServerLoad()
+    app.include_router(extras.invocations_router)
+    app.include_router(extras.load_router)
+    if config.enable_tokenizer_info_endpoint:
+        app.include_router(extras.tokenizer_info_router)
 
 
 def apply_engine_limits(engine: Any, config: ServerConfig) -> None:

@@ -90,6 +90,13 @@ def validation_error_body(errors: list[Any]) -> dict[str, Any]:
     return body.model_dump()
 
 
+def validate_error_json(exc: Any) -> JSONResponse:
+    """A pydantic `ValidationError` raised inside a route (a sub-request's model) as the 400
+    a body's schema error gets."""
+    return JSONResponse(validation_error_body(list(exc.errors(include_url=False))),
+                        status_code=400)
+
+
 async def request_validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(validation_error_body(list(exc.errors())), status_code=400)
 

@@ -4,8 +4,10 @@ Python's `json` accepts `NaN`, `Infinity` and `-Infinity`, turns `1e999` into in
 lone UTF-16 surrogates (`"\\ud800"`) as unencodable characters, and recurses once per nesting
 level. Every route would have to re-check those; this middleware checks each JSON request body
 once, before any route sees it, and answers 400 in the OpenAI error shape naming the location
-(`body.temperature`, `body.messages.0.content`); so is a body that is not UTF-8. Bodies that do
-not parse pass through: the routes refuse those themselves (content type, syntax).
+(`body.temperature`, `body.messages.0.content`); so is a body that is not UTF-8. It parses the
+bytes as the routes will (`json.loads` of bytes skips a UTF-8 byte-order mark and would read
+UTF-16 or UTF-32), so no prefix hides a body from it. Bodies that do not parse pass through:
+the routes refuse those themselves (content type, syntax).
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ def _check_text(text: str, where: str) -> None:
 
 def check_json_body(body: bytes) -> None:
     """Raises `_Bad` for a body the routes must never see; non-JSON passes (routes refuse it)."""
+    if json.detect_encoding(body) not in ("utf-8", "utf-8-sig"):
+        raise _Bad("body: the request body is UTF-16 or UTF-32; JSON must be sent as UTF-8.",
+                   "body")
     try:
-        text = body.decode("utf-8")
+        text = body.decode("utf-8-sig")  # as json.loads(bytes): a leading BOM is skipped
     except UnicodeDecodeError as exc:
         raise _Bad(f"body: the request body is not valid UTF-8 (byte {exc.start}); JSON must "
                    "be sent as UTF-8.", "body") from None

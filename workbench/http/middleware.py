@@ -159,11 +159,11 @@ class RequestCounterMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status: dict[str, Any] = {"code": 500, "body": b"", "sse": False}
+        status: dict[str, Any] = {"code": 500, "body": b"", "sse": False, "started": False}
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                status["code"], status["started"] = message["status"], True
                 headers = dict(message.get("headers") or [])
                 status["sse"] = headers.get(b"content-type", b"").startswith(b"text/event-stream")
             elif message["type"] == "http.response.body":
@@ -176,6 +176,14 @@ class RequestCounterMiddleware:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except Exception as exc:  # the app's generic handler answers outside this middleware
+            if not status["started"]:
+                from workbench.serving.errors import error_response
+
+                answer = error_response(exc, quiet=True).error
+                status["code"], status["body"] = answer.code, json.dumps(
+                    {"error": {"type": answer.type}}).encode()
+            raise
         finally:
             route = scope.get("route")
             handler = getattr(route, "path", None) or "unmatched"

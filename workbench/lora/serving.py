@@ -92,6 +92,21 @@ def _error(message: str, err_type: str = "InvalidUserInput",
     return ServingError(make_error(message, err_type, status))
 
 
+MAX_LORA_NAME_CHARS = 256
+
+
+def valid_lora_name(name: str) -> bool:
+    """A name that can be listed, logged and echoed: 1-256 printable characters (no newline,
+    no control character), so a name never forges a log line nor bloats `/v1/models`."""
+    return 0 < len(name) <= MAX_LORA_NAME_CHARS and name.isprintable()
+
+
+def _check_name(name: str) -> None:
+    if not valid_lora_name(name):
+        raise _error(f"'lora_name' must be 1 to {MAX_LORA_NAME_CHARS} printable characters "
+                     "(no newline or other control character).")
+
+
 class ServedAdapters:
     """Adapter names of one server (see the module docstring)."""
 
@@ -167,6 +182,9 @@ class ServedAdapters:
     # -- static ------------------------------------------------------------------------------
     def add(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
         """A start-up adapter; a bad one raises `ValueError` naming it."""
+        if not valid_lora_name(name):
+            raise ValueError(f"LoRA adapter name {name[:64]!r} must be 1 to "
+                             f"{MAX_LORA_NAME_CHARS} printable characters.")
         if name in self.base_model_names:
             raise ValueError(f"The lora adapter '{name}' conflicts with a served base model.")
         lora = self._new_request(name, path, base_model_name)
@@ -184,6 +202,7 @@ class ServedAdapters:
         """`/v1/load_lora_adapter`; raises a `ServingError` with the reference's answer."""
         if not lora_name or not lora_path:
             raise _error("Both 'lora_name' and 'lora_path' must be provided.")
+        _check_name(lora_name)
         if lora_name in self.base_model_names:
             raise _error(f"The lora adapter '{lora_name}' conflicts with a served base model.")
         if "\x00" in lora_path or not is_within(self.load_dirs, lora_path):  # no arbitrary paths
@@ -231,7 +250,7 @@ class ServedAdapters:
         with self._lock:
             if lora_name in self.lora_requests:
                 return self.lora_requests[lora_name]
-            if not self.allow_runtime or not self.resolvers:
+            if not self.allow_runtime or not self.resolvers or not valid_lora_name(lora_name):
                 return None
             found = False
             for resolver in self.resolvers:

@@ -39,6 +39,7 @@ from workbench.serving.errors import GenerationError
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.offload import CpuPool
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer
+from workbench.serving.protocol.common import PromptTokenUsageInfo
 from workbench.serving.recorder import PipelineRecorder
 from workbench.serving.request_logger import RequestLogger
 from workbench.serving.sampling import server_defaults
@@ -87,7 +88,7 @@ class Generation:
 
     @property
     def n(self) -> int:
-        return self.params[0].n
+        return self.beam[0].beam_width if self.beam else self.params[0].n
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -190,6 +191,15 @@ class GenerationServing(OpenAIServing):
     def sampling_params(self, request: Any, prompt: EnginePrompt) -> SamplingParams:
         """Stage 3 hook: sampling parameters for one prompt."""
         raise NotImplementedError
+
+    def add_prompt_tokens_details(self, usage: Any, gen: Generation) -> Any:
+        """`--enable-prompt-tokens-details`: `usage.prompt_tokens_details.cached_tokens`, the
+        prompt tokens read from the prefix cache (summed over the request's prompts)."""
+        if self.config.enable_prompt_tokens_details:
+            cached = sum(getattr(o, "num_cached_tokens", 0) or 0
+                         for o in gen.recorder.outputs.values())
+            usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=cached)
+        return usage
 
     def engine_request_id(self, request_id: str, index: int) -> str:
         return f"{request_id}-{index}"
@@ -351,10 +361,10 @@ class GenerationServing(OpenAIServing):
         async with aclosing(gen.outputs) as outputs:
             async for index, output in outputs:
                 for delta in choice_deltas(output, index, gen.n):
-                    if delta.finish_reason == "error":
-                        raise GenerationError(f"Request {output.request_id} failed in the "
-                                              "engine (finish_reason 'error'); other requests "
-                                              "are unaffected. See the server log.")
+                    if delta.finish_reason == "error":  # vLLM's log line and message
+                        logger.error("Request %s failed with an internal error during "
+                                     "generation", output.request_id)
+                        raise GenerationError("Internal server error")
                     yield delta
 
     async def collect(self, gen: Generation) -> list[ChoiceDelta]:
@@ -411,7 +421,7 @@ def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams
     """`use_beam_search`: width `n`, the resolved max_tokens and temperature (as vLLM's
     `to_beam_search_params`); stop strings, penalties and sampling knobs do not apply."""
     return BeamSearchParams(
-        beam_width=params.n, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+        beam_width=request.n if request.n is not None else 1, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
         temperature=params.temperature, length_penalty=request.length_penalty,
         include_stop_str_in_output=params.include_stop_str_in_output,
         skip_special_tokens=params.skip_special_tokens)

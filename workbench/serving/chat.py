@@ -132,7 +132,8 @@ class ChatServing(GenerationServing):
                 index=delta.index, message=message, logprobs=logprobs,
                 finish_reason=parser.finish_reason(delta.finish_reason or "stop", called),
                 stop_reason=delta.stop_reason, token_ids=token_ids))
-        usage = usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas))
+        usage = self.add_prompt_tokens_details(
+            usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)), gen)
         if self.tools.counts_reasoning:
             usage.completion_tokens_details = {"reasoning_tokens": reasoning_tokens}
         return ChatCompletionResponse(
@@ -216,7 +217,8 @@ class ChatServing(GenerationServing):
         choices = list(merged.values())
         self.finished(gen, choices)
         if include_usage:
-            usage = usage_info(num_prompt, sum(len(c.token_ids) for c in choices))
+            usage = self.add_prompt_tokens_details(
+                usage_info(num_prompt, sum(len(c.token_ids) for c in choices)), gen)
             if self.tools.counts_reasoning:
                 usage.completion_tokens_details = {"reasoning_tokens": sum(
                     self.tools.reasoning_tokens(parsers[c.index], c.token_ids, c.text)

@@ -172,8 +172,9 @@ class ChatTools:
                                   parameter="tool_choice")
 
     def adjust_request(self, request: Any) -> None:
-        """Preprocess stage: the auto parser's own request changes (special tokens kept)."""
-        if tool_mode(request) == "auto" and self.tool_parser is not None:
+        """Preprocess stage: the parser's own request changes (special tokens kept) whenever
+        a parser is set and tools may be called (`auto`, `required`, named), as vLLM."""
+        if tool_mode(request) != "none" and self.tool_parser is not None:
             self.tool_parser(self.tokenizer).adjust_request(request)
 
     def json_schema(self, request: Any) -> dict[str, Any] | None:

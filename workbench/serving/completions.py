@@ -165,5 +165,5 @@ class CompletionServing(GenerationServing):
     def usage(self, gen: Generation, choices: list[ChoiceDelta]) -> UsageInfo:
         echo_only = gen.request.echo and gen.request.max_tokens == 0
         generated = 0 if echo_only else sum(len(c.token_ids) for c in choices)
-        return usage_info(gen.num_prompt_tokens, generated)
+        return self.add_prompt_tokens_details(usage_info(gen.num_prompt_tokens, generated), gen)
 

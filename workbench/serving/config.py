@@ -50,6 +50,11 @@ class ServerConfig:
     lora_resolver_dirs: tuple[str, ...] = ()  # directories resolved adapters may come from
     lora_load_dirs: tuple[str, ...] = ()  # /v1/load_lora_adapter paths must lie in these (or the above)
     allow_runtime_lora_updating: bool | None = None  # None: VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    # vLLM's optional routes and fields (`workbench/http/routes/extras.py`)
+    root_path: str = ""  # behind a path-prefix proxy: routes answer with and without it
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info
+    enable_server_load_tracking: bool = False  # GET /load counts requests in flight
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
 
     def __post_init__(self) -> None:
         if isinstance(self.api_key_exempt, str):

@@ -53,8 +53,10 @@ def _is_template_error(exc: BaseException) -> bool:
     return any(cls.__name__ == "TemplateError" for cls in type(exc).__mro__)
 
 
-def error_response(exc: BaseException, *, log_stack: bool = False) -> ErrorResponse:
-    """Maps any exception to the error envelope (status = `response.error.code`)."""
+def error_response(exc: BaseException, *, log_stack: bool = False,
+                   quiet: bool = False) -> ErrorResponse:
+    """Maps any exception to the error envelope (status = `response.error.code`); `quiet`
+    classifies without logging (the metrics middleware counting what the handler answers)."""
     if log_stack:
         logger.error("request failed", exc_info=exc)
     if isinstance(exc, ServingError):
@@ -76,7 +78,7 @@ def error_response(exc: BaseException, *, log_stack: bool = False) -> ErrorRespo
         return make_error(str(exc), "NotImplementedError", HTTPStatus.NOT_IMPLEMENTED)
     if isinstance(exc, (ValueError, TypeError, RuntimeError, OverflowError)) or _is_template_error(exc):
         return make_error(str(exc))
-    if not log_stack:
+    if not log_stack and not quiet:
         logger.error("unexpected error while serving a request", exc_info=exc)
     return make_error(str(exc) or type(exc).__name__, "InternalServerError",
                       HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -1,4 +1,4 @@
-"""`/v1/models`: one card per served name, then one per served LoRA adapter (`root` its path,
+"""`/v1/models`: one card per served name (`root` the --model argument), then one per served LoRA adapter (`root` its path,
 `parent` its base model, no `max_model_len`), as the reference."""
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from workbench.serving.protocol.common import ModelCard, ModelList, ModelPermiss
 
 class ModelsServing(OpenAIServing):
     def list_models(self) -> ModelList:
-        root = str(getattr(self.engine, "model_path", None) or self.model_name)
+        # as vLLM, `root` echoes the --model argument; never the cache directory it resolved
+        # to (paths of the server's disk do not belong in an answer)
+        model = getattr(getattr(self.engine, "config", None), "model", None)
+        root = model if isinstance(model, str) else self.model_name
         cards = [
             ModelCard(id=name, root=root, max_model_len=self.max_model_len,
                       permission=[ModelPermission(id=f"modelperm-{uuid.uuid4().hex}")])

@@ -78,13 +78,17 @@ class PromptTokenizer:
         self.check(ids)
         return EnginePrompt(token_ids=ids, text=text if keep is None else None)
 
-    def from_token_ids(self, token_ids: list[int], *, truncate: int | None = None,
-                       side: str | None = None) -> EnginePrompt:
-        keep = self.truncation_length(truncate)
+    def check_token_ids(self, token_ids: list[int], parameter: str) -> None:
+        """Every id inside the vocabulary, else the reference's message naming `parameter`."""
         for token_id in token_ids:
             if not 0 <= token_id < self.vocab_size:
                 raise ValidationError(f"Token id {token_id} is out of vocabulary",
-                                      parameter="prompt", value=token_id)
+                                      parameter=parameter, value=token_id)
+
+    def from_token_ids(self, token_ids: list[int], *, truncate: int | None = None,
+                       side: str | None = None) -> EnginePrompt:
+        keep = self.truncation_length(truncate)
+        self.check_token_ids(token_ids, "prompt")
         ids = self.truncate(list(token_ids), keep, side)
         self.check(ids)
         return EnginePrompt(token_ids=ids)

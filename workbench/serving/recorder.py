@@ -82,13 +82,13 @@ class PipelineRecorder:
         unknown extras)."""
         set_fields = request.model_fields_set
         beam = bool(getattr(request, "use_beam_search", False))
+        no_effect = unsupported.no_effect_fields(request)
         for name in sorted(set_fields):
             value = getattr(request, name, None)
             if name in (request.model_extra or {}):
                 continue  # unknown: listed below
-            if name in unsupported.IGNORED_FIELDS:
-                self.add(name, "validate", "ignored", name, unsupported.IGNORED_FIELDS[name],
-                         value)
+            if name in no_effect:
+                self.add(name, "validate", "ignored", name, no_effect[name], value)
             elif beam and name in unsupported.BEAM_IGNORED_FIELDS and value is not None:
                 self.add(name, "validate", "ignored", name,
                          unsupported.BEAM_IGNORED_FIELDS[name], value)

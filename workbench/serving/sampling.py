@@ -53,11 +53,15 @@ def build_sampling_params(request: Any, *, max_tokens: int, logprobs: int | None
     for token_id in defaults.get("stop_token_ids") or []:
         if token_id not in stop_token_ids:
             stop_token_ids.append(token_id)
+    n = request.n if request.n is not None else 1
+    if getattr(request, "use_beam_search", False):
+        n = 1  # beam search reads its width from the request; the greedy n-check is not its
     return SamplingParams(
-        n=request.n if request.n is not None else 1, **values, seed=request.seed,
+        n=n, **values, seed=request.seed,
         stop=request.stop, stop_token_ids=stop_token_ids, ignore_eos=request.ignore_eos,
         max_tokens=max_tokens, min_tokens=request.min_tokens, logprobs=logprobs,
-        logprob_token_ids=request.logprob_token_ids or None, prompt_logprobs=prompt_logprobs, skip_special_tokens=request.skip_special_tokens,
+        logprob_token_ids=request.logprob_token_ids or None, prompt_logprobs=prompt_logprobs,
+        skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
         logit_bias=request.logit_bias, allowed_token_ids=request.allowed_token_ids,

@@ -45,4 +45,7 @@ class TokenizeServing(OpenAIServing):
     def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)
         refuse_unknown_fields(request)
+        # the reference leaves this to the tokenizer (an unknown id decodes to ""); OpenAI and
+        # the generation endpoints refuse it, so a wrong id is never read back as empty text
+        self.prompts.check_token_ids(request.tokens, "tokens")
         return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))

@@ -107,6 +107,10 @@ def check_common(request: Any) -> None:
     """Refusals every pooling request shares."""
     if request.cache_salt is not None:
         _refuse(f"`cache_salt` {_NOT_YET} for pooling requests.", "cache_salt")
+    if request.padding == "max_length":  # "do_not_pad" is what every prompt gets here
+        _refuse("padding='max_length' is not supported: prompts are pooled unpadded "
+                "('do_not_pad'); the served models are trained with an attention mask.",
+                "padding", request.padding)
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if getattr(request, name, None):
             _refuse(f"`{name}` is not supported: the served model is text-only.", name)

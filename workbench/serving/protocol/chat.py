@@ -14,7 +14,8 @@ from pydantic import Field, model_serializer, model_validator
 from workbench.errors import ValidationError
 from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
-    INT64_MAX, INT64_MIN, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions, UsageInfo,
+    INT64_MAX, INT64_MIN, Metadata, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions,
+    UsageInfo,
 )
 from workbench.serving.protocol.tools import DeltaToolCall, ToolCall
 
@@ -38,6 +39,10 @@ class FunctionDefinition(OpenAIBaseModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    # OpenAI's: the call's arguments always match `parameters`; here that holds for
+    # `required` / named choices (constrained decoding), not for `auto` (a warning says so)
+    strict: bool | None = None
+    defer_loading: bool | None = None  # vLLM's; no effect here (every tool is rendered)
 
 
 class ChatCompletionToolsParam(OpenAIBaseModel):
@@ -71,6 +76,21 @@ class ChatCompletionRequest(OpenAIBaseModel):
     include_reasoning: bool = True  # with --reasoning-parser: return `reasoning`
     parallel_tool_calls: bool | None = True
     user: str | None = None  # ignored, as by vLLM
+    # OpenAI fields with no effect on the output here (unsupported.NO_EFFECT lists why; the
+    # validation report and a warning say so), or refused by value (`unsupported.check_chat`)
+    audio: dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    metadata: Metadata | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    web_search_options: dict[str, Any] | None = None
     # vLLM sampling extras
     use_beam_search: bool = False
     top_k: int | None = None
@@ -110,6 +130,12 @@ class ChatCompletionRequest(OpenAIBaseModel):
     cache_salt: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None  # refused by name (disaggregation)
+    routed_experts_prompt_start: int | None = None  # refused by name (MoE routing dump)
+    # vLLM's render-only fields: no effect on generation endpoints, as there
+    return_token_offsets: bool | None = None
+    mm_payload: Any | None = None
+    return_mm_kwargs: bool | None = None
     repetition_detection: dict[str, Any] | None = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
 
@@ -119,6 +145,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
         if not isinstance(data, dict):
             return data
         data = _rename_reasoning_content(data)
+        _check_user_content(data)
         checks.check_cache_salt(data)
         checks.check_response_format(data)
         checks.check_stream_options(data)
@@ -147,6 +174,16 @@ def _rename_reasoning_content(data: dict[str, Any]) -> dict[str, Any]:
                 message["reasoning"] = content
         renamed.append(message)
     return {**data, "messages": renamed}
+
+
+def _check_user_content(data: dict[str, Any]) -> None:
+    """OpenAI refuses a `user` message without `content` (vLLM renders it as empty text)."""
+    messages = data.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        if (isinstance(message, dict) and message.get("role") == "user"
+                and message.get("content") is None):
+            raise ValidationError(f"Missing required parameter: 'messages[{i}].content'.",
+                                  parameter=f"messages.{i}.content")
 
 
 def _check_top_logprobs(data: dict[str, Any]) -> None:

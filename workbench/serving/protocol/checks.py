@@ -22,9 +22,10 @@ def check_stream_options(data: dict[str, Any]) -> None:
 
 
 def check_integer_fields(data: dict[str, Any], names: tuple[str, ...]) -> None:
+    """As vLLM: a number (a JSON `true` counts as 1, as there) or a 400 naming the field."""
     for name in names:
         value = data.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if value is not None and not isinstance(value, (int, float)):
             raise ValidationError(f"`{name}` must be an integer.", parameter=name, value=value)
 
 

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 logger = logging.getLogger("workbench.serving")
 
@@ -20,6 +20,32 @@ INT64_MAX = 2**63 - 1
 MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default
 
 StopParam = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
+
+# OpenAI's limits on `metadata` (chat, Responses): 16 pairs, keys of 64 and values of 512
+# characters, so a stored response's metadata stays small whatever a client sends
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def _check_metadata(value: dict[str, str]) -> dict[str, str]:
+    from workbench.errors import ValidationError
+
+    if len(value) > MAX_METADATA_PAIRS:
+        raise ValidationError(
+            f"Invalid 'metadata': too many properties. Expected an object with at most "
+            f"{MAX_METADATA_PAIRS} properties, but got an object with {len(value)} properties "
+            "instead.", parameter="metadata")
+    for key, text in value.items():
+        for what, limit, item in (("key", MAX_METADATA_KEY, key),
+                                  ("value", MAX_METADATA_VALUE, text)):
+            if len(item) > limit:
+                raise ValidationError(
+                    f"Invalid 'metadata': {what} too long. Expected a string with maximum "
+                    f"length {limit}, but got a string with length {len(item)} instead.",
+                    parameter="metadata")
+    return value
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(_check_metadata)]
 
 
 class OpenAIBaseModel(BaseModel):
@@ -60,8 +86,22 @@ class UsageInfo(OpenAIBaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool | None = True
+    """As vLLM's: no usage chunk unless `include_usage` is true; OpenAI's
+    `include_obfuscation` has no effect (no padding is sent); other keys are refused."""
+
+    include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+    include_obfuscation: bool | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unknown(self) -> "StreamOptions":
+        from workbench.errors import ValidationError
+
+        for name in sorted(self.model_extra or {}):
+            raise ValidationError(f"Unknown field `stream_options.{name}`: stream_options "
+                                  "takes include_usage, continuous_usage_stats and "
+                                  "include_obfuscation.", parameter="stream_options")
+        return self
 
 
 class PromptLogprob(OpenAIBaseModel):

@@ -70,6 +70,12 @@ class CompletionRequest(OpenAIBaseModel):
     cache_salt: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None  # refused by name (disaggregation)
+    routed_experts_prompt_start: int | None = None  # refused by name (MoE routing dump)
+    # vLLM's render-only fields: no effect on generation endpoints, as there
+    return_token_offsets: bool | None = None
+    mm_payload: Any | None = None
+    return_mm_kwargs: bool | None = None
     repetition_detection: dict[str, Any] | None = None
     thinking_token_budget: int | None = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None

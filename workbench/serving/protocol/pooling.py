@@ -65,6 +65,7 @@ class PoolingBaseRequest(OpenAIBaseModel):
     user: str | None = None  # ignored, as by the reference
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     truncation_side: Literal["left", "right"] | None = None
+    padding: Literal["max_length", "do_not_pad"] | None = None  # "max_length": refused
     request_id: str | None = None
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     mm_processor_kwargs: dict[str, Any] | None = None

@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from workbench.serving.protocol.common import INT64_MAX, INT64_MIN, OpenAIBaseModel, StopParam
+from workbench.serving.protocol.common import (
+    INT64_MAX, INT64_MIN, Metadata, OpenAIBaseModel, StopParam,
+)
 
 ResponseStatus = Literal["completed", "incomplete", "in_progress", "queued", "cancelled", "failed"]
 
@@ -29,7 +31,7 @@ class ResponsesRequest(OpenAIBaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     max_tool_calls: int | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     parallel_tool_calls: bool | None = True
     previous_response_id: str | None = None
     prompt: dict[str, Any] | None = None
@@ -45,6 +47,12 @@ class ResponsesRequest(OpenAIBaseModel):
     top_p: float | None = None
     truncation: Literal["auto", "disabled"] | None = "disabled"
     user: str | None = None  # ignored, as by vLLM
+    # OpenAI fields with no effect here (unsupported.NO_EFFECT) or refused by value
+    conversation: str | dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    stream_options: dict[str, Any] | None = None
     # vLLM extras
     request_id: str | None = None
     priority: int = 0
@@ -67,6 +75,11 @@ class ResponsesRequest(OpenAIBaseModel):
     mm_processor_kwargs: dict[str, Any] | None = None
     previous_input_messages: list[dict[str, Any]] | None = None
     enable_response_messages: bool = False
+    session_id: str | None = None  # no effect: no session-affine scheduling here
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    media_io_kwargs: dict[str, Any] | None = None  # refused by name: text-only model
+    watermarking: bool | None = None  # refused by name
 
 
 class InputTokensDetails(OpenAIBaseModel):
@@ -106,7 +119,7 @@ class ResponsesResponse(OpenAIBaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     max_tool_calls: int | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     model: str
     output: list[dict[str, Any]] = Field(default_factory=list)
     parallel_tool_calls: bool = True

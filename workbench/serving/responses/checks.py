@@ -8,12 +8,14 @@ rather than dropped (style habit 6).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from types import SimpleNamespace
 from typing import Any
 
 from workbench.errors import ValidationError
 from workbench.serving.protocol.responses import ResponsesRequest
 
+logger = logging.getLogger("workbench.serving")
 NOT_YET = "is not supported by this server yet"
 OUTPUT_LOGPROBS = "message.output_text.logprobs"
 STORE_DISABLED = ("This server does not store responses (its response store size is 0), so "
@@ -32,6 +34,18 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
     """Everything decided from the body alone (tools are checked by `ToolSet.build`)."""
     if request.prompt is not None:
         _refuse("prompt template is not supported", "prompt")
+    text = request.text or {}
+    if not isinstance(text, dict):
+        _refuse("text must be an object.", "text", text)
+    for key in text:  # OpenAI's `text` takes `format` and `verbosity`
+        if key not in ("format", "verbosity"):
+            _refuse(f"Unknown field `text.{key}`: text takes format and verbosity.", "text")
+    if text.get("verbosity") is not None:
+        logger.warning("ResponsesRequest: `text.verbosity` has no effect here (a hint to "
+                       "OpenAI's models; the served model takes no such hint)")
+    if request.conversation is not None:
+        _refuse("`conversation` (OpenAI's Conversations API) is not supported here; send "
+                "`previous_response_id` to continue a stored response.", "conversation")
     if request.background:
         if not store_enabled:
             _refuse(BACKGROUND_NEEDS_STORE, "background")
@@ -62,6 +76,11 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
     for key in reasoning:
         if key not in ("effort",) and reasoning[key] is not None:
             _refuse(f"reasoning.{key} {NOT_YET} (only `effort`).", "reasoning")
+    if request.watermarking:
+        _refuse(f"`watermarking` {NOT_YET}.", "watermarking")
+    if request.media_io_kwargs:
+        _refuse("`media_io_kwargs` is not supported: the served model is text-only.",
+                "media_io_kwargs")
     for name in ("cache_salt", "kv_transfer_params", "vllm_xargs",
                  "mm_processor_kwargs", "previous_input_messages"):
         if getattr(request, name) is not None:

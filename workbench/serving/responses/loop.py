@@ -8,7 +8,7 @@ Each round is one engine request with its own id; rounds after the first run at 
 reference's priority `priority - 1` (under `EngineConfig(scheduling_policy="priority")` lower
 values run first, so a loop already holding context finishes before new requests). Bounds: the
 context (a next turn that would not fit ends the response `incomplete`, reason
-`context_length`), `max_output_tokens` over all rounds (reason `max_output_tokens`) and
+`context_length`), `max_output_tokens` per round, as vLLM 0.32 (reason `max_output_tokens`) and
 `max_tool_calls` (default `DEFAULT_MAX_TOOL_CALLS`; reason `max_tool_calls`). A tool's failure
 is its output (`Error: ...`), handed back to the model; it never fails the request.
 """
@@ -78,6 +78,8 @@ def sampling_params(request: ResponsesRequest, max_tokens: int,
     stop_ids += [t for t in defaults.get("stop_token_ids") or [] if t not in stop_ids]
     return SamplingParams(**values, seed=request.seed, stop=request.stop, stop_token_ids=stop_ids,
                           ignore_eos=request.ignore_eos, max_tokens=max_tokens,
+                          include_stop_str_in_output=request.include_stop_str_in_output,
+                          skip_special_tokens=request.skip_special_tokens,
                           logit_bias=request.logit_bias, output_kind=RequestOutputKind.DELTA)
 
 
@@ -92,6 +94,7 @@ class ToolLoop:
         self.input_messages = messages  # the conversation before this response (no instructions)
         self.tools = tools
         self.priority = priority
+        self.lora_request = serving.lora_request_for(request)  # a served adapter's name
         self.builder = OutputBuilder()
         self.rounds: list[ToolRound] = []
         self.status = "in_progress"
@@ -142,9 +145,9 @@ class ToolLoop:
 
     # -- the loop -----------------------------------------------------------------------------
     def _budget(self) -> int | None:
-        if self.request.max_output_tokens is None:
-            return None
-        return self.request.max_output_tokens - sum(r.output_tokens for r in self.rounds)
+        """The bound of each round: vLLM 0.32 gives every round `max_output_tokens` (its
+        `get_max_tokens` per turn), not a total over the rounds."""
+        return self.request.max_output_tokens
 
     def _stop(self, status: str, reason: str | None = None) -> None:
         self.status, self.incomplete_reason = status, reason
@@ -212,7 +215,7 @@ class ToolLoop:
                             reasoning_parser=self.serving.reasoning_parser_name,
                             tool_request=self.tool_request, prompt_text=prompt.text)
         async for output in self.serving.engine_stream(prompt, params, record.request_id,
-                                                       record.priority):
+                                                       record.priority, self.lora_request):
             for out in output.outputs:
                 if out.finish_reason == "error":
                     raise GenerationError()

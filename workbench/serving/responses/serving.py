@@ -44,6 +44,7 @@ def not_found(response_id: str) -> ServingError:
 
 class ResponsesServing(GenerationServing):
     id_prefix = "resp"
+    supports_lora = True  # a served adapter's name runs every round with it, as vLLM
 
     def __init__(self, engine: Any, config: Any = None, metrics: Any = None, *,
                  tool_server: ToolServer | None = None, store: ResponseStore | None = None):
@@ -141,12 +142,13 @@ class ResponsesServing(GenerationServing):
             raise ValidationError('tool_choice="required" requires --tool-call-parser to be set',
                                   parameter="tool_choice")
 
-    def engine_stream(self, prompt: Any, params: Any, request_id: str, priority: int):
+    def engine_stream(self, prompt: Any, params: Any, request_id: str, priority: int,
+                      lora_request: Any = None):
         """One round's engine request, aborted if its consumer goes away (see `base.py`);
         logged with `--enable-log-requests` under its sub-request id."""
         if self.request_logger is not None:
             self.request_logger.log_inputs(request_id, prompt.text, prompt.token_ids, params)
-        return self._engine_stream(prompt, params, request_id, priority)
+        return self._engine_stream(prompt, params, request_id, priority, lora_request)
 
     # -- responses ----------------------------------------------------------------------------
     async def create(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
@@ -211,7 +213,8 @@ class ResponsesServing(GenerationServing):
             background=bool(request.background),
             incomplete_details=incomplete, instructions=request.instructions,
             max_output_tokens=request.max_output_tokens, max_tool_calls=request.max_tool_calls,
-            metadata=request.metadata, model=self.model_name, output=output,
+            metadata=request.metadata, output=output,
+            model=loop.lora_request.lora_name if loop.lora_request else self.model_name,
             parallel_tool_calls=request.parallel_tool_calls is not False,
             previous_response_id=request.previous_response_id, reasoning=request.reasoning,
             service_tier=request.service_tier,

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.serving.protocol.tools import (
+    ExtractedToolCallInformation, FunctionCall, ToolCall,
+)
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
 from workbench.serving.tool_parsers.json_list import read_call_list
 from workbench.serving.tool_parsers.json_scan import normalize_json, scan_json, skip_ws
@@ -32,14 +35,41 @@ def tools_json_schema(tools: list[Any], parallel_tool_calls: bool = True) -> dic
     schemas are used as given."""
     variants = [{"type": "object",
                  "properties": {"name": {"type": "string", "enum": [name]},
-                                "parameters": parameters or EMPTY_PARAMETERS},
+                                "parameters": _without_defs(parameters) or EMPTY_PARAMETERS},
                  "required": ["name", "parameters"], "additionalProperties": False}
                 for name, parameters in map(_function, tools)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": {"anyOf": variants}}  # each variant is an object
     if not parallel_tool_calls:
         schema["maxItems"] = 1
+    defs = _tool_defs(tools)
+    if defs:  # `#/$defs/...` references of each tool now resolve at the root, as vLLM's
+        schema["$defs"] = defs
     return schema
+
+
+def _without_defs(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not parameters or "$defs" not in parameters:
+        return parameters
+    return {key: value for key, value in parameters.items() if key != "$defs"}
+
+
+def _tool_defs(tools: list[Any]) -> dict[str, Any]:
+    """Every tool's `$defs`, merged (vLLM's `_get_tool_schema_defs`, with its messages)."""
+    from workbench.errors import ValidationError
+
+    merged: dict[str, Any] = {}
+    for name, parameters in map(_function, tools):
+        defs = (parameters or {}).get("$defs", {})
+        if not isinstance(defs, dict):
+            raise ValidationError(f"`$defs` in the parameters of tool '{name}' must be an "
+                                  f"object, got {type(defs).__name__}.", parameter="tools")
+        for def_name, def_schema in defs.items():
+            if def_name in merged and merged[def_name] != def_schema:
+                raise ValidationError(f"Tool definition '{def_name}' has multiple schemas, "
+                                      "which is not supported.", parameter="tools")
+            merged[def_name] = def_schema
+    return merged
 
 
 def named_tool_schema(tools: list[Any], name: str) -> dict[str, Any]:
@@ -52,6 +82,14 @@ def named_tool_schema(tools: list[Any], name: str) -> dict[str, Any]:
 
 class RequiredToolParser(ToolParser):
     name = "required"
+
+    def extract_tool_calls(self, model_output: str, request: Any = None
+                           ) -> ExtractedToolCallInformation:
+        """As vLLM: content is always "" (the output is the calls); output that is not a
+        whole call list (cut off by `max_tokens`) gives no calls, never the JSON as text."""
+        info = super().extract_tool_calls(model_output, request)
+        return ExtractedToolCallInformation(tools_called=info.tools_called,
+                                            tool_calls=info.tool_calls, content="")
 
     def parse(self, text: str, request: Any, final: bool) -> Parsed:
         parsed = Parsed()
@@ -72,6 +110,21 @@ class NamedToolParser(ToolParser):
     def __init__(self, tokenizer: Any = None, function_name: str = ""):
         super().__init__(tokenizer)
         self.function_name = function_name
+
+    def extract_tool_calls(self, model_output: str, request: Any = None
+                           ) -> ExtractedToolCallInformation:
+        """As vLLM: the output is the named call's arguments even when cut off by
+        `max_tokens` (the partial JSON, as the stream sent it); content stays empty."""
+        info = super().extract_tool_calls(model_output, request)
+        if info.tools_called:
+            return ExtractedToolCallInformation(tools_called=True, tool_calls=info.tool_calls,
+                                                content="")
+        parsed = self.parse(model_output, request, final=True)
+        if not parsed.calls:  # nothing but whitespace (or not an object at all)
+            return ExtractedToolCallInformation(tools_called=False, content="")
+        call = ToolCall(function=FunctionCall(name=self.function_name,
+                                              arguments=parsed.calls[0].arguments))
+        return ExtractedToolCallInformation(tools_called=True, tool_calls=[call], content="")
 
     def parse(self, text: str, request: Any, final: bool) -> Parsed:
         if skip_ws(text, 0) >= len(text):

@@ -1,0 +1,296 @@
+"""Issue 16 items 8 and 9: what vLLM 0.32's users rely on, checked against its answers.
+
+Beam search with `temperature=0` and `n > 1`; tools whose parameters carry `$defs` under
+`tool_choice="required"`; `/v1/chat/completions/batch`; `/invocations`; `/load` and
+`/tokenizer_info`; `stream_options` as vLLM reads it; `--enable-prompt-tokens-details`;
+`--root-path`; `/v1/models` `root`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    from workbench import LLM
+
+    return LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    from workbench import serve_in_kernel
+
+    handle = serve_in_kernel(llm, port=0, enable_tokenizer_info_endpoint=True,
+                             enable_server_load_tracking=True,
+                             enable_prompt_tokens_details=True, root_path="/llm")
+    yield handle
+    handle.stop(timeout=5)
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def _events(r: httpx.Response) -> list:
+    return [json.loads(line[6:]) for line in r.text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/chat/completions", {"messages": MSG}),
+])
+def test_greedy_beam_search_returns_n_beams(http, path, body):
+    r = http.post(path, json={**body, "max_tokens": 3, "n": 2, "temperature": 0,
+                              "use_beam_search": True})
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1]
+
+
+def test_greedy_sampling_with_n_2_is_still_refused(http):
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "n": 2,
+                                           "temperature": 0})
+    assert r.status_code == 400
+    assert "n must be 1 when using greedy sampling, got 2." in r.json()["error"]["message"]
+
+
+def test_required_tool_schema_keeps_each_tools_defs():
+    from types import SimpleNamespace
+
+    from workbench.serving.tool_parsers.constrained import tools_json_schema
+
+    def tool(name, params):
+        return SimpleNamespace(function=SimpleNamespace(name=name, parameters=params))
+
+    address = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [tool("ship", {"type": "object", "properties": {"to": {"$ref": "#/$defs/Address"}},
+                           "$defs": {"Address": address}}),
+             tool("bill", {"type": "object", "properties": {"at": {"$ref": "#/$defs/Address"}},
+                           "$defs": {"Address": address}})]
+    schema = tools_json_schema(tools)
+    assert schema["$defs"] == {"Address": address}
+    assert all("$defs" not in v["properties"]["parameters"] for v in schema["items"]["anyOf"])
+    from workbench.errors import ValidationError
+
+    clash = tools + [tool("other", {"type": "object", "$defs": {"Address": {"type": "string"}}})]
+    with pytest.raises(ValidationError, match="Tool definition 'Address' has multiple schemas"):
+        tools_json_schema(clash)
+
+
+def test_required_tool_choice_with_pydantic_defs_over_http(tiny_llama):
+    """A pydantic-made tool (nested model -> `$defs` / `$ref`) under `required` (vLLM: 200)."""
+    from pydantic import BaseModel
+
+    from workbench import LLM, serve_in_kernel
+
+    class Address(BaseModel):
+        city: str
+
+    class Ship(BaseModel):
+        to: Address
+
+    tools = [{"type": "function", "function": {"name": "ship",
+                                               "parameters": Ship.model_json_schema()}}]
+    assert "$defs" in tools[0]["function"]["parameters"]
+    llm = LLM(tiny_llama, max_model_len=256, block_size=16, num_kv_blocks=64, seed=0)
+    with serve_in_kernel(llm, port=0, tool_call_parser="hermes") as handle:
+        r = httpx.post(f"{handle.url}/v1/chat/completions", timeout=120, json={
+            "messages": MSG, "tools": tools, "tool_choice": "required", "max_tokens": 40})
+    assert r.status_code == 200, r.text
+
+
+def test_batch_chat_completions_answer_one_choice_per_conversation(http):
+    r = http.post("/v1/chat/completions/batch", json={
+        "messages": [MSG, [{"role": "user", "content": "yo"}]], "max_tokens": 3,
+        "logprobs": True, "logprob_token_ids": [5, 6],
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "a", "schema": {"type": "object"}}}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    lengths = [len(c["logprobs"]["content"]) for c in body["choices"]]
+    assert all(0 < n <= 3 for n in lengths)
+    assert body["usage"]["completion_tokens"] == sum(lengths)
+    for choice in body["choices"]:  # logprob_token_ids: the sampled token and those two
+        assert all(len(p["top_logprobs"]) >= 2 for p in choice["logprobs"]["content"])
+    assert body["id"].startswith("chatcmpl-")
+
+
+@pytest.mark.parametrize("field, value", [("n", 2), ("use_beam_search", True),
+                                          ("stream", True)])
+def test_batch_chat_refusals(http, field, value):
+    r = http.post("/v1/chat/completions/batch", json={"messages": [MSG], field: value})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == field
+
+
+def test_batch_chat_refuses_unknown_fields(http):
+    r = http.post("/v1/chat/completions/batch", json={"messages": [MSG], "temprature": 1})
+    assert r.status_code == 400
+    assert "temprature" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, kind", [
+    ({"messages": MSG, "max_tokens": 2}, "chat.completion"),
+    ({"prompt": "hi", "max_tokens": 2}, "text_completion"),
+])
+def test_invocations_dispatch_by_body(http, body, kind):
+    r = http.post("/invocations", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == kind
+
+
+def test_invocations_without_a_matching_type(http):
+    """As vLLM 0.32: the completion's own check answers a body that is neither."""
+    r = http.post("/invocations", json={"nothing": 1})
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "message": "Either prompt or prompt_embeds must be provided and non-empty. "
+                   "(parameter=prompt)", "type": "BadRequestError", "param": "prompt",
+        "code": 400}
+
+
+def test_invocations_on_an_embedding_model():
+    from workbench import LLM, serve_in_kernel
+
+    with serve_in_kernel(LLM(model="all-minilm-l6-v2", dtype="float32"), port=0) as handle:
+        r = httpx.post(f"{handle.url}/invocations", json={"input": ["a cat"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["object"] == "list" and len(r.json()["data"][0]["embedding"]) == 384
+        r = httpx.post(f"{handle.url}/invocations", json={"nothing": 1}, timeout=60)
+        assert r.status_code == 400  # a check of one of the pooling types refuses it
+        assert r.json()["error"]["param"] == "queries"
+
+
+def test_invocations_with_no_type_left(tiny_llama):
+    """An embedding-only type list and a body none of them takes: vLLM's message."""
+    from starlette.testclient import TestClient
+
+    from workbench.http.routes import extras
+
+    assert [name for _, name, _ in extras.invocation_types(False, ("embed",))] == [
+        "EmbeddingRequest", "PoolingRequest"]
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.state.invocation_types = extras.invocation_types(False, ("embed",))
+    app.include_router(extras.invocations_router)
+    r = TestClient(app).post("/invocations", json={"nothing": 1})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ("Cannot find suitable handler for request. Expected "
+                                            "one of: ['EmbeddingRequest', 'PoolingRequest']")
+
+
+def test_tokenizer_info(http):
+    info = http.get("/tokenizer_info").json()
+    assert info["tokenizer_class"]
+    assert "chat_template" in info
+    assert not any(isinstance(v, str) and v.startswith("/") for v in info.values())
+
+
+def test_load_counts_requests_in_flight(http, server):
+    assert http.get("/load").json() == {"server_load": 0}
+    load = server.app.state.server_load
+    seen = []
+    with http.stream("POST", "/v1/completions", json={
+            "prompt": "hi", "max_tokens": 8, "stream": True}) as r:
+        for _ in r.iter_lines():
+            seen.append(load.in_flight)
+    assert max(seen) == 1
+    assert http.get("/load").json() == {"server_load": 0}
+
+
+def test_load_without_tracking_is_zero(llm):
+    from workbench import serve_in_kernel
+
+    with serve_in_kernel(llm, port=0) as handle:
+        assert httpx.get(f"{handle.url}/load").json() == {"server_load": 0}
+        assert httpx.get(f"{handle.url}/tokenizer_info").status_code == 404
+
+
+def test_continuous_usage_without_include_usage_sends_no_usage(http):
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True,
+                                           "stream_options": {"continuous_usage_stats": True}})
+    assert r.status_code == 200
+    assert not any("usage" in e for e in _events(r))
+
+
+def test_unknown_stream_options_are_refused(http):
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True,
+                                           "stream_options": {"min_characters": 5}})
+    assert r.status_code == 400
+    assert "stream_options.min_characters" in r.json()["error"]["message"]
+
+
+def test_prompt_tokens_details_count_cached_tokens(http):
+    prompt = list(range(100, 140))  # 40 tokens: two full blocks of 16 can be reused
+    first = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()
+    again = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+    chat = http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 1}).json()
+    assert "cached_tokens" in chat["usage"]["prompt_tokens_details"]
+
+
+def test_root_path_serves_with_and_without_the_prefix(http):
+    assert http.get("/llm/v1/models").status_code == 200
+    assert http.get("/v1/models").status_code == 200
+    r = http.post("/llm/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_models_root_is_the_model_argument_not_a_path(default_model):
+    from workbench.serving.models import ModelsServing
+
+    class Engine:  # what ModelsServing reads of an engine
+        served_model_name, tokenizer, max_model_len, vocab_size = "m", None, 8, 10
+        model_path = "/home/someone/.cache/workbench/models/m"
+        generation_defaults = None
+        config = type("C", (), {"model": "smollm2-135m-instruct", "dtype": "float32",
+                                "seed": 0})()
+
+    card = ModelsServing(Engine()).list_models().data[0]
+    assert card.root == "smollm2-135m-instruct"
+
+
+def test_prompt_logprobs_true_is_one_as_in_vllm(http):
+    r = http.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 1,
+                                           "prompt_logprobs": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["prompt_logprobs"][0] is None
+
+
+def test_prompt_logprobs_true_with_prompt_embeds_is_vllms_refusal():
+    from workbench.serving.errors import error_response
+    from workbench.serving.protocol.completion import CompletionRequest
+    from workbench.serving.unsupported import check_completion
+
+    request = CompletionRequest(prompt="", prompt_embeds="AAAA", prompt_logprobs=True)
+    with pytest.raises(Exception) as err:
+        check_completion(request, enable_prompt_embeds=True)
+    assert error_response(err.value).error.model_dump() == {
+        "message": "prompt_logprobs is not compatible with prompt embeds.",
+        "type": "BadRequestError", "param": None, "code": 400}
+
+
+def test_serve_flags_reach_the_server_config():
+    from workbench.cli import build_parser, configs_from_args
+
+    args = build_parser().parse_args([
+        "serve", "--root-path", "/llm", "--enable-tokenizer-info-endpoint",
+        "--enable-server-load-tracking", "--enable-prompt-tokens-details"])
+    _, server = configs_from_args(args)
+    assert (server.root_path, server.enable_tokenizer_info_endpoint,
+            server.enable_server_load_tracking, server.enable_prompt_tokens_details) == (
+        "/llm", True, True, True)
+    _, default = configs_from_args(build_parser().parse_args(["serve"]))
+    assert (default.root_path, default.enable_prompt_tokens_details) == ("", False)
