@@ -197,16 +197,33 @@ def test_tokenizer_info(http):
     assert not any(isinstance(v, str) and v.startswith("/") for v in info.values())
 
 
-def test_load_counts_requests_in_flight(http, server):
+def test_load_is_zero_between_requests(http):
     assert http.get("/load").json() == {"server_load": 0}
-    load = server.app.state.server_load
-    seen = []
-    with http.stream("POST", "/v1/completions", json={
-            "prompt": "hi", "max_tokens": 8, "stream": True}) as r:
-        for _ in r.iter_lines():
-            seen.append(load.in_flight)
-    assert max(seen) == 1
+    assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4}).status_code == 200
     assert http.get("/load").json() == {"server_load": 0}
+
+
+async def test_load_tracking_counts_an_inference_request_while_it_runs():
+    """Inside the app (a stream still sending) an inference request counts, other paths do not,
+    and it is released when the app returns or raises. (In-process, not over a socket: a tiny
+    model finishes a stream before a client could look.)"""
+    from workbench.http.routes.extras import LoadTracking, ServerLoad
+
+    load, seen = ServerLoad(), []
+
+    async def app(scope, receive, send):
+        seen.append(load.in_flight)
+        if scope.get("boom"):
+            raise RuntimeError("boom")
+
+    tracked = LoadTracking(app, load)
+    await tracked({"type": "http", "path": "/v1/completions"}, None, None)
+    await tracked({"type": "http", "path": "/health"}, None, None)
+    await tracked({"type": "http", "path": "/llm/v1/chat/completions", "root_path": "/llm"},
+                  None, None)
+    with pytest.raises(RuntimeError):
+        await tracked({"type": "http", "path": "/v1/embeddings", "boom": True}, None, None)
+    assert seen == [1, 0, 1, 1] and load.in_flight == 0
 
 
 def test_load_without_tracking_is_zero(llm):
