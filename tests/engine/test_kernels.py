@@ -71,6 +71,13 @@ def test_a_kernel_the_machine_cannot_run_is_refused_naming_the_flag(kernel, dtyp
     assert "this one has: avx2 fma f16c" in str(error.value) or "dtype" in str(error.value)
 
 
+def test_bf16_is_emulated_only_without_native_bf16():
+    assert kernels.emulated(torch.bfloat16, "cpu", simulated("avx512"))
+    assert not kernels.emulated(torch.bfloat16, "cpu", simulated("avx512-bf16"))
+    assert not kernels.emulated(torch.float32, "cpu", simulated("avx2"))
+    assert not kernels.emulated(torch.bfloat16, "cuda", simulated("avx2"))
+
+
 def test_mkl_needs_amx(every_build):
     with pytest.raises(ValidationError, match="AMX BF16"):
         kernels.choose(torch.bfloat16, "cpu", "mkl", features=simulated("avx512-bf16"))

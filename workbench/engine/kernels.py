@@ -123,6 +123,13 @@ def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
     return KernelChoice(kernel, dtype, "cpu", features.summary())
 
 
+def emulated(dtype: torch.dtype, device: str = "cpu", features: CpuFeatures | None = None
+             ) -> bool:
+    """Whether `dtype` is bfloat16 on a CPU without native bf16 (slower than float32 there)."""
+    features = cpu_features() if features is None else features
+    return dtype == torch.bfloat16 and str(device).startswith("cpu") and not features.native_bf16
+
+
 def runnable(dtype: torch.dtype, features: CpuFeatures | None = None) -> list[str]:
     """Every kernel this process can run for `dtype` on the CPU (what the portable tests force)."""
     features = cpu_features() if features is None else features

@@ -65,6 +65,9 @@ class ModelRunner:
         weight = next(model.parameters())
         self.kernel = kernels.choose(weight.dtype, weight.device.type, kernel)
         logger.info("projections: %s", self.kernel.describe())
+        if kernels.emulated(weight.dtype, weight.device.type):
+            logger.warning("%s is emulated on this CPU (no AVX-512 BF16 or AMX): float32 "
+                           "(dtype='auto') runs faster here", weight.dtype)
         fuse_projections(model, self.kernel.kernel)
         self.model = model
         self.base = model.model
