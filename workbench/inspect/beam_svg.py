@@ -111,6 +111,6 @@ def draw(tree: "BeamTree", label: str = "cum_logprob", selected: int | None = No
             f'<svg id="{svg_id}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
             f'{height}" width="{width}" height="{height}" style="font-family:monospace;'
             f'max-width:100%;min-width:{round(width * MIN_SCALE)}px;height:auto;'
-            f'background:{BACKGROUND}"><rect width="{width}" height="{height}" '
+            f'background:{BACKGROUND};color:#222222"><rect width="{width}" height="{height}" '
             f'fill="{BACKGROUND}"/>{_legend(label)}{"".join(edges)}{prompt}{"".join(labels)}'
             f"</svg></div>")
