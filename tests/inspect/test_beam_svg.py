@@ -71,3 +71,20 @@ def test_every_colour_reads_on_the_drawings_background():
 def test_an_unknown_label_is_refused(tree):
     with pytest.raises(ValueError, match="label must be one of"):
         tree.to_svg(label="prob")
+
+
+def test_html_has_a_picture_copy_for_untrusted_notebooks(tree):
+    import base64
+
+    html = tree._repr_html_()
+    live = tree.to_svg()
+    svg = re.search(r"<svg.*</svg>", live).group()
+    data = re.search(r'<img [^>]*src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', html).group(1)
+    assert base64.b64decode(data).decode() == svg  # the same drawing, as a picture
+    key = re.match(r'<div class="(wb-fallback-[0-9a-f]{10})">', html).group(1)
+    # untrusted: <style> is stripped, inline display stays: picture shown, live SVG hidden
+    assert '<div class="wb-static" style="display:block">' in html
+    assert f'<div class="wb-live" style="display:none">{live}</div>' in html
+    # trusted: the style swaps them
+    assert (f"<style>.{key} .wb-static{{display:none !important}}"
+            f".{key} .wb-live{{display:block !important}}</style>") in html

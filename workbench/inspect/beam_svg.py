@@ -64,9 +64,10 @@ def legend_width(label: str) -> float:
 
 
 def draw(tree: "BeamTree", label: str = "cum_logprob", selected: int | None = None,
-         highlight: Collection[int] | None = None) -> str:
+         highlight: Collection[int] | None = None, static: bool = False) -> str:
     """The SVG (see the module docstring); `highlight`: node ids drawn as returned paths
-    (default: the tree's own returned paths); `selected`: a node id marked in yellow."""
+    (default: the tree's own returned paths); `selected`: a node id marked in yellow;
+    `static`: with a picture copy for untrusted notebooks (`html.static_fallback`)."""
     if label not in LABELS:
         raise ValueError(f"label must be one of {sorted(LABELS)}, got {label!r}")
     pos = tree.layout()
@@ -107,10 +108,13 @@ def draw(tree: "BeamTree", label: str = "cum_logprob", selected: int | None = No
               f'y="{py + 13:.1f}" font-size="11" fill="#222222">prompt</text></g>')
     svg_id = H.content_id("wb-beamtree", tree.to_dict(), label, selected,
                           sorted(on_path))
-    return (f'<div class="wb-drawing" style="overflow-x:auto;max-width:100%">'
-            f'<svg id="{svg_id}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
-            f'{height}" width="{width}" height="{height}" style="font-family:monospace;'
-            f'max-width:100%;min-width:{round(width * MIN_SCALE)}px;height:auto;'
-            f'background:{BACKGROUND};color:#222222"><rect width="{width}" height="{height}" '
-            f'fill="{BACKGROUND}"/>{_legend(label)}{"".join(edges)}{prompt}{"".join(labels)}'
-            f"</svg></div>")
+    svg = (f'<svg id="{svg_id}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
+           f'{height}" width="{width}" height="{height}" style="font-family:monospace;'
+           f'max-width:100%;min-width:{round(width * MIN_SCALE)}px;height:auto;'
+           f'background:{BACKGROUND};color:#222222"><rect width="{width}" height="{height}" '
+           f'fill="{BACKGROUND}"/>{_legend(label)}{"".join(edges)}{prompt}{"".join(labels)}'
+           f"</svg>")
+    live = f'<div class="wb-drawing" style="overflow-x:auto;max-width:100%">{svg}</div>'
+    if not static:
+        return live
+    return H.static_fallback(live, svg, width, height, svg_id.replace("beamtree", "fallback"))

@@ -125,16 +125,17 @@ class BeamTree:
         return pos
 
     def _repr_html_(self) -> str:
-        return self.to_svg()
+        return self.to_svg(static=True)
 
     def to_svg(self, label: str = "cum_logprob", selected: int | None = None,
-               highlight: Collection[int] | None = None) -> str:
+               highlight: Collection[int] | None = None, static: bool = False) -> str:
         """The tree as inline SVG with its legend (`workbench.inspect.beam_svg`): `label` is the
         number shown (`logprob`, `cum_logprob` or `score`), `selected` a node marked in yellow,
-        `highlight` the node ids drawn as returned paths (default: this tree's)."""
+        `highlight` the node ids drawn as returned paths (default: this tree's); `static` adds
+        a picture copy shown where the notebook is untrusted."""
         from workbench.inspect.beam_svg import draw
 
-        return draw(self, label, selected, highlight)
+        return draw(self, label, selected, highlight, static)
 
     def plot(self, ax=None):
         """Draws the tree with matplotlib (x = step, y = order); returns the Axes."""

@@ -9,6 +9,7 @@ Run-dependent values (durations) go through `duration`, which wraps them in a
 
 from __future__ import annotations
 
+import colorsys
 import hashlib
 import html as _html
 import math
@@ -54,11 +55,28 @@ def content_id(prefix: str, *parts: Any) -> str:
 
 
 def prob_color(p: float | None) -> str:
-    """Background colour for a probability: red (0) through yellow to green (1)."""
+    """Background colour for a probability: pastel red (0) through yellow to green (1), as hex
+    (JupyterLab keeps hex colours in an untrusted notebook, not `hsl()`)."""
     if p is None or math.isnan(p):
         return "#dddddd"
     p = min(max(p, 0.0), 1.0)
-    return f"hsl({round(120 * p)}, 75%, 80%)"
+    r, g, b = colorsys.hls_to_rgb(round(120 * p) / 360, 0.8, 0.75)
+    return "#" + "".join(f"{round(255 * c):02x}" for c in (r, g, b))
+
+
+def static_fallback(live: str, svg: str, width: int, height: int, key: str) -> str:
+    """`live` HTML (inline SVG: hover tooltips) where the notebook is trusted, else `svg` as a
+    picture: an untrusted notebook (a fresh clone) strips `<svg>` and `<style>` but keeps an
+    `<img>` with a data URI and inline `display`. The `<style>` swaps them when it runs."""
+    import base64
+
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return (f'<div class="{key}"><div class="wb-static" style="display:block">'
+            f'<img alt="drawing (static copy)" width="{width}" height="{height}" '
+            f'style="max-width:100%;height:auto" src="data:image/svg+xml;base64,{data}"/></div>'
+            f'<div class="wb-live" style="display:none">{live}</div>'
+            f"<style>.{key} .wb-static{{display:none !important}}"
+            f".{key} .wb-live{{display:block !important}}</style></div>")
 
 
 def duration(seconds: float | None) -> str:

@@ -56,9 +56,10 @@ def _until_ids(tree: BeamTree, step: int, ids: set[int]) -> set[int]:
 
 
 def render_step(tree: BeamTree, step: int, node_id: int | None = None,
-                label: str = "cum_logprob") -> str:
+                label: str = "cum_logprob", static: bool = False) -> str:
     """The tree up to `step` with the returned paths and the selected node marked, then the
-    node's alternatives (deterministic HTML)."""
+    node's alternatives (deterministic HTML); `static`: the drawing with its picture copy for
+    untrusted notebooks (the fallback, not the live view)."""
     partial = tree_until(tree, step)
     counts = Counter(n.status for n in partial.step(step))
     summary = (f"step {step} of {tree.num_steps}: {len(partial.step(step))} candidates "
@@ -67,7 +68,7 @@ def render_step(tree: BeamTree, step: int, node_id: int | None = None,
     on_path = {n.id for i in range(len(tree.returned)) for n in tree.path(i)}
     selected = None if node_id is None else min(_until_ids(tree, step, {node_id}), default=None)
     parts = [f'<div class="wb-summary">{h.escape(summary)}</div>',
-             partial.to_svg(label, selected, _until_ids(tree, step, on_path))
+             partial.to_svg(label, selected, _until_ids(tree, step, on_path), static)
              if len(partial) else ""]
     if node_id is not None:
         node = tree[node_id]
@@ -215,13 +216,15 @@ class BeamExplorer(widgets.VBox):
         self._render()
 
     def _render(self) -> None:
-        self.view.value = self.to_html()
+        self.view.value = self.to_html(static=False)
 
-    def to_html(self) -> str:
-        """The current step and node as static HTML (where widgets don't render)."""
+    def to_html(self, static: bool = True) -> str:
+        """The current step and node as static HTML (where widgets don't render; `static`
+        adds the drawing's picture copy for untrusted notebooks)."""
         if self.tree is None:
             return '<div class="wb-beam-step">no search yet</div>'
-        return render_step(self.tree, self.step.value, self.node.value, self.label.value)
+        return render_step(self.tree, self.step.value, self.node.value, self.label.value,
+                           static)
 
     def _repr_html_(self) -> str:
         return self.to_html()
