@@ -45,3 +45,41 @@ def test_kernel_dependent_numbers_compare_equal(here, there):
 ])
 def test_stable_values_still_compare(here, there):
     assert _sanitize(here) != _sanitize(there)
+
+
+NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def _code_cells(path: Path) -> list[dict]:
+    import json
+
+    return [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_nbval_plumbing_stays_out_of_the_readers_way(path):
+    for cell in _code_cells(path):
+        source = "".join(cell["source"])
+        assert "NBVAL" not in source, "use the cell tag nbval-ignore-output, not a comment"
+        assert not re.search(r"^\s*assert\b", source, re.M), "a check belongs in tests/"
+        printed_checks = [line for line in source.splitlines()
+                          if "print(" in line and "==" in line and " if " not in line]
+        assert not printed_checks, "a printed equality check belongs in tests/"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if not p.stem.startswith("09")],
+                         ids=lambda p: p.stem)
+def test_every_notebook_starts_with_notebook_setup(path):
+    first = _code_cells(path)[0]
+    assert "workbench.notebook_setup(" in "".join(first["source"])
+    assert "nbval-ignore-output" in first["metadata"].get("tags", [])  # a progress bar
+
+
+def test_the_quickstarts_next_list_names_every_other_notebook():
+    import json
+
+    cells = json.loads(NOTEBOOKS[0].read_text())["cells"]
+    next_list = "".join(cells[-1]["source"])
+    assert next_list.startswith("Next:")
+    for path in NOTEBOOKS[1:]:
+        assert f"`{path.stem}`" in next_list, path.stem
