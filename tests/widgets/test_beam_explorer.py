@@ -133,6 +133,22 @@ def test_a_search_shows_its_busy_state_then_the_new_tree(tree):
     assert not ex.button.disabled and ex.status.value == "" and ex.view.layout.opacity is None
 
 
+def test_the_busy_line_counts_the_seconds_of_a_long_search(tree):
+    import time
+
+    seen = []
+
+    def search(prompt, width, length_penalty, max_tokens):
+        time.sleep(2.5)
+        seen.append(ex.status.value)
+        return tree
+
+    ex = BeamExplorer(tree=tree, search=search)
+    ex.button.click()
+    assert re.search(r"[12] s elapsed", seen[0]), seen[0]
+    assert ex.status.value == ""
+
+
 def test_an_error_is_shown_inside_the_widget_and_the_old_tree_stays(tree):
     from workbench.errors import ValidationError
 

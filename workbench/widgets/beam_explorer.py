@@ -10,6 +10,8 @@ pure functions of the tree; `to_html()` is the fallback where widgets don't rend
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -100,6 +102,25 @@ def error_html(exc: BaseException) -> str:
             f": {h.escape(err.message)}{h.escape(param)}</div>")
 
 
+class _Ticker:
+    """Calls `tick(seconds elapsed)` every `every` seconds from a thread until `stop()`: the
+    busy line keeps moving while a search holds the kernel's main thread."""
+
+    def __init__(self, tick: Callable[[float], None], every: float = 1.0):
+        self._tick, self._every = tick, every
+        self._start, self._done = time.monotonic(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="wb-explorer-ticker")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self._every):
+            self._tick(time.monotonic() - self._start)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 class BeamExplorer(widgets.VBox):
     """Beam search, explored: controls, a step slider, a node selector and the HTML view.
 
@@ -152,15 +173,19 @@ class BeamExplorer(widgets.VBox):
         search = self._search or self._llm_search
         prompt, width = self.prompt.value, self.beam_width.value
         penalty, max_tokens = self.length_penalty.value, self.max_tokens.value
-        self._busy(f"searching: beam width {width}, up to {max_tokens} tokens, length penalty "
-                   f"{penalty:g} …")
+        line = (f"searching: beam width {width}, up to {max_tokens} tokens, length penalty "
+                f"{penalty:g} …")
+        self._busy(line)
+        ticker = _Ticker(lambda s: self._busy(f"{line} {s:.0f} s elapsed"))
         try:
             tree = search(prompt, width, penalty, max_tokens)
         except Exception as exc:  # shown in the widget: a button's handler has nowhere to raise
+            ticker.stop()
             self._idle(error_html(exc))
             if raise_errors:
                 raise
             return None
+        ticker.stop()
         self._idle("")
         self.show(tree)
         return tree
