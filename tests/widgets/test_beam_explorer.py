@@ -122,15 +122,17 @@ def test_a_search_shows_its_busy_state_then_the_new_tree(tree):
 
     def search(prompt, width, length_penalty, max_tokens):
         seen.append((ex.button.disabled, ex.button.description, ex.status.value,
-                     ex.view.layout.opacity))
+                     ex.view.value))
         return tree
 
     ex = BeamExplorer(tree=tree, search=search)
     ex.button.click()
-    disabled, label, status, opacity = seen[0]
-    assert disabled and label == "Searching…" and opacity == "0.4"
+    disabled, label, status, view = seen[0]
+    assert disabled and label == "Searching…"
+    assert view.startswith('<div class="wb-dimmed" style="opacity:0.45">')  # the old tree, dimmed
     assert "searching: beam width 2, up to 2 tokens" in status
-    assert not ex.button.disabled and ex.status.value == "" and ex.view.layout.opacity is None
+    assert not ex.button.disabled and ex.status.value == ""
+    assert ex.view.value == render_step(tree, 2, 2)
 
 
 def test_the_busy_line_counts_the_seconds_of_a_long_search(tree):

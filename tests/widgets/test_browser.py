@@ -269,15 +269,18 @@ def test_views_fit_explain_themselves_and_read_in_both_themes(tmp_path, page, th
         assert audit["overflow"] == [], audit["overflow"]
 
         # the explorer: Search shows its busy state, then the new tree
-        explorer_width = page.locator(".widget-inline-hbox .widget-text input").first
+        explorer_width = page.locator(".widget-text input[type='number']").first  # beam width
         explorer_width.fill("3")
         explorer_width.press("Enter")
         page.get_by_role("button", name="Search").click()
         busy = page.locator(".wb-busy")
         busy.wait_for()
         assert page.locator("button:has-text('Searching…')").is_disabled()
+        assert page.locator(".wb-dimmed").count() == 1  # the old tree stays, dimmed
         page.screenshot(path=str(SCREENSHOTS / f"explorer-busy-{theme}.png"))
-        page.wait_for_function("() => !document.querySelector('.wb-busy')", timeout=120_000)
+        page.wait_for_function("() => !document.querySelector('.wb-busy') && [...document."
+                               "querySelectorAll('.wb-summary')].pop().innerText.includes('(3 kept')",
+                               timeout=120_000)
         assert page.get_by_role("button", name="Search").is_enabled()
         summary = page.locator(".wb-summary").last.inner_text()
         assert re.fullmatch(r"step 3 of 3: \d+ candidates \(3 kept, \d+ completed, \d+ pruned\)",

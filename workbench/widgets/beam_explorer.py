@@ -186,20 +186,22 @@ class BeamExplorer(widgets.VBox):
                 raise
             return None
         ticker.stop()
+        self.show(tree)  # the new tree first, then the button comes back
         self._idle("")
-        self.show(tree)
         return tree
 
     def _busy(self, line: str) -> None:
         self.button.disabled, self.button.description = True, "Searching…"
         self.button.icon = "spinner"
         self.status.value = f'<div class="wb-busy" style="font-style:italic">{h.escape(line)}</div>'
-        self.view.layout.opacity = "0.4"  # the old tree stays, dimmed, until the new one
+        if not self.view.value.startswith('<div class="wb-dimmed"'):  # the old tree stays, dimmed
+            self.view.value = f'<div class="wb-dimmed" style="opacity:0.45">{self.view.value}</div>'
+
 
     def _idle(self, status: str) -> None:
         self.button.disabled, self.button.description, self.button.icon = False, "Search", "search"
         self.status.value = status
-        self.view.layout.opacity = None
+        self._render()
 
     def _llm_search(self, prompt: str, width: int, length_penalty: float, max_tokens: int
                     ) -> BeamTree:
