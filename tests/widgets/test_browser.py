@@ -70,6 +70,9 @@ def _jupyterlab(tmp_path: Path, theme: str = "light"):
     settings = tmp_path / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": THEMES[theme]}))
+    notebook = settings.parent / "notebook-extension"  # every cell in the DOM, not only those in view
+    notebook.mkdir(exist_ok=True)
+    (notebook / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port = _free_port()
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "PYTHONPATH": os.getcwd()}
@@ -308,3 +311,41 @@ def test_an_untrusted_notebook_shows_the_trees_picture(tmp_path, page):
         assert "step 1, rank 1" not in page.locator(".jp-OutputArea-output").inner_text()
         SCREENSHOTS.mkdir(exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "untrusted-tree.png"))
+
+
+REPO_NOTEBOOKS = Path(__file__).parents[2] / "notebooks"
+
+
+@pytest.mark.parametrize(("name", "theme"), [("04_beam_search_explorer", "light"),
+                                             ("04_beam_search_explorer", "dark"),
+                                             ("05_logprobs", "dark")])
+def test_repository_notebooks_run_and_read_in_jupyterlab(tmp_path, page, name, theme):
+    """A notebook of `notebooks/` run cell by cell in JupyterLab, then audited as above."""
+    (tmp_path / "root").mkdir()
+    source = json.loads((REPO_NOTEBOOKS / f"{name}.ipynb").read_text())
+    for cell in source["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    (tmp_path / "root" / f"{name}.ipynb").write_text(json.dumps(source))
+    with _jupyterlab(tmp_path, theme) as url:
+        page.goto(f"{url}/lab/tree/{name}.ipynb?token={TOKEN}")
+        code_cells = sum(c["cell_type"] == "code" for c in source["cells"])
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        for _ in source["cells"]:
+            page.keyboard.press("Shift+Enter")
+        page.wait_for_function(
+            "n => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+            ".filter(p => /\\[\\d+\\]/.test(p.innerText)).length >= n", arg=code_cells,
+            timeout=480_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                            ":has-text('Traceback')").count() == 0
+        assert page.locator(".jp-OutputArea-output .wb-legend").count() >= 2
+        audit = page.evaluate(AUDIT_JS)
+        SCREENSHOTS.mkdir(exist_ok=True)
+        for i, area in enumerate(page.locator(".jp-Cell-outputArea").all()):
+            if area.is_visible() and area.inner_html().strip():
+                area.screenshot(path=str(SCREENSHOTS / f"{name}-{theme}-cell{i}.png"))
+        assert audit["low"] == [], audit["low"]
+        assert audit["overflow"] == [], audit["overflow"]
