@@ -30,6 +30,9 @@ def _sanitize(text: str) -> str:
     ('<line x1="50.0" y2="19.5"/>', '<line x1="50.0" y2="19.25"/>'),
     ("style='background:#a8f0a3;color:#1a1a1a'", "style='background:#aef0a3;color:#1a1a1a'"),
     ('<img src="data:image/svg+xml;base64,PHN2Zz4="/>', '<img src="data:image/svg+xml;base64,PHN2Zy8+"/>'),
+    ('<svg viewBox="0 0 1010 344" width="1010" height="344" style="min-width:606px">',
+     '<svg viewBox="0 0 1017 344" width="1017" height="344" style="min-width:610px">'),
+    ("height:8px;width:82px;background", "height:8px;width:83px;background"),
     ('<svg id="wb-beamtree-5d19ec7112">', '<svg id="wb-beamtree-0a1b2c3d4e">'),
 ])
 def test_kernel_dependent_numbers_compare_equal(here, there):
