@@ -40,9 +40,12 @@ def llm_html(llm: Any) -> str:
     s = llm_summary(llm)
     can = ("generate, chat, beam_search" if s["kind"] == "generate"
            else "embed, score, encode")
-    rows = [(k, s[k]) for k in ("kind", "dtype", "device", "max_model_len", "seed")]
+    rows = "".join(f'<tr><th style="text-align:left;padding:1px 6px">{k}</th>'
+                   f'<td style="padding:1px 6px">{h.escape(s[k])}</td></tr>'
+                   for k in ("kind", "dtype", "device", "max_model_len", "seed"))
     return _card(f"LLM {h.escape(s['model'])}",
-                 h.table(["", ""], rows) + h.caption(f"methods: {h.escape(can)}"))
+                 f'<table style="border-collapse:collapse">{rows}</table>'
+                 + h.caption(f"methods: {h.escape(can)}"))
 
 
 def _completion_row(c: Any) -> tuple:
