@@ -88,3 +88,38 @@ def test_beam_search_same_locally_and_client_side_over_http(local, remote):
     assert [s.tokens for s in here.sequences] == [s.tokens for s in there.sequences]
     assert len(here.tree) == len(there.tree) > 0
     assert here.tree.best.token_id == there.tree.best.token_id
+
+
+def test_offline_llm_and_the_in_kernel_server_agree(llm, remote):
+    """What notebooks 05 and 08 show side by side: the offline `LLM` and the server in the same
+    kernel give the same greedy text and the same logprob table."""
+    from workbench import SamplingParams
+    from workbench.inspect import LogprobTable
+
+    offline = llm.chat(MESSAGES, SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0]
+    table = LogprobTable.from_request_output(offline, tokenizer=llm.get_tokenizer())
+    over_http = remote.chat(MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    assert over_http.text == offline.outputs[0].text
+    assert over_http.logprobs.tokens == table.tokens
+    assert over_http.logprobs.logprobs == pytest.approx(table.logprobs, abs=1e-4)
+
+
+def test_in_kernel_errors_name_the_keyword_arguments_beside_the_flags(local):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = local.chat(MESSAGES, tools=tools, tool_choice="auto", max_tokens=2)
+    message = chat.error["error"]["message"]
+    assert chat.status_code == 400 and "--enable-auto-tool-choice" in message  # the server's words
+    assert "enable_auto_tool_choice=..." in message and "tool_call_parser=..." in message
+    assert "serve_in_kernel(llm, enable_auto_tool_choice=..., tool_call_parser=...)" in message
+    respond = local.respond("Hi", tools=[{"type": "function", "name": "f",
+                                          "parameters": {"type": "object"}}], tool_choice="auto")
+    assert "enable_auto_tool_choice=..." in respond.error["error"]["message"]
+
+
+def test_kernel_words_leave_other_errors_alone():
+    from workbench.workbench import kernel_words
+
+    plain = {"error": {"message": "max_tokens must be at least 1, got 0.", "code": 400}}
+    assert kernel_words(plain) == plain
+    unknown = {"error": {"message": "see --not-a-server-flag", "code": 400}}
+    assert kernel_words(unknown) == unknown

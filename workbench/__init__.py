@@ -6,7 +6,8 @@
 
 The public names load lazily, so `import workbench` stays fast and does not import torch:
 `LLM`, `SamplingParams`, `BeamSearchParams`, `RequestOutputKind`, `serve_in_kernel`,
-`Workbench`, `LoRARequest`, `StructuredOutputsParams`, `PoolingParams`.
+`Workbench`, `LoRARequest`, `StructuredOutputsParams`, `PoolingParams`, and
+`notebook_setup` (a notebook's first cell).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from workbench.workbench import Workbench
     from workbench.lora.request import LoRARequest
     from workbench.pooling_params import PoolingParams
+    from workbench.notebook import notebook_setup
 
 _LAZY = {
     "LLM": "workbench.llm",
@@ -35,13 +37,14 @@ _LAZY = {
     "Workbench": "workbench.workbench",
     "LoRARequest": "workbench.lora.request",
     "PoolingParams": "workbench.pooling_params",
+    "notebook_setup": "workbench.notebook",
 }
 
 __all__ = ["BeamSearchParams", "LLM", "LoRARequest", "PoolingParams", "RequestOutputKind",
            "SamplingParams",
            "StructuredOutputsParams",
            "Workbench",
-           "__version__", "serve_in_kernel"]
+           "__version__", "notebook_setup", "serve_in_kernel"]
 
 
 def __getattr__(name: str):

@@ -47,6 +47,16 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def __repr__(self) -> str:
+        from workbench.inspect.output_views import llm_repr
+
+        return llm_repr(self)
+
+    def _repr_html_(self) -> str:
+        from workbench.inspect.output_views import llm_html
+
+        return llm_html(self)
+
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False, priority: list[int] | None = None,
                  lora_request: Any = None) -> list[RequestOutput]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -218,6 +219,28 @@ class Workbench:
         return f"Workbench({where}, model={self.model!r})"
 
 
+_FLAG = re.compile(r"--([a-z][a-z0-9-]+)")
+
+
+def kernel_words(error: dict[str, Any]) -> dict[str, Any]:
+    """An error envelope whose message names server flags (`--tool-call-parser`), with the
+    keyword arguments a notebook passes for them added (`ServerConfig` / `serve_in_kernel`)."""
+    from dataclasses import fields
+
+    from workbench.serving import ServerConfig
+
+    message = error.get("error", {}).get("message") or ""
+    known = {f.name for f in fields(ServerConfig)}
+    names = list(dict.fromkeys(m.replace("-", "_") for m in _FLAG.findall(message)))
+    names = [n for n in names if n in known]
+    if not names:
+        return error
+    keywords = ", ".join(f"{n}=..." for n in names)
+    hint = (f" (in a notebook: ServerConfig({keywords}) for Workbench, or "
+            f"serve_in_kernel(llm, {keywords}))")
+    return {**error, "error": {**error["error"], "message": message + hint}}
+
+
 class _Local:
     """The serving objects on an async engine, driven from a private event-loop thread."""
 
@@ -261,7 +284,7 @@ class _Local:
         try:
             response = self.run(serving.create(request, meta)).model_dump(mode="json")
         except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
-            error = (meta.recorder.error or error_response(exc)).model_dump()
+            error = kernel_words((meta.recorder.error or error_response(exc)).model_dump())
             meta.recorder.error = meta.recorder.error or error_response(exc)
             return Result(None, error["error"]["code"], error,
                           ValidationReport.from_recorder(meta.recorder, endpoint))
@@ -281,7 +304,7 @@ class _Local:
         try:
             chunks = self.run(serving.create_stream(request, meta))
         except Exception as exc:  # noqa: BLE001
-            yield (meta.recorder.error or error_response(exc)).model_dump()
+            yield kernel_words((meta.recorder.error or error_response(exc)).model_dump())
             return
         try:
             while True:
@@ -309,7 +332,7 @@ class _Local:
                 response = self.servings.tokenize.detokenize(TypeAdapter(
                     DetokenizeRequest).validate_python(_with_model(body, self.model)))
         except Exception as exc:  # noqa: BLE001
-            error = error_response(exc).model_dump()
+            error = kernel_words(error_response(exc).model_dump())
             return Result(None, error["error"]["code"], error)
         return Result(response.model_dump(mode="json"))
 
@@ -323,7 +346,7 @@ class _Local:
             request = ResponsesRequest.model_validate(_with_model(body, self.model))
             response, loop = self.run(self.servings.responses.run(request, RequestMeta()))
         except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
-            error = error_response(exc).model_dump()
+            error = kernel_words(error_response(exc).model_dump())
             return Result(None, error["error"]["code"], error)
         return Result(response.model_dump(mode="json"), tool_loop=ToolLoopTrace.from_loop(loop))
 
@@ -337,7 +360,7 @@ class _Local:
                 _with_model({**body, "stream": True}, self.model))
             events = self.run(self.servings.responses.create_stream(request, RequestMeta()))
         except Exception as exc:  # noqa: BLE001
-            yield error_response(exc).model_dump()
+            yield kernel_words(error_response(exc).model_dump())
             return
         try:
             while True:

@@ -61,10 +61,12 @@ def test_html_is_deterministic_inline_svg(result, tiny_llama):
     again = make_llm(tiny_llama).beam_search("Once upon a time", PARAMS)[0]
     html = result.tree._repr_html_()
     assert html == again.tree._repr_html_()
-    assert html.startswith("<svg") and "http" not in html.replace(
+    live = result.tree.to_svg()
+    assert live.startswith('<div class="wb-drawing"') and "http" not in live.replace(
         'xmlns="http://www.w3.org/2000/svg"', "")
     assert re.search(r'id="wb-beamtree-[0-9a-f]{10}"', html)
-    assert html.count("<g>") == len(result.tree)
+    assert live in html  # and a picture copy for untrusted notebooks
+    assert live.count("<g><title>") == len(result.tree) + 1  # and the prompt
 
 
 def test_plot_draws_with_matplotlib(result):

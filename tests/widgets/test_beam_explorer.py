@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from workbench.inspect.beam_tree import BeamNode, BeamTree
@@ -29,7 +31,7 @@ def test_children_are_the_controls_then_the_view(tree):
 
 def test_starts_at_the_last_step_with_the_best_node_selected(tree):
     ex = BeamExplorer(tree=tree)
-    assert (ex.step.min, ex.step.max, ex.step.value) == (0, 2, 2)
+    assert (ex.step.min, ex.step.max, ex.step.value) == (1, 2, 2)
     assert [value for _, value in ex.node.options] == [2, 3, 4]
     assert ex.node.value == 2
     assert "step 2 of 2: 3 candidates (1 kept, 1 completed, 1 pruned)" in ex.view.value
@@ -41,8 +43,8 @@ def test_moving_the_step_slider_changes_the_tree_and_the_node_list(tree):
     assert "step 1 of 2: 2 candidates (2 kept, 0 completed, 0 pruned)" in ex.view.value
     assert [value for _, value in ex.node.options] == [0, 1]
     assert ex.node.value == 0  # on the best path
-    assert tree_until(tree, 1).to_svg() in ex.view.value
-    assert tree.to_svg() not in ex.view.value
+    svg = re.search(r"<svg.*</svg>", ex.view.value).group()
+    assert ">a -0.10<" in svg and ">b -2.00<" in svg and ">d " not in svg
 
 
 def test_selecting_a_node_shows_its_path_and_alternatives(tree):
@@ -55,11 +57,35 @@ def test_selecting_a_node_shows_its_path_and_alternatives(tree):
     assert "expanded from it at step 2" in html and ">e<" in html
 
 
-def test_step_zero_shows_only_the_prompt(tree):
+def test_the_first_step_shows_candidates(tree):
     ex = BeamExplorer(tree=tree)
-    ex.step.value = 0
-    assert ex.node.options == () and ex.node.value is None
-    assert "step 0 of 2: 0 candidates" in ex.view.value
+    ex.step.value = 0  # clamped: step 0 would be the prompt alone
+    assert ex.step.value == 1 and [value for _, value in ex.node.options] == [0, 1]
+    assert "step 1 of 2: 2 candidates" in ex.view.value and "<svg" in ex.view.value
+
+
+def test_controls_are_initialised_from_the_tree_shown(tree):
+    ex = BeamExplorer(tree=tree, max_tokens=16)
+    assert (ex.prompt.value, ex.beam_width.value, ex.max_tokens.value) == ("Hi", 2, 2)
+
+
+def test_returned_paths_and_the_selected_node_are_marked_at_every_step(tree):
+    ex = BeamExplorer(tree=tree)
+    ex.step.value = 1  # node 0 ('a') leads to both returned sequences, node 1 ('b') to none
+    svg = ex.view.value
+    assert svg.count('stroke="#c62828" stroke-width="2.5"') == 1 + 1  # the legend + a's edge
+    assert re.search(r'class="wb-selected"[^>]*/><title>&#x27;a&#x27;', svg)
+    ex.node.value = 1
+    assert re.search(r'class="wb-selected"[^>]*/><title>&#x27;b&#x27;', ex.view.value)
+
+
+def test_label_toggle_changes_the_numbers_drawn(tree):
+    ex = BeamExplorer(tree=tree)
+    assert ">d -0.60<" in ex.view.value and "numbers: cumulative logprob" in ex.view.value
+    ex.label.value = "logprob"
+    assert ">d -0.50<" in ex.view.value and "numbers: token logprob" in ex.view.value
+    ex.label.value = "score"
+    assert ">d -0.20<" in ex.view.value
 
 
 def test_tree_until_renumbers_and_keeps_returned_nodes_of_those_steps(tree):
@@ -70,7 +96,8 @@ def test_tree_until_renumbers_and_keeps_returned_nodes_of_those_steps(tree):
 
 def test_html_fallback_is_deterministic_and_matches_the_view(tree):
     ex = BeamExplorer(tree=tree)
-    assert ex.to_html() == ex._repr_html_() == ex.view.value == render_step(tree, 2, 2)
+    assert ex.to_html() == ex._repr_html_() == render_step(tree, 2, 2, static=True)
+    assert ex.view.value == render_step(tree, 2, 2)  # live: no picture copy
     assert BeamExplorer(tree=tree).to_html() == ex.to_html()
 
 
@@ -86,8 +113,57 @@ def test_search_button_runs_the_search_with_the_controls(tree):
     ex.step.value = 1
     ex.length_penalty.value = 2.0
     ex.button.click()
-    assert calls[-1] == ("Hi", 2, 2.0, 5)  # the tree it showed set the width back to 2
+    assert calls[-1] == ("Hi", 2, 2.0, 2)  # the tree it showed set width and tokens to its own
     assert ex.step.value == 2
+
+
+def test_a_search_shows_its_busy_state_then_the_new_tree(tree):
+    seen = []
+
+    def search(prompt, width, length_penalty, max_tokens):
+        seen.append((ex.button.disabled, ex.button.description, ex.status.value,
+                     ex.view.value))
+        return tree
+
+    ex = BeamExplorer(tree=tree, search=search)
+    ex.button.click()
+    disabled, label, status, view = seen[0]
+    assert disabled and label == "Searching…"
+    assert view.startswith('<div class="wb-dimmed" style="opacity:0.45">')  # the old tree, dimmed
+    assert "searching: beam width 2, up to 2 tokens" in status
+    assert not ex.button.disabled and ex.status.value == ""
+    assert ex.view.value == render_step(tree, 2, 2)
+
+
+def test_the_busy_line_counts_the_seconds_of_a_long_search(tree):
+    import time
+
+    seen = []
+
+    def search(prompt, width, length_penalty, max_tokens):
+        time.sleep(2.5)
+        seen.append(ex.status.value)
+        return tree
+
+    ex = BeamExplorer(tree=tree, search=search)
+    ex.button.click()
+    assert re.search(r"[12] s elapsed", seen[0]), seen[0]
+    assert ex.status.value == ""
+
+
+def test_an_error_is_shown_inside_the_widget_and_the_old_tree_stays(tree):
+    from workbench.errors import ValidationError
+
+    def search(prompt, width, length_penalty, max_tokens):
+        raise ValidationError("The prompt cannot be empty.", parameter="prompt", value="")
+
+    ex = BeamExplorer(tree=tree, search=search)
+    before = ex.view.value
+    ex.button.click()  # no exception escapes the button
+    assert "400 BadRequestError" in ex.status.value and "prompt" in ex.status.value
+    assert ex.view.value == before and not ex.button.disabled
+    with pytest.raises(ValidationError):
+        ex.run()
 
 
 def test_without_a_tree_or_a_search_it_waits():

@@ -9,6 +9,7 @@ keyboard and checks the HTML view follows. Never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -39,12 +40,16 @@ llm = LLM(tiny_model("llama", seed=0, dtype="float32"))
 BeamExplorer(llm, "Once upon a time", beam_width=2, max_tokens=3)"""
 
 
-def _notebook(path: Path) -> None:
+def _notebook(path: Path, cells: list[str] | None = None, outputs: dict | None = None) -> None:
+    """A notebook of code `cells`; `outputs`: stored outputs of cell i (an unsigned notebook,
+    so JupyterLab opens them untrusted)."""
+    cells = [CELL] if cells is None else cells
     nb = {"nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}},
-          "cells": [{"cell_type": "code", "id": "explorer", "metadata": {}, "outputs": [],
-                     "execution_count": None, "source": CELL}]}
+          "cells": [{"cell_type": "code", "id": f"cell{i}", "metadata": {},
+                     "outputs": (outputs or {}).get(i, []), "execution_count": None,
+                     "source": source} for i, source in enumerate(cells)]}
     path.write_text(json.dumps(nb))
 
 
@@ -54,12 +59,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on the notebook's directory: yields its base URL; killed afterwards."""
+THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
+
+
+@contextlib.contextmanager
+def _jupyterlab(tmp_path: Path, theme: str = "light"):
+    """A JupyterLab server on `tmp_path/root` in `theme`: yields its base URL; killed afterwards."""
     root = tmp_path / "root"
-    root.mkdir()
-    _notebook(root / "explorer.ipynb")
+    root.mkdir(exist_ok=True)
+    settings = tmp_path / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": THEMES[theme]}))
+    notebook = settings.parent / "notebook-extension"  # every cell in the DOM, not only those in view
+    notebook.mkdir(exist_ok=True)
+    (notebook / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port = _free_port()
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "PYTHONPATH": os.getcwd()}
@@ -93,6 +106,15 @@ def lab(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
         log.close()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab (light theme) on a directory holding the one-cell explorer notebook."""
+    (tmp_path / "root").mkdir()
+    _notebook(tmp_path / "root" / "explorer.ipynb")
+    with _jupyterlab(tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
@@ -135,3 +157,195 @@ def test_step_slider_moves_the_tree_in_jupyterlab(lab, page):
     assert svg.get_attribute("id") != last_step_svg  # the tree drawn only up to step 2
     options = [o.replace("\xa0", " ") for o in page.locator(".widget-select select option").all_inner_texts()]
     assert options and all(re.match(r"#\d+ rank \d", o) for o in options)
+
+
+# -- the inspect views in both themes, the explorer's busy state, an untrusted notebook ---------
+
+SCREENSHOTS = Path(__file__).parent / "screenshots"
+
+VIEWS = [
+    """import time
+from workbench import LLM, BeamSearchParams, SamplingParams
+from workbench.inspect import LogprobTable, ParsedOutput
+from workbench.inspect.similarity import SimilarityMatrix
+from workbench.models import tiny_model
+from workbench.widgets import BeamExplorer, LogprobViewer
+
+llm = LLM(tiny_model("llama", seed=0, dtype="float32"))
+out = llm.generate("Once upon a time", SamplingParams(max_tokens=6, temperature=0, logprobs=3,
+                                                      prompt_logprobs=1))[0]
+table = LogprobTable.from_request_output(out, tokenizer=llm.get_tokenizer())
+table""",
+    'llm.beam_search(["Once upon a time"], BeamSearchParams(beam_width=3, max_tokens=6))[0].tree',
+    """ParsedOutput.from_tokens(["<think>", "Need", " weather", "</think>", "Sure", "."],
+                         reasoning_parser="qwen3")""",
+    """SimilarityMatrix(["A cat sits on the mat.", "Stocks fell sharply today."],
+                 ["A kitten rests on a rug, in a sentence long enough to be cut", "The market dropped."],
+                 [[0.8, 0.1], [0.05, 0.7]])""",
+    "LogprobViewer(table, position=1)",
+    "out",
+    """def slow_search(prompt, width, length_penalty, max_tokens):
+    time.sleep(3)  # long enough to see the busy state
+    return llm.beam_search([prompt], BeamSearchParams(beam_width=width, max_tokens=max_tokens,
+                                                      length_penalty=length_penalty))[0].tree
+
+first = llm.beam_search(["Once upon a time"], BeamSearchParams(beam_width=2, max_tokens=3))[0].tree
+explorer = BeamExplorer(tree=first, search=slow_search)
+explorer""",
+]
+
+# WCAG contrast of every visible text in the output areas against the colour behind it (alpha
+# blended), SVG text against its drawing; drawings that stick out of their output area.
+AUDIT_JS = """() => {
+  const parse = c => { const m = c && c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+    const p = m[1].split(',').map(Number); return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1}; };
+  const blend = (fg, bg) => ({r: fg.r * fg.a + bg.r * (1 - fg.a), g: fg.g * fg.a + bg.g * (1 - fg.a),
+                              b: fg.b * fg.a + bg.b * (1 - fg.a), a: 1});
+  const lum = c => { const f = v => { v /= 255; return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(c.r) + 0.7152 * f(c.g) + 0.0722 * f(c.b); };
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const behind = el => { const layers = [];
+    for (let e = el; e; e = e.parentElement) { const c = parse(getComputedStyle(e).backgroundColor);
+      if (c && c.a > 0) { layers.push(c); if (c.a >= 1) break; } }
+    let bg = {r: 255, g: 255, b: 255, a: 1};
+    for (const c of layers.reverse()) bg = blend(c, bg);
+    return bg; };
+  const visible = el => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0 &&
+    getComputedStyle(el).visibility !== 'hidden'; };
+  const low = [], overflow = []; let checked = 0;
+  for (const area of document.querySelectorAll('.jp-OutputArea-output')) {
+    const walker = document.createTreeWalker(area, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      const node = walker.currentNode, el = node.parentElement;
+      if (!node.textContent.trim() || el.closest('svg, style, select') || !visible(el)) continue;
+      const bg = behind(el), fg = blend(parse(getComputedStyle(el).color), bg);
+      const r = ratio(fg, bg); checked++;
+      if (r < 4.5) low.push([node.textContent.trim().slice(0, 24), getComputedStyle(el).color, r.toFixed(2)]);
+    }
+    for (const text of area.querySelectorAll('svg text')) {
+      if (!visible(text)) continue;
+      const r = ratio(parse(getComputedStyle(text).fill), behind(text.closest('svg'))); checked++;
+      if (r < 4.5) low.push([text.textContent.slice(0, 24), getComputedStyle(text).fill, r.toFixed(2)]);
+    }
+    const box = area.getBoundingClientRect();
+    for (const el of area.querySelectorAll('.wb-drawing, svg, img, table')) {
+      if (!visible(el) || el.closest('.wb-drawing') && el !== el.closest('.wb-drawing')) continue;
+      const r = el.getBoundingClientRect();
+      if (r.right > box.right + 1) overflow.push([el.tagName, el.className.baseVal ?? el.className, r.right, box.right]);
+    }
+  }
+  return {checked, low, overflow};
+}"""
+
+
+def _run_all(page, cells: int) -> None:
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    for _ in range(cells):
+        page.keyboard.press("Shift+Enter")
+    page.wait_for_function(f"() => document.querySelectorAll('.jp-Cell .jp-InputPrompt').length >= {cells} && "
+                           "[...document.querySelectorAll('.jp-InputPrompt')].slice(0, "
+                           f"{cells}).every(p => /\\[\\d+\\]/.test(p.innerText))", timeout=240_000)
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_views_fit_explain_themselves_and_read_in_both_themes(tmp_path, page, theme):
+    (tmp_path / "root").mkdir()
+    _notebook(tmp_path / "root" / "views.ipynb", VIEWS)
+    with _jupyterlab(tmp_path, theme) as url:
+        page.goto(f"{url}/lab/tree/views.ipynb?token={TOKEN}")
+        _run_all(page, len(VIEWS))
+        page.locator(".wb-summary").first.wait_for()
+        body = page.evaluate("getComputedStyle(document.body).getPropertyValue('--jp-layout-color0')")
+        assert (body.strip().lower() in ("#111", "#111111")) == (theme == "dark")
+        legends = page.locator(".jp-OutputArea-output .wb-legend")
+        assert legends.count() >= 6  # table, tree, parsed, similarity, viewer, explorer's tree
+        assert page.locator(".jp-OutputArea-output svg g.wb-legend").count() >= 2
+        audit = page.evaluate(AUDIT_JS)
+        SCREENSHOTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"views-{theme}.png"), full_page=True)
+        for i, area in enumerate(page.locator(".jp-Cell-outputArea").all()):
+            if area.is_visible():
+                area.screenshot(path=str(SCREENSHOTS / f"views-{theme}-cell{i}.png"))
+        assert audit["checked"] > 50
+        assert audit["low"] == [], audit["low"]
+        assert audit["overflow"] == [], audit["overflow"]
+
+        # the explorer: Search shows its busy state, then the new tree
+        explorer_width = page.locator(".widget-text input[type='number']").first  # beam width
+        explorer_width.fill("3")
+        explorer_width.press("Enter")
+        page.get_by_role("button", name="Search").click()
+        busy = page.locator(".wb-busy")
+        busy.wait_for()
+        assert page.locator("button:has-text('Searching…')").is_disabled()
+        assert page.locator(".wb-dimmed").count() == 1  # the old tree stays, dimmed
+        page.screenshot(path=str(SCREENSHOTS / f"explorer-busy-{theme}.png"))
+        page.wait_for_function("() => !document.querySelector('.wb-busy') && [...document."
+                               "querySelectorAll('.wb-summary')].pop().innerText.includes('(3 kept')",
+                               timeout=120_000)
+        assert page.get_by_role("button", name="Search").is_enabled()
+        summary = page.locator(".wb-summary").last.inner_text()
+        assert re.fullmatch(r"step 3 of 3: \d+ candidates \(3 kept, \d+ completed, \d+ pruned\)",
+                            summary), summary
+
+
+def test_an_untrusted_notebook_shows_the_trees_picture(tmp_path, page):
+    from workbench.inspect.beam_tree import BeamNode, BeamTree
+
+    tree = BeamTree([1], beam_width=2, length_penalty=1.0, prompt_text="Hi", nodes=[
+        BeamNode(0, 1, 5, " a", -0.1, -0.1, None, 1, "kept", -0.05),
+        BeamNode(1, 1, 6, " b", -2.0, -2.0, None, 2, "pruned", -1.0),
+        BeamNode(2, 2, 7, " c", -0.2, -0.3, 0, 1, "completed", -0.15)], returned=[2])
+    stored = {0: [{"output_type": "execute_result", "execution_count": 1, "metadata": {},
+                   "data": {"text/html": tree._repr_html_(), "text/plain": repr(tree)}}]}
+    (tmp_path / "root").mkdir()
+    _notebook(tmp_path / "root" / "stored.ipynb", ["tree"], stored)  # unsigned: untrusted
+    with _jupyterlab(tmp_path) as url:
+        page.goto(f"{url}/lab/tree/stored.ipynb?token={TOKEN}")
+        picture = page.locator(".jp-OutputArea-output img[src^='data:image/svg+xml']")
+        picture.wait_for()
+        assert picture.evaluate("img => img.complete && img.naturalWidth > 0")
+        assert picture.is_visible()
+        assert page.locator(".jp-OutputArea-output svg").count() == 0  # stripped, not shown as text
+        assert "step 1, rank 1" not in page.locator(".jp-OutputArea-output").inner_text()
+        SCREENSHOTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "untrusted-tree.png"))
+
+
+REPO_NOTEBOOKS = Path(__file__).parents[2] / "notebooks"
+
+
+@pytest.mark.parametrize(("name", "theme"), [("04_beam_search_explorer", "light"),
+                                             ("04_beam_search_explorer", "dark"),
+                                             ("05_logprobs", "dark")])
+def test_repository_notebooks_run_and_read_in_jupyterlab(tmp_path, page, name, theme):
+    """A notebook of `notebooks/` run cell by cell in JupyterLab, then audited as above."""
+    (tmp_path / "root").mkdir()
+    source = json.loads((REPO_NOTEBOOKS / f"{name}.ipynb").read_text())
+    for cell in source["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    (tmp_path / "root" / f"{name}.ipynb").write_text(json.dumps(source))
+    with _jupyterlab(tmp_path, theme) as url:
+        page.goto(f"{url}/lab/tree/{name}.ipynb?token={TOKEN}")
+        code_cells = sum(c["cell_type"] == "code" for c in source["cells"])
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        for _ in source["cells"]:
+            page.keyboard.press("Shift+Enter")
+        page.wait_for_function(
+            "n => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+            ".filter(p => /\\[\\d+\\]/.test(p.innerText)).length >= n", arg=code_cells,
+            timeout=480_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                            ":has-text('Traceback')").count() == 0
+        assert page.locator(".jp-OutputArea-output .wb-legend").count() >= 2
+        audit = page.evaluate(AUDIT_JS)
+        SCREENSHOTS.mkdir(exist_ok=True)
+        for i, area in enumerate(page.locator(".jp-Cell-outputArea").all()):
+            if area.is_visible() and area.inner_html().strip():
+                area.screenshot(path=str(SCREENSHOTS / f"{name}-{theme}-cell{i}.png"))
+        assert audit["low"] == [], audit["low"]
+        assert audit["overflow"] == [], audit["overflow"]

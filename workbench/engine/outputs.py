@@ -53,6 +53,11 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def _repr_html_(self) -> str:
+        from workbench.inspect.output_views import completion_html
+
+        return completion_html(self)
+
 
 @dataclass
 class RequestMetrics:
@@ -82,6 +87,11 @@ class RequestOutput:
     lora_request: object | None = None
     kv_transfer_params: dict | None = field(default=None, repr=False)
 
+    def _repr_html_(self) -> str:
+        from workbench.inspect.output_views import request_html
+
+        return request_html(self)
+
 
 @dataclass
 class PoolingOutput:
@@ -105,6 +115,11 @@ class PoolingRequestOutput:
     finished: bool = True
     finish_reason: str = "stop"
     prompt: str | None = None
+
+    def _repr_html_(self) -> str:
+        from workbench.inspect.output_views import pooling_html
+
+        return pooling_html(self)
 
 
 @dataclass

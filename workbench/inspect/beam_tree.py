@@ -16,9 +16,8 @@ length-penalised score. `returned` lists the nodes of the returned sequences, be
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from collections.abc import Collection
 from typing import Any
-
-from workbench.inspect import html as H
 
 STATUSES = ("kept", "pruned", "completed")
 
@@ -126,39 +125,17 @@ class BeamTree:
         return pos
 
     def _repr_html_(self) -> str:
-        return self.to_svg()
+        return self.to_svg(static=True)
 
-    def to_svg(self) -> str:
-        """The tree as inline SVG: columns are steps; kept = blue, completed = green, pruned = grey."""
-        pos = self.layout()
-        on_path = {n.id for i in range(len(self.returned)) for n in self.path(i)}
-        dx, dy, pad = 110, 18, 10
-        rows = max((y for _, y in pos.values()), default=0) + 1
-        width = int(pad * 2 + dx * (self.num_steps + 1))
-        height = int(pad * 2 + dy * rows)
-        colour = {"kept": "#1f77b4", "completed": "#2ca02c", "pruned": "#bbbbbb"}
-        parts = []
-        for n in self.nodes:
-            x1, y1 = pos[n.parent]
-            x2, y2 = pos[n.id]
-            stroke = "#d62728" if n.id in on_path else colour[n.status]
-            parts.append(f'<line x1="{pad + x1 * dx + 40:.1f}" y1="{pad + y1 * dy + 9:.1f}" '
-                         f'x2="{pad + x2 * dx:.1f}" y2="{pad + y2 * dy + 9:.1f}" '
-                         f'stroke="{stroke}" stroke-width="{1.5 if n.id in on_path else 0.7}"/>')
-        parts.append(f'<text x="{pad}" y="{pad + 13}" font-size="11">prompt</text>')
-        for n in self.nodes:
-            x, y = pos[n.id]
-            weight = "bold" if n.id in on_path else "normal"
-            label = H.token_text(n.text[:12])
-            title = (f"step {n.step} rank {n.rank} {n.status} logprob {H.fmt(n.logprob)} "
-                     f"cum {H.fmt(n.cum_logprob)} score {H.fmt(n.score)}")
-            parts.append(
-                f'<g><title>{H.escape(title)}</title><text x="{pad + x * dx:.1f}" '
-                f'y="{pad + y * dy + 13:.1f}" font-size="11" font-weight="{weight}" '
-                f'fill="{colour[n.status]}">{label} {H.fmt(n.logprob, 2)}</text></g>')
-        svg_id = H.content_id("wb-beamtree", self.to_dict())
-        return (f'<svg id="{svg_id}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-                f'height="{height}" style="font-family:monospace">{"".join(parts)}</svg>')
+    def to_svg(self, label: str = "cum_logprob", selected: int | None = None,
+               highlight: Collection[int] | None = None, static: bool = False) -> str:
+        """The tree as inline SVG with its legend (`workbench.inspect.beam_svg`): `label` is the
+        number shown (`logprob`, `cum_logprob` or `score`), `selected` a node marked in yellow,
+        `highlight` the node ids drawn as returned paths (default: this tree's); `static` adds
+        a picture copy shown where the notebook is untrusted."""
+        from workbench.inspect.beam_svg import draw
+
+        return draw(self, label, selected, highlight, static)
 
     def plot(self, ax=None):
         """Draws the tree with matplotlib (x = step, y = order); returns the Axes."""
@@ -175,6 +152,12 @@ class BeamTree:
             ax.plot([x1, x2], [y1, y2], color="tab:red" if n.id in on_path else colour[n.status],
                     lw=1.5 if n.id in on_path else 0.6)
             ax.annotate(repr(n.text)[1:-1][:10], (x2, y2), fontsize=7, color=colour[n.status])
+        from matplotlib.lines import Line2D
+
+        ax.legend(handles=[Line2D([], [], color=c, label=s) for s, c in
+                           (("kept", "tab:blue"), ("pruned", "lightgrey"),
+                            ("completed", "tab:green"), ("returned", "tab:red"))],
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("step")
         ax.set_yticks([])

@@ -9,6 +9,7 @@ Run-dependent values (durations) go through `duration`, which wraps them in a
 
 from __future__ import annotations
 
+import colorsys
 import hashlib
 import html as _html
 import math
@@ -54,11 +55,28 @@ def content_id(prefix: str, *parts: Any) -> str:
 
 
 def prob_color(p: float | None) -> str:
-    """Background colour for a probability: red (0) through yellow to green (1)."""
+    """Background colour for a probability: pastel red (0) through yellow to green (1), as hex
+    (JupyterLab keeps hex colours in an untrusted notebook, not `hsl()`)."""
     if p is None or math.isnan(p):
         return "#dddddd"
     p = min(max(p, 0.0), 1.0)
-    return f"hsl({round(120 * p)}, 75%, 80%)"
+    r, g, b = colorsys.hls_to_rgb(round(120 * p) / 360, 0.8, 0.75)
+    return "#" + "".join(f"{round(255 * c):02x}" for c in (r, g, b))
+
+
+def static_fallback(live: str, svg: str, width: int, height: int, key: str) -> str:
+    """`live` HTML (inline SVG: hover tooltips) where the notebook is trusted, else `svg` as a
+    picture: an untrusted notebook (a fresh clone) strips `<svg>` and `<style>` but keeps an
+    `<img>` with a data URI and inline `display`. The `<style>` swaps them when it runs."""
+    import base64
+
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return (f'<div class="{key}"><div class="wb-static" style="display:block">'
+            f'<img alt="drawing (static copy)" width="{width}" height="{height}" '
+            f'style="max-width:100%;height:auto" src="data:image/svg+xml;base64,{data}"/></div>'
+            f'<div class="wb-live" style="display:none">{live}</div>'
+            f"<style>.{key} .wb-static{{display:none !important}}"
+            f".{key} .wb-live{{display:block !important}}</style></div>")
 
 
 def duration(seconds: float | None) -> str:
@@ -77,3 +95,46 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *,
                    + "</tr>" for row in rows)
     return (f'<table style="border-collapse:collapse;font-size:12px"><thead><tr>{head}</tr>'
             f"</thead><tbody>{body}</tbody></table>")
+
+
+# -- colours that read in JupyterLab's light and dark themes ----------------------------------
+# Text drawn on one of our own backgrounds sets its colour (INK, >= 4.5:1 on every background
+# below, tested); text on the page's background takes JupyterLab's theme variables, with a
+# fallback for other front-ends.
+INK = "#1a1a1a"
+MUTED = "var(--jp-content-font-color2, #5c5c5c)"
+ERROR = "var(--jp-error-color1, #b00020)"
+
+
+def on(background: str) -> str:
+    """CSS for text on a coloured background: the background and dark ink."""
+    return f"background:{background};color:{INK}"
+
+
+def caption(text: str) -> str:
+    """A small line of secondary text (already escaped or built from escaped parts)."""
+    return f'<div class="wb-caption" style="font-size:11px;color:{MUTED}">{text}</div>'
+
+
+def swatches(items: Iterable[tuple[str, str]], title: str = "") -> str:
+    """A colour legend: each (label, background) as a small chip with its label."""
+    chips = "".join(f'<span style="{on(bg)};padding:0 4px;margin-right:4px;'
+                    f'border:1px solid #999">{escape(label)}</span>' for label, bg in items)
+    head = f"{escape(title)} " if title else ""
+    return f'<div class="wb-legend" style="font-size:11px;color:{MUTED}">{head}{chips}</div>'
+
+
+def prob_legend(extra: Iterable[tuple[str, str]] = ()) -> str:
+    """The legend of `prob_color`: chips at probabilities 0, 0.25, 0.5, 0.75 and 1, then any
+    `extra` (label, CSS for a sample chip) pairs."""
+    chips = [(f"p={p:g}", prob_color(p)) for p in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    more = "".join(f'<span style="color:{INK};background:#f5f5f5;{css};padding:0 4px;'
+                   f'margin-right:4px">{escape(label)}</span>' for label, css in extra)
+    return swatches(chips, "token probability:")[:-len("</div>")] + more + "</div>"
+
+
+def ellipsis(text: str, limit: int = 24) -> str:
+    """Escaped text cut to `limit` characters with an ellipsis; the full text on hover."""
+    if len(text) <= limit:
+        return escape(text)
+    return f'<span title="{escape(text)}">{escape(text[:limit - 1])}…</span>'

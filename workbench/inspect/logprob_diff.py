@@ -119,6 +119,5 @@ class LogprobDiff:
                    f"{a} logprob of {b}'s token", "delta"]
         div_id = h.content_id("wb-logprob-diff", self.to_dict())
         note = ("· = after the first difference: the two sides continue different texts")
-        return (f'<div id="{div_id}"><div style="font-size:11px;color:#555">'
-                f"{h.escape(repr(self))}; {h.escape(note)}</div>"
+        return (f'<div id="{div_id}">{h.caption(h.escape(repr(self)) + "; " + h.escape(note))}'
                 f"{h.table(headers, rows, escape_cells=False)}</div>")

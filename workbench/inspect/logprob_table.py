@@ -259,13 +259,16 @@ class LogprobTable:
             border = "border-bottom:2px solid #888;" if r.part == "prompt" else ""
             if r.overruled:  # the grammar overruled the model here: a red outline
                 border += "outline:1px dashed #c0392b;"
-            spans.append(f'<span title="{h.escape(title)}" style="background:'
-                         f'{h.prob_color(r.prob)};{border}padding:1px 0;margin:0 1px;'
+            spans.append(f'<span title="{h.escape(title)}" style="{h.on(h.prob_color(r.prob))};'
+                         f'{border}padding:1px 0;margin:0 1px;'
                          f'white-space:pre">{h.token_text(r.token)}</span>')
+        extra = [("prompt", "border-bottom:2px solid #888")] if self.prompt else []
+        if any(r.overruled for r in self.rows):
+            extra.append(("grammar overruled the model", "outline:1px dashed #c0392b"))
         div_id = h.content_id("wb-logprobs", self.to_dict())
         return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
-                f'<div style="font-size:11px;color:#555">{h.escape(repr(self))}</div>'
-                f'{"".join(spans)}</div>')
+                f'{h.caption(h.escape(repr(self)) + "; hover a token for its numbers")}'
+                f'{h.prob_legend(extra)}{"".join(spans)}</div>')
 
     def heatmap(self, k: int | None = None, ax: Any = None):
         """Matplotlib heatmap of probabilities: generated positions x top-k rank."""
@@ -276,7 +279,9 @@ class LogprobTable:
                 for r in self.rows]
         if ax is None:
             _, ax = plt.subplots(figsize=(1 + 0.9 * k, 0.5 + 0.35 * max(len(self.rows), 1)))
-        ax.imshow(grid or [[float("nan")] * k], aspect="auto", cmap="viridis", vmin=0, vmax=1)
+        image = ax.imshow(grid or [[float("nan")] * k], aspect="auto", cmap="viridis", vmin=0,
+                          vmax=1)
+        ax.figure.colorbar(image, ax=ax, label="probability")
         for i, r in enumerate(self.rows):
             for j, a in enumerate(r.top[:k]):
                 ax.text(j, i, a.token.replace("\n", "\\n")[:10], ha="center", va="center",
@@ -285,6 +290,8 @@ class LogprobTable:
                       fontsize=7)
         ax.set_xticks(range(k), [str(j + 1) for j in range(k)])
         ax.set_xlabel("rank among returned alternatives")
+        ax.set_ylabel("generated position: chosen token")
+        ax.set_title("top-k probabilities per position (text: the alternative token)", fontsize=9)
         return ax
 
 

@@ -157,13 +157,12 @@ class ParsedOutput:
         """Tokens on the background of their part; hover shows position, part and logprob;
         the parsed tool calls below."""
         spans = [f'<span title="{h.escape(f"{r.position}: {r.part}, logprob {h.fmt(r.logprob)}")}" '
-                 f'style="background:{PART_COLORS[r.part]};padding:1px 0;margin:0 1px;'
+                 f'style="{h.on(PART_COLORS[r.part])};padding:1px 0;margin:0 1px;'
                  f'white-space:pre">{h.token_text(r.token)}</span>' for r in self.rows]
-        legend = " ".join(f'<span style="background:{color};padding:0 4px">{part}</span>'
-                          for part, color in PART_COLORS.items())
+        legend = h.swatches(PART_COLORS.items(), "parts:")
         calls = h.table(["tool", "arguments"], [(c["name"], c["arguments"])
                                                 for c in self.tool_calls]) if self.tool_calls else ""
         div_id = h.content_id("wb-parsed", self.to_dict())
         return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
-                f'<div style="font-size:11px;color:#555">{h.escape(repr(self))} {legend}</div>'
+                f'{h.caption(h.escape(repr(self)))}{legend}'
                 f'{"".join(spans)}{calls}</div>')

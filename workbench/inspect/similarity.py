@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.inspect.html import content_id, escape, fmt, prob_color
+from workbench.inspect.html import (INK, caption, content_id, ellipsis, escape, fmt, prob_color,
+                                    swatches)
 
 
 @dataclass
@@ -112,19 +113,23 @@ class SimilarityMatrix:
 
     def _repr_html_(self) -> str:
         lo, hi = self._scale()
-        head = "".join(f'<th style="padding:2px 6px;text-align:left">{escape(_short(c))}</th>'
+        head = "".join(f'<th style="padding:2px 6px;text-align:left">{ellipsis(c, 24)}</th>'
                        for c in self.cols)
         body = ""
         for label, row in zip(self.rows, self.values):
             cells = "".join(
-                f'<td style="padding:2px 6px;text-align:right;background:'
+                f'<td style="padding:2px 6px;text-align:right;color:{INK};background:'
                 f'{prob_color((v - lo) / (hi - lo))}" title="{escape(c)}">{fmt(v)}</td>'
                 for c, v in zip(self.cols, row))
-            body += f'<tr><th style="padding:2px 6px;text-align:left">{escape(_short(label))}' \
+            body += f'<tr><th style="padding:2px 6px;text-align:left">{ellipsis(label, 40)}' \
                     f"</th>{cells}</tr>"
         ident = content_id("wb-sim", self.rows, self.cols, self.values)
+        legend = swatches([(f"{fmt(lo, 2)} (lowest)", prob_color(0.0)),
+                           (f"{fmt((lo + hi) / 2, 2)}", prob_color(0.5)),
+                           (f"{fmt(hi, 2)} (highest)", prob_color(1.0))], "colour:")
         return (f'<div id="{ident}" class="wb-similarity"><div style="font-size:12px">'
                 f"{escape(self.kind)} similarity, {len(self.rows)}×{len(self.cols)}</div>"
+                f"{caption('hover a cell or a cut label for its full text')}{legend}"
                 f'<table style="border-collapse:collapse;font-size:12px"><thead><tr><th></th>'
                 f"{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
@@ -136,9 +141,12 @@ class SimilarityMatrix:
             _, ax = plt.subplots(figsize=(1.2 + 1.1 * len(self.cols), 0.8 + 0.5 * len(self.rows)))
         lo, hi = self._scale()
         image = ax.imshow(self.values, cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
-        ax.set_xticks(range(len(self.cols)), [_short(c, 24) for c in self.cols], rotation=30,
-                      ha="right")
-        ax.set_yticks(range(len(self.rows)), [_short(r, 32) for r in self.rows])
+        ax.set_xticks(range(len(self.cols)), [_wrap(c) for c in self.cols], rotation=30,
+                      ha="right", fontsize=8)
+        ax.set_yticks(range(len(self.rows)), [_wrap(r) for r in self.rows], fontsize=8)
+        ax.set_title(f"{self.kind} similarity", fontsize=10)
+        ax.set_xlabel("columns")
+        ax.set_ylabel("rows")
         if annotate:
             for i, row in enumerate(self.values):
                 for j, v in enumerate(row):
@@ -169,5 +177,12 @@ def _vector(embedding: Any) -> list[float]:
     return list(embedding)
 
 
-def _short(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _wrap(text: str, width: int = 24, lines: int = 3) -> str:
+    """A tick label: wrapped at `width` characters, at most `lines` lines (then an ellipsis)."""
+    import textwrap
+
+    wrapped = textwrap.wrap(text, width) or [""]
+    if len(wrapped) > lines:
+        wrapped = wrapped[:lines]
+        wrapped[-1] = wrapped[-1][: width - 1] + "…"
+    return "\n".join(wrapped)

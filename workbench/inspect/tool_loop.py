@@ -157,7 +157,7 @@ class ToolLoopTrace:
                 tool += " (client)"
             output = row["output"]
             shown = "—" if output is None else output
-            color = "#b00020" if row["error"] else "inherit"
+            color = h.ERROR if row["error"] else "inherit"
             rows.append((row["round"], h.escape(row["request_id"]),
                          "—" if row["priority"] is None else row["priority"],
                          "—" if row["prompt_tokens"] is None else row["prompt_tokens"],

@@ -62,20 +62,33 @@ class LoadedModel:
 
 
 def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: str = "auto",
-               kind: str | None = None, served_name: str | None = None) -> LoadedModel:
+               kind: str | None = None, served_name: str | None = None,
+               progress: bool = True) -> LoadedModel:
     """Load a model by alias, directory, .gguf file or cached hub id.
 
-    `dtype` and `device` accept "auto" (see `resolve_dtype`, `resolve_device`).
+    `dtype` and `device` accept "auto" (see `resolve_dtype`, `resolve_device`). `progress`
+    shows the stages (weights, tokenizer, device) as a tqdm bar: a widget in a notebook, a line
+    on the terminal.
     """
+    from tqdm.auto import tqdm
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     spec = resolve_model(model, kind=kind, served_name=served_name)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     auto_class = AutoModelForCausalLM if spec.kind == "generate" else AutoModel
-    net = auto_class.from_pretrained(spec.path, dtype=torch_dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
-    net = prepare_for_inference(net, device)
+    with tqdm(total=3, desc=f"Loading {spec.served_name}", unit="stage",
+              disable=not progress) as stages:
+        stages.set_postfix_str("weights")
+        net = auto_class.from_pretrained(spec.path, dtype=torch_dtype, local_files_only=True)
+        stages.update()
+        stages.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
+        stages.update()
+        stages.set_postfix_str(f"to {device}")
+        net = prepare_for_inference(net, device)
+        stages.update()
+        stages.set_postfix_str("ready")
     pooling, normalize = pooling_of(spec.path, net.config) if spec.kind == "embed" else (None, False)
     return LoadedModel(model=net, tokenizer=tokenizer, config=net.config, path=spec.path,
                        served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,

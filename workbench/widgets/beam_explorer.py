@@ -10,6 +10,8 @@ pure functions of the tree; `to_html()` is the fallback where widgets don't rend
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -49,15 +51,27 @@ def _candidates(title: str, nodes: list[BeamNode], selected: int | None) -> str:
                       escape_cells=False))
 
 
-def render_step(tree: BeamTree, step: int, node_id: int | None = None) -> str:
-    """The tree up to `step` and the selected node's alternatives (deterministic HTML)."""
+def _until_ids(tree: BeamTree, step: int, ids: set[int]) -> set[int]:
+    """`ids` of `tree` as `tree_until(tree, step)` numbers them (those up to `step`)."""
+    kept = [n.id for n in tree.nodes if n.step <= step]
+    return {i for i, old in enumerate(kept) if old in ids}
+
+
+def render_step(tree: BeamTree, step: int, node_id: int | None = None,
+                label: str = "cum_logprob", static: bool = False) -> str:
+    """The tree up to `step` with the returned paths and the selected node marked, then the
+    node's alternatives (deterministic HTML); `static`: the drawing with its picture copy for
+    untrusted notebooks (the fallback, not the live view)."""
     partial = tree_until(tree, step)
     counts = Counter(n.status for n in partial.step(step))
     summary = (f"step {step} of {tree.num_steps}: {len(partial.step(step))} candidates "
                f"({counts['kept']} kept, {counts['completed']} completed, "
                f"{counts['pruned']} pruned)")
+    on_path = {n.id for i in range(len(tree.returned)) for n in tree.path(i)}
+    selected = None if node_id is None else min(_until_ids(tree, step, {node_id}), default=None)
     parts = [f'<div class="wb-summary">{h.escape(summary)}</div>',
-             partial.to_svg() if len(partial) else ""]
+             partial.to_svg(label, selected, _until_ids(tree, step, on_path), static)
+             if len(partial) else ""]
     if node_id is not None:
         node = tree[node_id]
         path, walk = [], node
@@ -77,12 +91,44 @@ def render_step(tree: BeamTree, step: int, node_id: int | None = None) -> str:
     return f'<div class="wb-beam-step" style="font-family:monospace">{"".join(parts)}</div>'
 
 
+def error_html(exc: BaseException) -> str:
+    """An exception in the OpenAI error shape's words: `400 BadRequestError: message (param)`."""
+    from workbench.serving.errors import error_response
+
+    err = error_response(exc).error
+    param = f" (parameter: {err.param})" if err.param else ""
+    return (f'<div class="wb-error" style="color:#8b0000;background:#fff0f0;padding:4px 8px;'
+            f'border-left:3px solid #c62828;white-space:pre-wrap">{err.code} {h.escape(err.type)}'
+            f": {h.escape(err.message)}{h.escape(param)}</div>")
+
+
+class _Ticker:
+    """Calls `tick(seconds elapsed)` every `every` seconds from a thread until `stop()`: the
+    busy line keeps moving while a search holds the kernel's main thread."""
+
+    def __init__(self, tick: Callable[[float], None], every: float = 1.0):
+        self._tick, self._every = tick, every
+        self._start, self._done = time.monotonic(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="wb-explorer-ticker")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self._every):
+            self._tick(time.monotonic() - self._start)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 class BeamExplorer(widgets.VBox):
     """Beam search, explored: controls, a step slider, a node selector and the HTML view.
 
     `BeamExplorer(tree=tree)` shows an existing tree; `BeamExplorer(llm, prompt)` runs
     `llm.beam_search` first (and again on Search). `search(prompt, width, length_penalty,
-    max_tokens) -> BeamTree` replaces the default search (e.g. a remote `Workbench`).
+    max_tokens) -> BeamTree` replaces the default search (e.g. a remote `Workbench`). While a
+    search runs the button is disabled and a status line says what runs; an error is shown in
+    the widget (`status`) and the previous tree stays.
     """
 
     def __init__(self, llm: Any = None, prompt: str = "", *, tree: BeamTree | None = None,
@@ -96,7 +142,11 @@ class BeamExplorer(widgets.VBox):
         self.length_penalty = widgets.FloatText(value=length_penalty, description="length pen.")
         self.max_tokens = widgets.BoundedIntText(value=max_tokens, min=1, max=256,
                                                  description="max tokens")
-        self.button = widgets.Button(description="Search")
+        self.button = widgets.Button(description="Search", icon="search")
+        self.status = widgets.HTML()
+        self.label = widgets.ToggleButtons(
+            options=[("token logprob", "logprob"), ("cumulative", "cum_logprob"),
+                     ("score", "score")], value="cum_logprob", description="numbers")
         self.step = widgets.IntSlider(value=0, min=0, max=0, description="step",
                                       continuous_update=True)
         self.node = widgets.Select(options=[], rows=6, description="node",
@@ -104,25 +154,54 @@ class BeamExplorer(widgets.VBox):
         self.view = widgets.HTML()
         controls = widgets.HBox([self.beam_width, self.length_penalty, self.max_tokens,
                                  self.button])
-        super().__init__(children=[self.prompt, controls, self.step, self.node, self.view],
-                         **kwargs)
+        super().__init__(children=[self.prompt, controls, self.status, self.label, self.step,
+                                   self.node, self.view], **kwargs)
         self.tree: BeamTree | None = None
-        self.button.on_click(lambda _: self.run())
+        self.button.on_click(lambda _: self.run(raise_errors=False))
         self.step.observe(self._on_step, names="value")
         self.node.observe(self._on_node, names="value")
+        self.label.observe(self._on_node, names="value")
         if tree is not None:
             self.show(tree)
         elif llm is not None or search is not None:
             self.run()
 
     # -- actions -----------------------------------------------------------------------------
-    def run(self) -> BeamTree:
-        """Runs the search with the current controls and shows the result."""
+    def run(self, raise_errors: bool = True) -> BeamTree | None:
+        """Runs the search with the current controls and shows the result; on an error the
+        widget shows it (and raises it unless `raise_errors` is false: the button)."""
         search = self._search or self._llm_search
-        tree = search(self.prompt.value, self.beam_width.value, self.length_penalty.value,
-                      self.max_tokens.value)
-        self.show(tree)
+        prompt, width = self.prompt.value, self.beam_width.value
+        penalty, max_tokens = self.length_penalty.value, self.max_tokens.value
+        line = (f"searching: beam width {width}, up to {max_tokens} tokens, length penalty "
+                f"{penalty:g} …")
+        self._busy(line)
+        ticker = _Ticker(lambda s: self._busy(f"{line} {s:.0f} s elapsed"))
+        try:
+            tree = search(prompt, width, penalty, max_tokens)
+        except Exception as exc:  # shown in the widget: a button's handler has nowhere to raise
+            ticker.stop()
+            self._idle(error_html(exc))
+            if raise_errors:
+                raise
+            return None
+        ticker.stop()
+        self.show(tree)  # the new tree first, then the button comes back
+        self._idle("")
         return tree
+
+    def _busy(self, line: str) -> None:
+        self.button.disabled, self.button.description = True, "Searching…"
+        self.button.icon = "spinner"
+        self.status.value = f'<div class="wb-busy" style="font-style:italic">{h.escape(line)}</div>'
+        if not self.view.value.startswith('<div class="wb-dimmed"'):  # the old tree stays, dimmed
+            self.view.value = f'<div class="wb-dimmed" style="opacity:0.45">{self.view.value}</div>'
+
+
+    def _idle(self, status: str) -> None:
+        self.button.disabled, self.button.description, self.button.icon = False, "Search", "search"
+        self.status.value = status
+        self._render()
 
     def _llm_search(self, prompt: str, width: int, length_penalty: float, max_tokens: int
                     ) -> BeamTree:
@@ -133,12 +212,16 @@ class BeamExplorer(widgets.VBox):
         return self.llm.beam_search([prompt], params)[0].tree
 
     def show(self, tree: BeamTree) -> None:
-        """Displays `tree` at its last step, best node selected."""
+        """Displays `tree` at its last step, best node selected; the controls are set from the
+        tree, so Search unchanged runs the same search."""
         self.tree = tree
         if tree.prompt_text is not None:
             self.prompt.value = tree.prompt_text
         self.beam_width.value, self.length_penalty.value = tree.beam_width, tree.length_penalty
+        if tree.num_steps:
+            self.max_tokens.value = tree.num_steps
         self.step.max = tree.num_steps  # may clamp the value, which redraws: harmless
+        self.step.min = min(1, tree.num_steps)  # step 0 would be the prompt alone
         if self.step.value == tree.num_steps:
             self._on_step({"new": tree.num_steps})  # no change event when the value stays
         else:
@@ -160,13 +243,15 @@ class BeamExplorer(widgets.VBox):
         self._render()
 
     def _render(self) -> None:
-        self.view.value = self.to_html()
+        self.view.value = self.to_html(static=False)
 
-    def to_html(self) -> str:
-        """The current step and node as static HTML (where widgets don't render)."""
+    def to_html(self, static: bool = True) -> str:
+        """The current step and node as static HTML (where widgets don't render; `static`
+        adds the drawing's picture copy for untrusted notebooks)."""
         if self.tree is None:
             return '<div class="wb-beam-step">no search yet</div>'
-        return render_step(self.tree, self.step.value, self.node.value)
+        return render_step(self.tree, self.step.value, self.node.value, self.label.value,
+                           static)
 
     def _repr_html_(self) -> str:
         return self.to_html()

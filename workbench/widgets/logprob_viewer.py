@@ -23,7 +23,7 @@ def render_position(table: LogprobTable, position: int) -> str:
     spans = []
     for r in table:
         outline = "outline:2px solid #d62728;" if r.position == row.position else ""
-        spans.append(f'<span style="background:{h.prob_color(r.prob)};{outline}padding:1px 0;'
+        spans.append(f'<span style="{h.on(h.prob_color(r.prob))};{outline}padding:1px 0;'
                      f'margin:0 1px;white-space:pre">{h.token_text(r.token)}</span>')
     alternatives = [
         (a.rank if a.rank is not None else "—",
@@ -34,9 +34,11 @@ def render_position(table: LogprobTable, position: int) -> str:
         for a in row.top]
     rank = row.rank if row.rank is not None else "—"
     summary = (f"position {row.position} of {len(table)}: {h.token_text(repr(row.token))} "
-               f"logprob {h.fmt(row.logprob)}, rank {rank}, entropy {h.fmt(row.entropy)}, "
-               f"top mass {h.fmt(row.top_mass)}")
+               f"logprob {h.fmt(row.logprob)}, rank {rank}, top-k entropy {h.fmt(row.entropy)} "
+               f"(over the returned alternatives, renormalised), top-k mass "
+               f"{h.fmt(row.top_mass)}")
     return (f'<div class="wb-logprob-position" style="font-family:monospace;line-height:1.9">'
+            f'{h.prob_legend([("selected", "outline:2px solid #d62728")])}'
             f'<div>{"".join(spans)}</div><div class="wb-summary">{summary}</div>'
             f'{h.table(["rank", "token", "logprob", "prob", ""], alternatives, escape_cells=False)}'
             f"</div>")

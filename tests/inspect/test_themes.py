@@ -1,0 +1,84 @@
+"""Both JupyterLab themes: text on a background we colour sets its own colour (AA contrast);
+text on the page takes the theme's colour (inherited or a `--jp-` variable), never a fixed grey
+that disappears on a dark page."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from tests.inspect.contrast import contrast
+from workbench.inspect import ParsedOutput
+from workbench.inspect import html as h
+from workbench.inspect.beam_tree import BeamNode, BeamTree
+from workbench.inspect.logprob_table import Alternative, LogprobRow, LogprobTable
+from workbench.inspect.similarity import SimilarityMatrix
+from workbench.widgets.logprob_viewer import render_position
+
+DARK_PAGE, LIGHT_PAGE = "#111111", "#ffffff"  # JupyterLab's --jp-layout-color0 in each theme
+
+
+def _table() -> LogprobTable:
+    rows = tuple(LogprobRow(i, t, math.log(p), 1, None, (Alternative(t, math.log(p), 1),))
+                 for i, (t, p) in enumerate([("The", 0.9), (" sky", 0.3), (" is", 0.02)]))
+    return LogprobTable(rows)
+
+
+def _outputs() -> dict[str, str]:
+    tree = BeamTree([1], 1, 1.0, [BeamNode(0, 1, 5, "a", -0.1, -0.1, None, 1, "kept", -0.1)], [0])
+    parsed = ParsedOutput.from_tokens(["<think>", "x", "</think>", "y"], reasoning_parser="qwen3")
+    return {"LogprobTable": _table()._repr_html_(),
+            "LogprobViewer": render_position(_table(), 1),
+            "ParsedOutput": parsed._repr_html_(),
+            "SimilarityMatrix": SimilarityMatrix(["q"], ["a", "b", "c"],
+                                                 [[0.1, 0.5, 0.9]])._repr_html_(),
+            "BeamTree": tree._repr_html_()}
+
+
+def _styles(html: str) -> list[str]:
+    return re.findall(r'style="([^"]*)"', html)
+
+
+def _prop(style: str, name: str) -> str | None:
+    m = re.search(rf"(?:^|;)\s*{name}\s*:\s*([^;]+)", style)
+    return m.group(1).strip() if m else None
+
+
+@pytest.mark.parametrize("name", list(_outputs()))
+def test_coloured_backgrounds_set_a_readable_text_colour(name):
+    html = _outputs()[name]
+    coloured = [s for s in _styles(html) if (_prop(s, "background") or "").startswith(("#", "hsl"))
+                and "height:8px" not in s]  # the viewer's probability bars hold no text
+    assert coloured, "the output colours something"
+    for style in coloured:
+        fg, bg = _prop(style, "color"), _prop(style, "background")
+        assert fg is not None, f"{name}: {style!r} sets a background but no text colour"
+        assert contrast(fg, bg) >= 4.5, (name, fg, bg)
+
+
+@pytest.mark.parametrize("name", list(_outputs()))
+def test_text_on_the_page_follows_the_theme(name):
+    for style in _styles(_outputs()[name]):
+        fg, bg = _prop(style, "color"), _prop(style, "background")
+        if fg is not None and bg is None and not fg.startswith(("var(--jp-", "inherit")):
+            # a fixed colour on the page's background must read on both themes' pages
+            assert min(contrast(fg, DARK_PAGE), contrast(fg, LIGHT_PAGE)) >= 4.5, (name, fg)
+
+
+def test_every_probability_colour_reads_with_ink():
+    for i in range(101):
+        assert contrast(h.INK, h.prob_color(i / 100)) >= 4.5
+    assert contrast(h.INK, h.prob_color(None)) >= 4.5
+
+
+def test_fallback_colours_of_theme_variables_read_on_a_light_page():
+    for var in (h.MUTED, h.ERROR):
+        fallback = re.search(r", (#\w+)\)$", var).group(1)
+        assert contrast(fallback, LIGHT_PAGE) >= 4.5, var
+
+
+def test_token_strips_carry_a_colour_legend():
+    for name in ("LogprobTable", "LogprobViewer", "ParsedOutput", "SimilarityMatrix"):
+        assert 'class="wb-legend"' in _outputs()[name], name
