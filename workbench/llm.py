@@ -100,7 +100,9 @@ class LLM:
                                                                 lora_request=lora,
                                                                 on_output=collect)
 
-        return self._drive([adder(*a) for a in zip(prompts, loras)], "beam", use_tqdm)
+        steps = len(prompts) * params.max_tokens  # a search ends by its last step at the latest
+        return self._drive([adder(*a) for a in zip(prompts, loras)], "beam", use_tqdm,
+                           steps=steps)
 
     # -- pooling (engine/pooling.py) --------------------------------------------------------
     def encode(self, prompts: Any, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
@@ -175,18 +177,22 @@ class LLM:
         return [ScoringRequestOutput.from_base(o) for o in outs]
 
     def _drive(self, adders: list[Callable[[str, Callable], Any]], kind: str,
-               use_tqdm: bool) -> list:
+               use_tqdm: bool, steps: int | None = None) -> list:
         """Submits one request per `adder(request_id, on_output)`, steps the engine until each
-        has its final output, and returns those in order; on any error all are aborted."""
+        has its final output, and returns those in order; on any error all are aborted.
+        The progress bar counts finished requests, or with `steps` (beam searches, which
+        report only at the end) engine steps of each unfinished request, up to `steps`."""
         engine = self.llm_engine
         ids: list[str] = []
         finals: dict[str, Any] = {}
-        bar = _progress(len(adders), use_tqdm)
+        bar = _progress(steps or len(adders), use_tqdm,
+                        "Beam search steps" if steps else "Processed prompts")
 
         def collect(out) -> None:
             if getattr(out, "finished", True):  # a beam search reports once, at the end
                 finals[out.request_id] = out
-                bar.update(1)
+                if not steps:
+                    bar.update(1)
 
         try:
             for add in adders:
@@ -194,7 +200,12 @@ class LLM:
                 add(rid, collect)
                 ids.append(rid)
             while len(finals) < len(ids):
+                live = len(ids) - len(finals)
                 engine.step()  # another thread (serve_in_kernel) may be stepping too: fine
+                if steps:
+                    bar.update(min(live, steps - bar.n))
+            if steps:
+                bar.update(steps - bar.n)  # searches that ended early (EOS) fill the rest
         except BaseException:
             engine.abort_request(ids)
             engine.step()
@@ -253,6 +264,8 @@ def _as_list(prompts: Any) -> list:
 
 
 class _NoBar:
+    n = 0
+
     def update(self, n: int) -> None:
         pass
 
@@ -260,9 +273,9 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, desc: str = "Processed prompts"):
     if not enabled:
         return _NoBar()
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # a widget in a notebook, a line on a terminal
 
-    return tqdm(total=total, desc="Processed prompts")
+    return tqdm(total=total, desc=desc)

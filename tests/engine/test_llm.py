@@ -112,3 +112,33 @@ def test_priority_policy_serves_lower_priority_values_first(tiny_llama):
     order = sorted(range(3), key=lambda i: outputs[i].metrics.first_scheduled_time)
     assert order == [1, 2, 0]
     assert [o.prompt for o in outputs] == ["first", "second", "third"]
+
+
+def test_beam_search_progress_counts_steps(tiny_llama, monkeypatch):
+    """use_tqdm=True on a beam search: a bar over its steps (it reports only at the end), full
+    when it is done, also when a search ends early."""
+    import workbench.llm as llm_module
+    from workbench import LLM
+    from workbench.sampling_params import BeamSearchParams
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, enabled, desc):
+            self.total, self.desc, self.n, self.updates = total, desc, 0, []
+            bars.append(self)
+
+        def update(self, k):
+            self.n += k
+            self.updates.append(k)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(llm_module, "_progress", Bar)
+    llm = LLM(tiny_llama, max_model_len=128, num_kv_blocks=64)
+    llm.beam_search(["Hello", "The quick brown fox"], BeamSearchParams(beam_width=2, max_tokens=6),
+                    use_tqdm=True)
+    bar, = bars
+    assert (bar.total, bar.desc, bar.n) == (12, "Beam search steps", 12)
+    assert len(bar.updates) >= 6 and all(k >= 0 for k in bar.updates)
