@@ -1,6 +1,6 @@
-"""Issue 16 item 8: a served adapter's name works on `/v1/responses` as on chat (vLLM accepts
-a served LoRA name on every generating endpoint); a name neither served nor an adapter is the
-reference's 404, whose message keeps vLLM 0.32's "Valid aliases" list."""
+"""Issue 16 item 8: a served adapter's name works on `/v1/responses` and the pooling endpoints as
+on chat (vLLM accepts a served LoRA name on every endpoint and runs it); a name neither served
+nor an adapter is the reference's 404, whose message keeps vLLM 0.32's "Valid aliases" list."""
 
 from __future__ import annotations
 
@@ -57,3 +57,23 @@ def test_unknown_model_is_vllms_404(http):
     assert r.status_code == 404
     assert r.json()["error"]["message"] == (
         "The model `nope` does not exist. Valid aliases: tiny-llama.")
+
+
+@pytest.mark.parametrize("route, body, values", [
+    ("/v1/embeddings", {"input": ["Hello there", "A pirate ship"]},
+     lambda j: [d["embedding"] for d in j["data"]]),
+    ("/classify", {"input": ["Hello there"]}, lambda j: [d["probs"] for d in j["data"]]),
+    ("/score", {"queries": "Hello there", "documents": ["hi", "bye"]},
+     lambda j: [d["score"] for d in j["data"]]),
+])
+def test_pooling_endpoints_run_a_served_adapter(http, route, body, values):
+    with_adapter = http.post(route, json={"model": "b", **body})
+    base = http.post(route, json={"model": BASE, **body})
+    assert with_adapter.status_code == 200 and base.status_code == 200, with_adapter.text
+    assert with_adapter.json()["model"] == "b" and base.json()["model"] == BASE
+    flat = lambda j: [x for v in values(j) for x in (v if isinstance(v, list) else [v])]
+    ours, theirs = flat(with_adapter.json()), flat(base.json())
+    assert max(abs(a - b) for a, b in zip(ours, theirs)) > 1e-3  # the adapter's weights applied
+    again = flat(http.post(route, json={"model": "b", **body}).json())  # prefix-cache hits:
+    assert again == pytest.approx(ours, rel=1e-4, abs=1e-5)  # the same up to float noise
+    assert http.post(route, json={"model": "nope", **body}).status_code == 404

@@ -122,12 +122,14 @@ class AsyncLLMEngine:
             yield out
 
     async def encode(self, prompt: PromptInput, pooling_params: PoolingParams, request_id: str,
-                     priority: int = 0, cache_salt: str | None = None
-                     ) -> AsyncIterator[PoolingRequestOutput]:
-        """Runs a pooling request (embed / classify / score / encode); yields its one, final
-        `PoolingRequestOutput` (finish_reason 'error' if the model failed); aborts if cancelled."""
+                     priority: int = 0, cache_salt: str | None = None,
+                     lora_request: Any = None) -> AsyncIterator[PoolingRequestOutput]:
+        """Runs a pooling request (embed / classify / score / encode), with `lora_request`'s
+        adapter if given; yields its one, final `PoolingRequestOutput` (finish_reason 'error'
+        if the model failed); aborts if cancelled."""
         async for out in self._submit(self.engine.add_pooling_request, prompt, pooling_params,
-                                      request_id, priority=priority, cache_salt=cache_salt):
+                                      request_id, priority=priority, cache_salt=cache_salt,
+                                      lora_request=lora_request):
             yield out
 
     async def _submit(self, add, prompt, params, request_id: str, **kwargs: Any):

@@ -260,15 +260,17 @@ class LLMEngine:
     def add_pooling_request(self, request_id: str, prompt: PromptInput, params: PoolingParams,
                             priority: int = 0, arrival_time: float | None = None,
                             on_output: Callable[[PoolingRequestOutput], None] | None = None,
-                            cache_salt: str | None = None) -> Request:
+                            cache_salt: str | None = None, lora_request: Any = None) -> Request:
         """Queues a pooling request (embed / classify / score / encode, `engine/pooling.py`);
         its one output (finished) is a `PoolingRequestOutput`. Prompts may use the whole
-        context (up to max_model_len tokens)."""
+        context (up to max_model_len tokens). `lora_request`: an adapter of a generative model
+        it runs with, as `add_request`'s."""
+        self._check_lora(lora_request)
         params = params.verify(self.pooling_tasks, self.served_model_name,
                                self.model.config.hidden_size,
                                default_normalize=getattr(self.loaded, "normalize", True)
                                if self.is_pooling_model else True)
-        kwargs = {"priority": priority, "cache_salt": cache_salt}
+        kwargs = {"priority": priority, "cache_salt": cache_salt, "lora_request": lora_request}
         if arrival_time is not None:
             kwargs["arrival_time"] = arrival_time
         req = pooling_request(self.inputs, request_id, prompt, params, **kwargs)

@@ -51,6 +51,7 @@ class PoolingContext:
     pooling_params: list[Any] | None = None  # one PoolingParams per engine prompt
     result_generator: AsyncIterator[tuple[int, Any]] | None = None
     final_res_batch: list[Any] | None = None  # one PoolingRequestOutput per engine prompt
+    lora_request: Any = None  # the served adapter the request names (`workbench.lora`)
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.perf_counter)
 
@@ -60,6 +61,7 @@ class PoolingContext:
 
 
 class PoolingServing(OpenAIServing):
+    supports_lora = True  # a served adapter's name runs it (generative models; vLLM's rule)
     """Stages 1-6 for pooling endpoints; subclasses supply the hooks and stage 7."""
 
     id_prefix = "pool"
@@ -101,6 +103,9 @@ class PoolingServing(OpenAIServing):
         rec = ctx.recorder
         with rec.stage("check model"), rec.check("model", "check model", "model"):
             self.check_model(request.model)
+            ctx.lora_request = self.lora_request_for(request)
+            if ctx.lora_request is not None:  # responses name the adapter, as vLLM's
+                ctx.model_name = ctx.lora_request.lora_name
         with rec.check("headers", "check model"):
             self.check_headers(ctx.meta)
         with rec.stage("validate"), rec.check("supported fields", "validate"):
@@ -149,14 +154,16 @@ class PoolingServing(OpenAIServing):
             engine_id = self.engine_request_id(ctx, i)
             if self.request_logger is not None:
                 self.request_logger.log_inputs(engine_id, prompt.text, prompt.token_ids, params)
-            streams.append(self._encode_stream(prompt, params, engine_id, priority))
+            streams.append(self._encode_stream(prompt, params, engine_id, priority,
+                                               ctx.lora_request))
         ctx.result_generator = merge_async_iterators(*streams)
 
     async def _encode_stream(self, prompt: EnginePrompt, params: Any, request_id: str,
-                             priority: int) -> AsyncIterator[Any]:
+                             priority: int, lora_request: Any = None) -> AsyncIterator[Any]:
         """One engine request; its final output only when it carries a result."""
+        kwargs = {} if lora_request is None else {"lora_request": lora_request}
         async with aclosing(self.engine.encode(prompt.as_engine_input(), params, request_id,
-                                               priority=priority)) as outputs:
+                                               priority=priority, **kwargs)) as outputs:
             async for output in outputs:
                 if not output.finished:
                     continue
