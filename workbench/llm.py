@@ -273,9 +273,13 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, enabled: bool, desc: str = "Processed prompts"):
-    if not enabled:
+def _progress(total: int, use_tqdm: Any, desc: str = "Processed prompts"):
+    """No bar, tqdm's (a widget in a notebook, a line on a terminal), or, as vLLM's `use_tqdm`
+    also takes, what a callable makes with tqdm's keyword arguments."""
+    if callable(use_tqdm):
+        return use_tqdm(total=total, desc=desc)
+    if not use_tqdm:
         return _NoBar()
-    from tqdm.auto import tqdm  # a widget in a notebook, a line on a terminal
+    from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc)

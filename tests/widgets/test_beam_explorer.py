@@ -190,3 +190,15 @@ def test_default_search_is_the_llms_beam_search(tiny_llm):
     ex.beam_width.value = 3
     ex.button.click()
     assert ex.tree.beam_width == 3 and len(ex.tree.step(1)) == 6  # 2 x width from the prompt
+
+
+def test_a_search_fills_the_widgets_own_progress_bar(tiny_llm):
+    """The search's engine steps move the explorer's bar (LLM.beam_search's use_tqdm takes a
+    callable, as vLLM's); hidden when idle."""
+    ex = BeamExplorer(tiny_llm, "Once upon a time", beam_width=2, max_tokens=4)
+    assert ex.progress in ex.children and ex.progress.layout.display == "none"
+    seen = []
+    ex.progress.observe(lambda change: seen.append(change["new"]), names="value")
+    ex.button.click()
+    assert ex.progress.max == 4 and seen[-1] == 4 and sorted(seen) == seen and len(seen) >= 3
+    assert ex.progress.layout.display == "none"

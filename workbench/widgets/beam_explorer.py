@@ -121,6 +121,23 @@ class _Ticker:
         self._thread.join()
 
 
+class _WidgetBar:
+    """tqdm's `update` / `n` / `close` on an `IntProgress`, shown while it counts."""
+
+    def __init__(self, bar: widgets.IntProgress, total: int, desc: str):
+        self.bar, self.n = bar, 0
+        bar.max, bar.value, bar.description = max(total, 1), 0, "steps"
+        bar.description_tooltip = desc
+        bar.layout.display = None
+
+    def update(self, k: int) -> None:
+        self.n += k
+        self.bar.value = min(self.n, self.bar.max)
+
+    def close(self) -> None:
+        self.bar.layout.display = "none"
+
+
 class BeamExplorer(widgets.VBox):
     """Beam search, explored: controls, a step slider, a node selector and the HTML view.
 
@@ -144,6 +161,8 @@ class BeamExplorer(widgets.VBox):
                                                  description="max tokens")
         self.button = widgets.Button(description="Search", icon="search")
         self.status = widgets.HTML()
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="steps",
+                                            layout=widgets.Layout(display="none"))
         self.label = widgets.ToggleButtons(
             options=[("token logprob", "logprob"), ("cumulative", "cum_logprob"),
                      ("score", "score")], value="cum_logprob", description="numbers")
@@ -154,7 +173,8 @@ class BeamExplorer(widgets.VBox):
         self.view = widgets.HTML()
         controls = widgets.HBox([self.beam_width, self.length_penalty, self.max_tokens,
                                  self.button])
-        super().__init__(children=[self.prompt, controls, self.status, self.label, self.step,
+        super().__init__(children=[self.prompt, controls, self.status, self.progress,
+                                   self.label, self.step,
                                    self.node, self.view], **kwargs)
         self.tree: BeamTree | None = None
         self.button.on_click(lambda _: self.run(raise_errors=False))
@@ -209,7 +229,11 @@ class BeamExplorer(widgets.VBox):
 
         params = BeamSearchParams(beam_width=width, max_tokens=max_tokens,
                                   length_penalty=length_penalty)
-        return self.llm.beam_search([prompt], params)[0].tree
+        return self.llm.beam_search([prompt], params, use_tqdm=self._progress_bar)[0].tree
+
+    def _progress_bar(self, total: int, desc: str) -> "_WidgetBar":
+        """The search's progress (engine steps) in the widget's own bar (`use_tqdm`)."""
+        return _WidgetBar(self.progress, total, desc)
 
     def show(self, tree: BeamTree) -> None:
         """Displays `tree` at its last step, best node selected; the controls are set from the
