@@ -38,7 +38,10 @@ def test_embedding_model_loads_with_its_pooling():
     assert similarity[0, 1] > similarity[0, 2] + 0.2
 
 
-def test_local_directory_loads_the_same_weights(tiny_llama, tmp_path):
+def test_local_directory_loads_the_same_weights(tmp_path):
+    from workbench.models import tiny_model
+
+    tiny_llama = tiny_model("llama", seed=0)  # unpatched: an engine fuses the shared fixture's
     path = tmp_path / "tiny-dir"
     tiny_llama.model.save_pretrained(path)
     tiny_llama.tokenizer.save_pretrained(path)

@@ -30,7 +30,7 @@ async def test_a_sampler_fault_is_a_500_for_its_request_only(make_server, monkey
         assert failed.status_code == 500
         error = failed.json()["error"]
         assert error["type"] == "InternalServerError"
-        assert "cmpl-the-bad-one" in error["message"]
+        assert error["message"] == "Internal server error"  # vLLM's; the log names the id
         assert streamed.status_code == 200 and '"InternalServerError"' in streamed.text
         assert [r.json()["choices"][0]["text"] for r in served] == expected
         assert (await client.get("/health")).status_code == 200
