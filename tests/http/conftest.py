@@ -49,3 +49,22 @@ def http(server):
 
     with httpx.Client(base_url=server.url, timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_llama):
+    """A server on the tiny llama (fast; its text is noise), one per test module that asks."""
+    from workbench import LLM, serve_in_kernel
+
+    llm = LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
+    handle = serve_in_kernel(llm, port=0)
+    yield handle
+    handle.stop(timeout=5)
+
+
+@pytest.fixture
+def tiny_http(tiny_server):
+    import httpx
+
+    with httpx.Client(base_url=tiny_server.url, timeout=60) as c:
+        yield c

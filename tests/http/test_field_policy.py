@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 
-import httpx
 import pytest
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -19,20 +18,9 @@ OPENAI_CHAT_FIELDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llama):
-    from workbench import LLM, serve_in_kernel
-
-    llm = LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
-    handle = serve_in_kernel(llm, port=0)
-    yield handle
-    handle.stop(timeout=5)
-
-
 @pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
+def http(tiny_http):  # a server on the tiny llama (tests/http/conftest.py)
+    return tiny_http
 
 
 @pytest.mark.parametrize("name", sorted(OPENAI_CHAT_FIELDS))

@@ -7,29 +7,15 @@ answered by the generic exception handler is counted as a 400 in `/metrics`.
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import pytest
 
 JSON = {"content-type": "application/json"}
 BOM = b"\xef\xbb\xbf"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llama):
-    from workbench import LLM, serve_in_kernel
-
-    llm = LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
-    handle = serve_in_kernel(llm, port=0)
-    yield handle
-    handle.stop(timeout=5)
-
-
 @pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
+def http(tiny_http):  # a server on the tiny llama (tests/http/conftest.py)
+    return tiny_http
 
 
 def _post(http, path: str, text: str, prefix: bytes = BOM):
@@ -85,8 +71,8 @@ def test_an_assistant_message_without_content_is_accepted(http):
     assert r.status_code == 200, r.text
 
 
-def test_detokenize_refuses_an_id_outside_the_vocabulary(http, server):
-    vocab = server.engine.vocab_size
+def test_detokenize_refuses_an_id_outside_the_vocabulary(http, tiny_server):
+    vocab = tiny_server.engine.vocab_size
     assert http.post("/detokenize", json={"tokens": [1, 2]}).status_code == 200
     r = http.post("/detokenize", json={"tokens": [1, vocab]})
     assert r.status_code == 400
