@@ -60,6 +60,7 @@ class SoakReport:
     shutdown_clean: int = 0  # of which ended with an error event and [DONE]
     shutdown_s: float = 0.0
     shutdown_timeout: float = 0.0
+    shutdown_limit_s: float = 0.0  # the stop must come within this (timeout + slack)
     failures: list[str] = field(default_factory=list)
 
     def count(self, status: int) -> None:
@@ -76,7 +77,7 @@ class SoakReport:
         return not (self.status_5xx or self.hangs or self.stuck_requests or self.blocks_leaked
                     or self.health_max_ms >= 1000 or self.burst_peak_waiting > self.burst_limit
                     or self.shutdown_clean < self.shutdown_streams
-                    or self.shutdown_s > self.shutdown_timeout + 1)
+                    or self.shutdown_s > self.shutdown_limit_s)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -96,7 +97,8 @@ class SoakReport:
                 ("burst: sent, 503, peak wait", f"{self.burst_requests} / {self.burst_503} / "
                  f"{self.burst_peak_waiting} (limit {self.burst_limit})"),
                 ("shutdown: streams cut clean", f"{self.shutdown_clean} / {self.shutdown_streams}"
-                 f" in {self.shutdown_s:.1f} s (timeout {self.shutdown_timeout:g} s)")]
+                 f" in {self.shutdown_s:.1f} s (timeout {self.shutdown_timeout:g} s, "
+                 f"limit {self.shutdown_limit_s:g} s)")]
         lines = [f"{name:<30} {value}" for name, value in rows]
         lines += [f"  failure: {f}" for f in self.failures[:10]]
         return "\n".join(lines)

@@ -83,10 +83,10 @@ async def huge_prompts(url: str, count: int = 2) -> None:
 
 
 def shutdown(server: Any, report: Any, *, streams: int = 4, timeout: float = 1.0,
-             max_tokens: int = 1000) -> None:
+             max_tokens: int = 1000, slack: float = 1.0) -> None:
     """Open `streams` long streams, stop the server with `timeout`: each stream must end with
-    an error event and `[DONE]`, the stop within `timeout` + 1 s (`max_tokens` must outlast
-    `timeout` and fit the server's context)."""
+    an error event and `[DONE]`, the stop within `timeout` + `slack` seconds (`max_tokens` must
+    outlast `timeout` and fit the server's context)."""
     import httpx
 
     ends: list[list[str]] = [[] for _ in range(streams)]
@@ -115,6 +115,7 @@ def shutdown(server: Any, report: Any, *, streams: int = 4, timeout: float = 1.0
     server.stop(timeout=timeout)
     report.shutdown_s = time.monotonic() - begin
     report.shutdown_timeout = timeout
+    report.shutdown_limit_s = timeout + slack
     for thread in threads:
         thread.join(30)
     report.shutdown_streams = streams

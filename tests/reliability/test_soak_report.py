@@ -59,9 +59,9 @@ def test_the_new_checks_fail_the_report():
     assert not SoakReport(health_max_ms=1500).ok
     assert not SoakReport(burst_limit=64, burst_peak_waiting=65).ok
     assert not SoakReport(shutdown_streams=2, shutdown_clean=1).ok
-    assert not SoakReport(shutdown_timeout=1, shutdown_s=2.5).ok
+    assert not SoakReport(shutdown_timeout=1, shutdown_limit_s=2, shutdown_s=2.5).ok
     assert SoakReport(health_max_ms=20, burst_limit=64, burst_peak_waiting=64, shutdown_streams=2,
-                      shutdown_clean=2, shutdown_timeout=1, shutdown_s=1.2).ok
+                      shutdown_clean=2, shutdown_timeout=1, shutdown_limit_s=2, shutdown_s=1.2).ok
 
 
 def test_burst_latency_and_shutdown_checks_against_a_live_server(make_server, slow_steps):
@@ -85,6 +85,8 @@ def test_burst_latency_and_shutdown_checks_against_a_live_server(make_server, sl
     assert report.burst_requests == 120 and report.burst_503 > 0
     assert report.burst_peak_waiting <= 16 and server.engine.max_waiting_requests is None
     assert 0 < report.health_max_ms < 1000
-    soak_checks.shutdown(server, report, streams=2, timeout=0.5, max_tokens=100)
+    # the bench allows 1 s after the deadline; a shared CI machine gets 3 (the cut itself is
+    # shown by every stream's error event)
+    soak_checks.shutdown(server, report, streams=2, timeout=0.5, max_tokens=100, slack=3)
     assert report.shutdown_clean == report.shutdown_streams == 2
-    assert report.shutdown_s < 1.5 and report.ok, report
+    assert report.shutdown_limit_s == 3.5 and report.ok, report
