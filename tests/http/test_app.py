@@ -74,4 +74,5 @@ def test_validation_errors_are_never_422(app_client):
     r = app_client.post("/v1/completions", json={"prompt": "Hi", "n": "many"})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "body.n"
-    assert "body.n: Input should be a valid integer" in r.json()["error"]["message"]
+    assert ("'loc': 'body.n', 'msg': 'Input should be a valid integer"
+            in r.json()["error"]["message"])

@@ -131,11 +131,23 @@ def test_removed_guided_fields_are_refused_not_ignored(client):
     assert (status, body["param"]) == (400, "guided_json")
 
 
-def test_missing_field_is_a_readable_400(http):
+def test_missing_field_is_a_400_in_vllms_words(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL})
     assert r.status_code == 400
-    assert r.json()["error"] == {"message": "1 validation error:\n  body.messages: Field required",
-                                 "type": "Bad Request", "param": "body.messages", "code": 400}
+    assert r.json()["error"] == {
+        "message": "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', "
+                   "'msg': 'Field required', 'input': '<dict of 1 items>'}",
+        "type": "Bad Request", "param": "body.messages", "code": 400}
+
+
+def test_out_of_range_seed_is_pydantics_error_as_vllm_words_it(http):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "seed": 2**64})
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "message": "1 validation error:\n  {'type': 'less_than_equal', 'loc': 'body.seed', "
+                   "'msg': 'Input should be less than or equal to 9223372036854775807', "
+                   "'input': '18446744073709551616', 'ctx': {'le': 9223372036854775807}}",
+        "type": "Bad Request", "param": "body.seed", "code": 400}
 
 
 def test_malformed_json(http):

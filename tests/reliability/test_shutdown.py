@@ -112,6 +112,32 @@ def test_streams_open_at_the_deadline_get_an_error_event_and_done(make_server, s
     assert took < 0.5 + SLACK
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Once", "ignore_eos": True, "max_tokens": 100}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 100})])
+def test_a_request_unanswered_at_the_deadline_gets_503_not_its_aborted_output(
+        make_server, slow_steps, path, body):
+    server = make_server()
+    slow_steps(server, 0.1)
+    engine = server.engine.engine
+    answer: dict = {}
+
+    def run() -> None:
+        with httpx.Client(timeout=60) as client:
+            answer["response"] = client.post(server.url + path, json={**body, "temperature": 0})
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not engine.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server.stop(timeout=0.3)
+    thread.join(30)
+    response = answer["response"]
+    assert response.status_code == 503, response.text
+    assert "shutting down" in response.json()["error"]["message"]
+
+
 def test_a_responses_stream_open_at_the_deadline_ends_with_an_error_event(make_server,
                                                                           slow_steps):
     server = make_server()

@@ -3,7 +3,8 @@
 `with_cancellation` runs a handler coroutine while watching the connection; when the client
 goes first, the handler task is cancelled (its engine streams then abort their requests) and
 None is returned. Streaming responses are covered by Starlette, which cancels the stream on
-disconnect.
+disconnect. A handler that ends after the shutdown deadline (`shutdown.py`) raises the 503
+that says so, instead of answering with the requests it aborted.
 """
 
 from __future__ import annotations
@@ -39,4 +40,8 @@ async def with_cancellation(request: Request, handler: Awaitable[T]) -> T | None
         await asyncio.wait({handler_task})
     if handler_task.cancelled():
         return None
-    return handler_task.result()
+    result = handler_task.result()
+    drain = getattr(request.app.state, "drain", None)
+    if drain is not None and drain.cutting:  # aborted at the shutdown deadline: no answer
+        raise drain.error()
+    return result

@@ -2,8 +2,8 @@
 
 Schema and JSON errors (FastAPI's `RequestValidationError`) become 400 with a readable message:
 a request check that refused it answers with its own sentence and type `BadRequestError`, as
-vLLM's validators do; other schema errors are "Bad Request" with one `location: problem` line
-per error (at most 10, inputs cut to 200 characters).
+vLLM's validators do; other schema errors are "Bad Request" with one line per error in vLLM's
+wording, pydantic's error dict (at most 10, inputs cut to 200 characters), which clients match.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ logger = logging.getLogger("workbench.http")
 UNSUPPORTED_MEDIA_TYPE = "Unsupported Media Type: Only 'application/json' is allowed"
 _MAX_ERRORS = 10
 _MAX_INPUT_CHARS = 200
+_MAX_LINE_CHARS = 1000
 _INTERNAL_LOC = {"function-wrap", "function-after", "function-before", "function-plain",
                  "json-or-python", "lax-or-strict", "chain", "default", "nullable",
                  "tagged-union", "union", "str", "int", "float", "bool", "list", "dict", "none"}
@@ -37,25 +38,38 @@ def clean_loc(loc: tuple) -> str:
     return ".".join(parts) if parts else ".".join(str(p) for p in loc)
 
 
-def _summarize(value: Any) -> str:
-    if isinstance(value, (list, tuple, dict, set)):
+def _summarize(value: Any) -> Any:
+    """A size-bounded stand-in for an error's `input` (containers described, not rendered)."""
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{type(value).__name__} of {len(value)} bytes>"
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
         return f"<{type(value).__name__} of {len(value)} items>"
-    text = repr(value)
+    text = value if isinstance(value, str) else _str(value)
     return text if len(text) <= _MAX_INPUT_CHARS else text[:_MAX_INPUT_CHARS] + "...[truncated]"
 
 
+def _str(value: Any) -> str:
+    try:
+        return str(value)
+    except ValueError:  # an int past sys.get_int_max_str_digits()
+        return f"<{type(value).__name__}>"
+
+
 def _line(err: Any) -> str:
+    """One error as vLLM renders it: a request check's own sentence, else pydantic's error dict
+    (`type`, `loc` as "body.seed", `msg`, `input` bounded, `ctx`), cut at 1,000 characters."""
     if not isinstance(err, dict):
         return str(err)
     check = (err.get("ctx") or {}).get("error")
     if isinstance(check, ValidationError):
         return str(check)  # the message with vLLM's (parameter=..., value=...) suffix
-    line = f"{clean_loc(tuple(err.get('loc', ())))}: {err.get('msg', '')}"
-    if isinstance(check, str):
-        line += f" ({check})"
-    elif err.get("type") not in ("missing", "json_invalid") and "input" in err:
-        line += f" (input: {_summarize(err['input'])})"
-    return line
+    shown = {key: value for key, value in err.items() if key != "url"}
+    if "input" in shown:
+        shown["input"] = _summarize(shown["input"])
+    if isinstance(shown.get("loc"), (tuple, list)):
+        shown["loc"] = clean_loc(tuple(shown["loc"]))
+    text = str(shown)
+    return text if len(text) <= _MAX_LINE_CHARS else text[:_MAX_LINE_CHARS] + "...[truncated]"
 
 
 def validation_error_body(errors: list[Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import uvicorn
 from workbench.errors import ServiceUnavailableError
 
 logger = logging.getLogger("workbench.http")
-CUT_GRACE = 0.5  # seconds between the cut and uvicorn's own cancellation
+CUT_GRACE = 1.0  # seconds between the cut and uvicorn's own cancellation (a backstop)
 
 
 class Drain:
