@@ -381,7 +381,7 @@ class _Local:
         import pydantic
         from pydantic import TypeAdapter
 
-        from workbench.http.errors import validation_error_body
+        from workbench.serving.errors import validation_error_body
         from workbench.serving.base import RequestMeta
         from workbench.serving.errors import error_response
         from workbench.serving.protocol import pooling as proto

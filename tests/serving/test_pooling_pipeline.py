@@ -221,7 +221,7 @@ def test_refusals_name_the_parameter(engine, body, param, message):
     """Checks on the raw body answer as the HTTP layer does; the rest from the pipeline."""
     import pydantic
 
-    from workbench.http.errors import validation_error_body
+    from workbench.serving.errors import validation_error_body
 
     s = servings(engine).embeddings
     try:

@@ -148,7 +148,7 @@ def parse(body: dict[str, Any], endpoint: str | None = None
     """The body as the HTTP route parses it: (request model or None, recorder, endpoint)."""
     import pydantic
 
-    from workbench.http.errors import validation_error_body
+    from workbench.serving.errors import validation_error_body
     from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
 
     endpoint = endpoint or endpoint_of(body)
