@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from workbench.version import __version__
 
 if TYPE_CHECKING:
     from workbench.http.kernel_server import serve_in_kernel

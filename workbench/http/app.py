@@ -28,6 +28,7 @@ from workbench.http.middleware import (
 from workbench.http.routes import extras, lora, openai, pooling, responses, system, tokenize
 from workbench.http.shutdown import Drain
 from workbench.serving import ServerConfig, ServingMetrics, Servings
+from workbench.version import __version__
 
 
 def build_app(engine: Any, config: ServerConfig | None = None, *,
@@ -35,13 +36,11 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
     """An app serving `engine` (an `AsyncLLMEngine`) under `config`; `tool_server` (a
     `workbench.tools.ToolServer`) holds the Responses API's built-in tools (default: the
     calculator)."""
-    import workbench
-
     config = config or ServerConfig()
     registry = CollectorRegistry()
     names = config.served_model_names or (engine.served_model_name,)
     metrics = ServingMetrics(registry, names[0], engine)
-    app = FastAPI(title="workbench OpenAI-compatible server", version=workbench.__version__,
+    app = FastAPI(title="workbench OpenAI-compatible server", version=__version__,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.engine = engine
     app.state.server_config = config

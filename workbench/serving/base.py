@@ -44,6 +44,7 @@ from workbench.serving.recorder import PipelineRecorder
 from workbench.serving.request_logger import RequestLogger
 from workbench.serving.sampling import server_defaults
 from workbench.serving.streaming import ChoiceDelta, choice_deltas, merge_async_iterators
+from workbench.version import __version__
 
 logger = logging.getLogger("workbench.serving")
 _TRACE_HEADERS = ("traceparent", "tracestate")
@@ -100,12 +101,10 @@ def fingerprint(engine: Any) -> str:
     vLLM's `vllm-<version>-<hash8>`: equal fingerprints, same backend configuration."""
     import hashlib
 
-    import workbench
-
     config = getattr(engine, "config", None)
     what = repr((getattr(engine, "model_path", None), getattr(config, "dtype", None),
                  engine.max_model_len, getattr(config, "seed", None)))
-    return f"workbench-{workbench.__version__}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"
+    return f"workbench-{__version__}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"
 
 
 class OpenAIServing:

@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from workbench.errors import EngineDeadError
 from workbench.http.docs import docs_page
+from workbench.version import __version__
 
 router = APIRouter()
 
@@ -24,9 +25,7 @@ async def health(raw: Request) -> Response:
 
 @router.get("/version")
 async def version() -> dict[str, str]:
-    import workbench
-
-    return {"version": workbench.__version__}
+    return {"version": __version__}
 
 
 @router.get("/metrics")
