@@ -7,7 +7,7 @@ serving layer turns it into a 400 `BadRequestError` whose `param` is `NAME`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 
 class ValidationError(ValueError):
@@ -30,6 +30,11 @@ class ValidationError(ValueError):
         if self.value is not None:
             extras.append(f"value={self.value}")
         return f"{self.message} ({', '.join(extras)})" if extras else self.message
+
+
+def refuse(message: str, parameter: str | None = None, value: Any = None) -> NoReturn:
+    """Raises the `ValidationError` for `parameter` (a check's one-line refusal)."""
+    raise ValidationError(message, parameter=parameter, value=value)
 
 
 class NotFoundError(LookupError):
