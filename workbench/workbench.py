@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.engine.beam_search import BeamSearchOutput
+from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.logprob_table import LogprobTable
 from workbench.inspect.similarity import SimilarityMatrix
 from workbench.inspect.trace import Span, Trace
@@ -203,7 +204,7 @@ class Workbench:
         tokenizer: pass it, or the model must be one of our aliases or a local directory)."""
         params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens,
                                   length_penalty=length_penalty, ignore_eos=ignore_eos)
-        return self._backend.beam_search(prompt, params, tokenizer)
+        return with_beam_tree(self._backend.beam_search(prompt, params, tokenizer))
 
     def close(self) -> None:
         self._backend.close()
