@@ -44,3 +44,12 @@ def test_with_beam_tree_swaps_only_the_tree():
     assert isinstance(drawn.tree, BeamTree) and drawn.request_id == "r1"
     assert with_beam_tree(drawn) is drawn
     assert with_beam_tree(BeamSearchOutput([], None)).tree is None
+
+
+@pytest.mark.parametrize("module", ["workbench.engine.beam_tree", "workbench.inspect.beam_tree"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), verbose=False)
+    assert result.failed == 0 and result.attempted > 0

@@ -18,9 +18,9 @@ from collections.abc import Collection
 from dataclasses import asdict, fields, replace
 from typing import Any
 
-from workbench.engine.beam_tree import STATUSES, BeamNode, BeamTreeData
+from workbench.engine.beam_tree import BeamNode, BeamTreeData
 
-__all__ = ["STATUSES", "BeamNode", "BeamTree", "with_beam_tree"]
+__all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 
 
 class BeamTree(BeamTreeData):
