@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from workbench.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
+from workbench.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from workbench.sampling_params import BeamSearchParams
 
 if TYPE_CHECKING:  # only an annotation: the client-side search runs without torch

@@ -14,7 +14,6 @@ from typing import Any
 
 from workbench.inspect import html as h
 
-
 KIND_COLORS = {"pipeline": "#8fb8de", "engine": "#f0a868", "client": "#b0b0b0"}
 
 
