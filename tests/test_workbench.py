@@ -88,6 +88,9 @@ def test_beam_search_same_locally_and_client_side_over_http(local, remote):
     assert [s.tokens for s in here.sequences] == [s.tokens for s in there.sequences]
     assert len(here.tree) == len(there.tree) > 0
     assert here.tree.best.token_id == there.tree.best.token_id
+    from workbench.inspect import BeamTree
+
+    assert isinstance(here.tree, BeamTree) and isinstance(there.tree, BeamTree)  # drawable
 
 
 def test_offline_llm_and_the_in_kernel_server_agree(llm, remote):

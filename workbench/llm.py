@@ -23,6 +23,7 @@ from workbench.engine.outputs import (ClassificationRequestOutput, EmbeddingRequ
                                       PoolingRequestOutput, RequestOutput, ScoringRequestOutput)
 from workbench.engine.pooling import bi_encoder_score, judgement_prompt, score_pairs
 from workbench.errors import ValidationError
+from workbench.inspect.beam_tree import with_beam_tree
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -101,8 +102,9 @@ class LLM:
                                                                 on_output=collect)
 
         steps = len(prompts) * params.max_tokens  # a search ends by its last step at the latest
-        return self._drive([adder(*a) for a in zip(prompts, loras)], "beam", use_tqdm,
-                           steps=steps)
+        outputs = self._drive([adder(*a) for a in zip(prompts, loras)], "beam", use_tqdm,
+                              steps=steps)
+        return [with_beam_tree(out) for out in outputs]
 
     # -- pooling (engine/pooling.py) --------------------------------------------------------
     def encode(self, prompts: Any, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,

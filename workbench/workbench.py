@@ -30,7 +30,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.backend import Backend
 from workbench.engine.beam_search import BeamSearchOutput
+from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.logprob_table import LogprobTable
 from workbench.inspect.similarity import SimilarityMatrix
 from workbench.inspect.trace import Span, Trace
@@ -104,8 +106,8 @@ class Workbench:
         if (llm is None) == (url is None):
             raise ValueError("Workbench needs an engine (Workbench(llm)) or a url, not both.")
         self.url = url.rstrip("/") if url else None
-        self._backend = (_Remote(self.url, api_key, timeout) if url
-                         else _Local(llm, config, tool_server))
+        self._backend: Backend = (_Remote(self.url, api_key, timeout) if url
+                                  else _Local(llm, config, tool_server))
 
     @property
     def model(self) -> str:
@@ -203,7 +205,7 @@ class Workbench:
         tokenizer: pass it, or the model must be one of our aliases or a local directory)."""
         params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens,
                                   length_penalty=length_penalty, ignore_eos=ignore_eos)
-        return self._backend.beam_search(prompt, params, tokenizer)
+        return with_beam_tree(self._backend.beam_search(prompt, params, tokenizer))
 
     def close(self) -> None:
         self._backend.close()
@@ -241,8 +243,9 @@ def kernel_words(error: dict[str, Any]) -> dict[str, Any]:
     return {**error, "error": {**error["error"], "message": message + hint}}
 
 
-class _Local:
-    """The serving objects on an async engine, driven from a private event-loop thread."""
+class _Local(Backend):
+    """The `Backend` of the serving objects on an async engine, driven from a private
+    event-loop thread."""
 
     def __init__(self, llm: Any, config: Any, tool_server: Any = None):
         from workbench.engine.async_engine import AsyncLLMEngine
@@ -421,8 +424,8 @@ class _Local:
         self._thread.join(timeout=5)
 
 
-class _Remote:
-    """Any OpenAI-compatible server over httpx; `url` ends in `/v1`."""
+class _Remote(Backend):
+    """The `Backend` of any OpenAI-compatible server over httpx; `url` ends in `/v1`."""
 
     _PATHS = {"completions": "/completions", "chat": "/chat/completions", "models": "/models",
               "responses": "/responses"}

@@ -9,17 +9,16 @@ the same engine, configured as a user would for tools: the Hermes-style SmolLM2 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 import pytest
 
 from tests.http.conftest import MODEL
+from workbench.serving.chat_tools import TOOLS_TEMPLATE
 from workbench.tools import ToolError, evaluate
 
 pytestmark = pytest.mark.slow
 
-TOOLS_TEMPLATE = Path(__file__).parents[2] / "data" / "chat_templates" / "smollm2_tools.jinja"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                           "required": ["city"]}}

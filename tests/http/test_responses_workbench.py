@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from workbench.serving.chat_tools import TOOLS_TEMPLATE
 from workbench.tools import ToolSpec
 
 pytestmark = pytest.mark.slow
 
-TOOLS_TEMPLATE = Path(__file__).parents[2] / "data" / "chat_templates" / "smollm2_tools.jinja"
 ASK = {"tools": [{"type": "calculator"}], "tool_choice": {"type": "calculator"},
        "temperature": 0, "max_output_tokens": 48, "max_tool_calls": 1}
 

@@ -1,7 +1,7 @@
 """Tool calling and reasoning through the official `openai` client, on the real SmolLM2 (fp32).
 
-The server runs the shipped Hermes-style tools template (`data/chat_templates/
-smollm2_tools.jinja`) with `--enable-auto-tool-choice --tool-call-parser hermes
+The server runs the shipped Hermes-style tools template (`workbench/serving/
+chat_templates/smollm2_tools.jinja`) with `--enable-auto-tool-choice --tool-call-parser hermes
 --reasoning-parser qwen3`. `required` and named choices are enforced by constrained decoding,
 so even the 135M model returns valid calls. For `auto` the model is shown one earlier call
 (few-shot) and `<tool_response>` is made unlikely with `logit_bias`, so it writes a real

@@ -7,18 +7,17 @@ writes to call a tool, so the loop's rounds, ids, priorities and bounds are chec
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.serving.responses_helpers import ScriptedEngine
 from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, Servings
+from workbench.serving.chat_tools import TOOLS_TEMPLATE
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.responses import ResponsesServing
 from workbench.tools import Calculator, LocalToolServer, ToolSpec
 
-TOOLS_TEMPLATE = Path(__file__).parents[2] / "data" / "chat_templates" / "smollm2_tools.jinja"
 CALCULATOR = [{"type": "calculator"}]
 WEATHER = {"type": "function", "name": "weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

@@ -1,7 +1,7 @@
 """Beam search as vLLM's online beam search, independent of who computes the logprobs.
 
 `BeamSearch` holds the state of one search: live beams (prompt + generated tokens, cumulative
-logprob, per-step logprob dicts), completed beams and the `BeamTree`. Each step the caller
+logprob, per-step logprob dicts), completed beams and the `BeamTreeData`. Each step the caller
 gives, for every live beam, its top `2 * beam_width` (token, raw logprob) candidates;
 `advance` then:
 1. turns every EOS candidate (unless `ignore_eos`) into a completed beam (finish_reason "stop",
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from workbench.engine.beam_tree import BeamNode, BeamTreeData
 from workbench.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from workbench.inspect.beam_tree import BeamNode, BeamTree
 from workbench.sampling_params import BeamSearchParams
+
+if TYPE_CHECKING:  # only an annotation: the client-side search runs without torch
+    import torch
 
 
 @dataclass
@@ -48,7 +49,7 @@ class BeamSearchOutput:
     """The result of one beam search: `sequences` best first, and the `tree` of candidates."""
 
     sequences: list[BeamSearchSequence]
-    tree: BeamTree | None = None
+    tree: BeamTreeData | None = None
     request_id: str | None = None
     prompt: str | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
@@ -108,8 +109,8 @@ class BeamSearch:
         self.live = [_Beam(list(prompt_token_ids), 0.0, [], None)]
         self.completed: list[_Beam] = []
         self.num_steps = 0
-        self.tree = BeamTree(list(prompt_token_ids), params.beam_width, params.length_penalty,
-                             prompt_text=prompt)
+        self.tree = BeamTreeData(list(prompt_token_ids), params.beam_width, params.length_penalty,
+                                 prompt_text=prompt)
 
     @property
     def num_candidates(self) -> int:

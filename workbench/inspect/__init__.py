@@ -1,6 +1,7 @@
-"""Inspectable objects: plain data with `to_dict()`, `to_frame()` and a deterministic `_repr_html_`.
+"""Inspect objects: each an `Inspectable` (`to_dict()`, `to_frame()`, `plot()`, `_repr_html_`).
 
-`BeamTree` (every candidate of a beam search), `LogprobTable`, `ValidationReport`, and the
+`BeamTree` (every candidate of a beam search), `LogprobTable`, `LogprobDiff`,
+`ValidationReport`, `Trace`, `ParsedOutput`, `ToolLoopTrace`, `SimilarityMatrix`, and the
 client-side `remote_beam_search` over any OpenAI-compatible server. Names load lazily, so
 importing `workbench.inspect` pulls in neither pandas nor matplotlib.
 """
@@ -14,6 +15,8 @@ _NAMES = {
     "BeamNode": "workbench.inspect.beam_tree",
     "remote_beam_search": "workbench.inspect.remote_beam",
     "LogprobTable": "workbench.inspect.logprob_table",
+    "LogprobDiff": "workbench.inspect.logprob_diff",
+    "Inspectable": "workbench.inspect.protocol",
     "ValidationReport": "workbench.inspect.validation_report",
     "Trace": "workbench.inspect.trace",
     "ParsedOutput": "workbench.inspect.parsed_output",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from workbench.inspect import html as H
+from workbench.inspect import html as h
 
 if TYPE_CHECKING:
     from workbench.inspect.beam_tree import BeamNode, BeamTree
@@ -36,7 +36,7 @@ def short_token(text: str) -> str:
 
 
 def _label(node: "BeamNode", label: str) -> str:
-    return f"{short_token(node.text)} {H.fmt(getattr(node, label), 2)}"
+    return f"{short_token(node.text)} {h.fmt(getattr(node, label), 2)}"
 
 
 def _text_w(text: str) -> float:
@@ -51,10 +51,10 @@ def _legend(label: str) -> str:
         parts.append(f'<line x1="{x}" y1="{PAD + 6}" x2="{x + 16}" y2="{PAD + 6}" '
                      f'stroke="{COLOURS[key]}" stroke-width="{width}"/>'
                      f'<text x="{x + 20}" y="{PAD + 10}" font-size="11" '
-                     f'fill="{COLOURS[key]}">{H.escape(name)}</text>')
+                     f'fill="{COLOURS[key]}">{h.escape(name)}</text>')
         x += 28 + _text_w(name)
     parts.append(f'<text x="{x + 8:.1f}" y="{PAD + 10}" font-size="11" fill="#222222">'
-                 f'numbers: {H.escape(LABELS[label])}</text>')
+                 f'numbers: {h.escape(LABELS[label])}</text>')
     return f'<g class="wb-legend">{"".join(parts)}</g>'
 
 
@@ -93,20 +93,20 @@ def draw(tree: "BeamTree", label: str = "cum_logprob", selected: int | None = No
                      f'y2="{y2 + 9:.1f}" stroke="{COLOURS["returned" if returned else n.status]}"'
                      f' stroke-width="{2.5 if returned else 1}"/>')
         title = (f"{n.text!r}: step {n.step}, rank {n.rank}, {n.status}, logprob "
-                 f"{H.fmt(n.logprob)}, cumulative {H.fmt(n.cum_logprob)}, score {H.fmt(n.score)}")
+                 f"{h.fmt(n.logprob)}, cumulative {h.fmt(n.cum_logprob)}, score {h.fmt(n.score)}")
         mark = ""
         if n.id == selected:
             mark = (f'<rect class="wb-selected" x="{x2 - 2:.1f}" y="{y2 + 1:.1f}" '
                     f'width="{ends[n.id] - x2 + 1:.1f}" height="{ROW_H - 2}" rx="3" '
                     f'fill="{SELECTED}" stroke="#222222"/>')
-        labels.append(f'<g>{mark}<title>{H.escape(title)}</title><text x="{x2:.1f}" '
+        labels.append(f'<g>{mark}<title>{h.escape(title)}</title><text x="{x2:.1f}" '
                       f'y="{y2 + 13:.1f}" font-size="11" font-weight="'
                       f'{"bold" if returned else "normal"}" fill="{COLOURS[n.status]}">'
-                      f'{H.escape(_label(n, label))}</text></g>')
+                      f'{h.escape(_label(n, label))}</text></g>')
     px, py = xy(None)
-    prompt = (f'<g><title>{H.escape(tree.prompt_text or "the prompt")}</title><text x="{px:.1f}" '
+    prompt = (f'<g><title>{h.escape(tree.prompt_text or "the prompt")}</title><text x="{px:.1f}" '
               f'y="{py + 13:.1f}" font-size="11" fill="#222222">prompt</text></g>')
-    svg_id = H.content_id("wb-beamtree", tree.to_dict(), label, selected,
+    svg_id = h.content_id("wb-beamtree", tree.to_dict(), label, selected,
                           sorted(on_path))
     svg = (f'<svg id="{svg_id}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
            f'{height}" width="{width}" height="{height}" style="font-family:monospace;'
@@ -117,4 +117,4 @@ def draw(tree: "BeamTree", label: str = "cum_logprob", selected: int | None = No
     live = f'<div class="wb-drawing" style="overflow-x:auto;max-width:100%">{svg}</div>'
     if not static:
         return live
-    return H.static_fallback(live, svg, width, height, svg_id.replace("beamtree", "fallback"))
+    return h.static_fallback(live, svg, width, height, svg_id.replace("beamtree", "fallback"))

@@ -1,114 +1,45 @@
-"""`BeamTree`: every candidate a beam search considered, step by step, as plain data.
+"""`BeamTree`: a beam search's tree of candidates (`workbench.engine.beam_tree`), drawn.
 
-Each step expands every live beam into its top `2 * beam_width` tokens. Every such candidate is
-a `BeamNode`: its step (1 = the first generated token), token id and text, logprob, cumulative
-logprob, parent node (None = the prompt), rank among its parent's candidates (1 = most likely),
-status (`kept`: went on to the next step, `pruned`: dropped, `completed`: ended in EOS) and its
-length-penalised score. `returned` lists the nodes of the returned sequences, best first.
+The data and its queries (`best`, `path(i)`, `children`, `step`, `to_dict`) live next to the
+algorithm in `workbench.engine.beam_tree`, free of torch and of drawing; this subclass adds the
+pandas frame, the inline-SVG `_repr_html_` (`beam_svg`) and a matplotlib `plot()`.
+`BeamTree.of(data)` views an engine tree as one; `with_beam_tree(output)` does so for a
+`BeamSearchOutput`, as the facades (`LLM`, `Workbench`, `remote_beam_search`) return them.
 
 >>> tree = BeamTree([1], beam_width=1, length_penalty=1.0, nodes=[
-...     BeamNode(0, 1, 5, "a", -0.1, -0.1, None, 1, "kept", -0.05),
-...     BeamNode(1, 1, 6, "b", -2.0, -2.0, None, 2, "pruned", -1.0)], returned=[0])
->>> tree.best.text, len(tree), [n.id for n in tree.path(0)]
-('a', 2, [0])
+...     BeamNode(0, 1, 5, "a", -0.1, -0.1, None, 1, "kept", -0.05)], returned=[0])
+>>> tree.best.text, BeamTree.of(tree) is tree
+('a', True)
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from collections.abc import Collection
+from dataclasses import asdict, fields, replace
 from typing import Any
 
-STATUSES = ("kept", "pruned", "completed")
+from workbench.engine.beam_tree import BeamNode, BeamTreeData
+
+__all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 
 
-@dataclass(frozen=True)
-class BeamNode:
-    """One candidate token of one step (see the module docstring)."""
-
-    id: int
-    step: int
-    token_id: int
-    text: str
-    logprob: float
-    cum_logprob: float
-    parent: int | None  # node id, None = a child of the prompt
-    rank: int  # 1-based, among its parent's candidates
-    status: str  # kept | pruned | completed
-    score: float  # cum_logprob / len ** length_penalty, as in the final ranking
-    returned: int | None = None  # its position among the returned sequences, best = 0
-
-
-@dataclass
-class BeamTree:
-    """The candidates of a beam search (module docstring); `tree[i]`, `tree.best`, `tree.path(i)`."""
-
-    prompt_token_ids: list[int]
-    beam_width: int
-    length_penalty: float
-    nodes: list[BeamNode] = field(default_factory=list)
-    returned: list[int] = field(default_factory=list)  # node ids, best first
-    prompt_text: str | None = None
-
-    # -- access ------------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __getitem__(self, i: int) -> BeamNode:
-        return self.nodes[i]
-
-    def __iter__(self):
-        return iter(self.nodes)
-
-    @property
-    def num_steps(self) -> int:
-        return max((n.step for n in self.nodes), default=0)
-
-    @property
-    def best(self) -> BeamNode | None:
-        """The last node of the best returned sequence."""
-        return self.nodes[self.returned[0]] if self.returned else None
-
-    def path(self, i: int = 0) -> list[BeamNode]:
-        """The nodes from step 1 to the end of the i-th returned sequence (0 = best)."""
-        node: BeamNode | None = self.nodes[self.returned[i]]
-        out = []
-        while node is not None:
-            out.append(node)
-            node = None if node.parent is None else self.nodes[node.parent]
-        return out[::-1]
-
-    def children(self, node_id: int | None) -> list[BeamNode]:
-        """The candidates expanded from a node (None: from the prompt)."""
-        return [n for n in self.nodes if n.parent == node_id]
-
-    def step(self, s: int) -> list[BeamNode]:
-        return [n for n in self.nodes if n.step == s]
-
-    # -- export ------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {"prompt_token_ids": list(self.prompt_token_ids), "prompt_text": self.prompt_text,
-                "beam_width": self.beam_width, "length_penalty": self.length_penalty,
-                "returned": list(self.returned), "nodes": [asdict(n) for n in self.nodes]}
+class BeamTree(BeamTreeData):
+    """The tree as data (`BeamTreeData`) with a frame, inline SVG and a matplotlib plot."""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BeamTree":
-        return cls(d["prompt_token_ids"], d["beam_width"], d["length_penalty"],
-                   [BeamNode(**n) for n in d["nodes"]], list(d["returned"]), d.get("prompt_text"))
+    def of(cls, tree: BeamTreeData) -> "BeamTree":
+        """This tree if it is one already, else a `BeamTree` sharing its fields."""
+        if isinstance(tree, cls):
+            return tree
+        return cls(**{f.name: getattr(tree, f.name) for f in fields(tree)})
 
     def to_frame(self):
         """A pandas DataFrame, one row per node, indexed by node id."""
-        import pandas as pd
+        import pandas as pd  # optional: deferred so the tree loads without pandas
 
         cols = list(BeamNode.__dataclass_fields__)
         frame = pd.DataFrame([asdict(n) for n in self.nodes], columns=cols)
         return frame.set_index("id")
-
-    def __repr__(self) -> str:
-        best = self.best
-        best_text = "—" if best is None else f"{best.score:.4f}"
-        return (f"BeamTree(width={self.beam_width}, steps={self.num_steps}, nodes={len(self)}, "
-                f"returned={len(self.returned)}, best_score={best_text})")
 
     # -- drawing -----------------------------------------------------------------------------
     def layout(self) -> dict[int | None, tuple[float, float]]:
@@ -139,7 +70,7 @@ class BeamTree:
 
     def plot(self, ax=None):
         """Draws the tree with matplotlib (x = step, y = order); returns the Axes."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
 
         if ax is None:
             rows = len(self.nodes) / max(self.num_steps, 1)
@@ -163,3 +94,10 @@ class BeamTree:
         ax.set_yticks([])
         ax.set_title(repr(self))
         return ax
+
+
+def with_beam_tree(output: Any) -> Any:
+    """A `BeamSearchOutput` whose `.tree` is a drawable `BeamTree` (None stays None)."""
+    if output.tree is None or isinstance(output.tree, BeamTree):
+        return output
+    return replace(output, tree=BeamTree.of(output.tree))

@@ -121,3 +121,24 @@ class LogprobDiff:
         note = ("· = after the first difference: the two sides continue different texts")
         return (f'<div id="{div_id}">{h.caption(h.escape(repr(self)) + "; " + h.escape(note))}'
                 f"{h.table(headers, rows, escape_cells=False)}</div>")
+
+    def plot(self, ax: Any = None) -> Any:
+        """Each side's logprob per position (matplotlib), the first difference marked; returns
+        the axes."""
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 3))
+        nan = float("nan")
+        positions = [r.position for r in self.rows]
+        for name, values, marker in ((self.a_name, [r.a_logprob for r in self.rows], "o"),
+                                     (self.b_name, [r.b_logprob for r in self.rows], "x")):
+            ax.plot(positions, [nan if v is None else v for v in values], marker=marker,
+                    label=name)
+        if self.diverged_at is not None:
+            ax.axvline(self.diverged_at, color="#c62828", ls="--", label="first difference")
+        ax.set_xlabel("position")
+        ax.set_ylabel("logprob of the chosen token")
+        ax.legend(fontsize=8)
+        ax.set_title(repr(self), fontsize=9)
+        return ax

@@ -270,7 +270,7 @@ class LogprobTable:
                 f'{h.caption(h.escape(repr(self)) + "; hover a token for its numbers")}'
                 f'{h.prob_legend(extra)}{"".join(spans)}</div>')
 
-    def heatmap(self, k: int | None = None, ax: Any = None):
+    def plot(self, k: int | None = None, ax: Any = None):
         """Matplotlib heatmap of probabilities: generated positions x top-k rank."""
         import matplotlib.pyplot as plt
 
@@ -293,6 +293,8 @@ class LogprobTable:
         ax.set_ylabel("generated position: chosen token")
         ax.set_title("top-k probabilities per position (text: the alternative token)", fontsize=9)
         return ax
+
+    heatmap = plot  # the earlier name
 
 
 # -- helpers ------------------------------------------------------------------------------------

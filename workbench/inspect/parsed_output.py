@@ -166,3 +166,21 @@ class ParsedOutput:
         return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
                 f'{h.caption(h.escape(repr(self)))}{legend}'
                 f'{"".join(spans)}{calls}</div>')
+
+    def plot(self, ax: Any = None) -> Any:
+        """Each token's logprob (0 where unknown) as a bar in its part's colour (matplotlib);
+        returns the axes."""
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+        from matplotlib.patches import Patch
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(1 + 0.15 * max(len(self.rows), 20), 3))
+        ax.bar([r.position for r in self.rows], [r.logprob or 0.0 for r in self.rows],
+               color=[PART_COLORS[r.part] for r in self.rows], edgecolor="#444444",
+               linewidth=0.5)
+        ax.legend(handles=[Patch(facecolor=c, edgecolor="#444444", label=p)
+                           for p, c in PART_COLORS.items()], fontsize=8)
+        ax.set_xlabel("generated position")
+        ax.set_ylabel("logprob")
+        ax.set_title(repr(self), fontsize=9)
+        return ax

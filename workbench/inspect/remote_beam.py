@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.engine.beam_search import BeamSearch, BeamSearchOutput
+from workbench.inspect.beam_tree import with_beam_tree
 from workbench.sampling_params import BeamSearchParams
 
 
@@ -65,8 +66,8 @@ def remote_beam_search(client: Any, model: str, prompt: str | list[int],
             "return_tokens_as_token_ids": True})
         choices.sort(key=lambda c: c["index"])
         if any(c.get("finish_reason") == "error" for c in choices):
-            return search.error()
+            return with_beam_tree(search.error())
         cands = [_candidates(c, k) for c in choices]
         search.advance([c[0] for c in cands], [c[1] for c in cands])
-    return search.result(lambda gen: tokenizer.decode(
-        gen, skip_special_tokens=params.skip_special_tokens))
+    return with_beam_tree(search.result(lambda gen: tokenizer.decode(
+        gen, skip_special_tokens=params.skip_special_tokens)))

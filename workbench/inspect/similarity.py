@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.inspect.html import (INK, caption, content_id, ellipsis, escape, fmt, prob_color,
-                                    swatches)
+from workbench.inspect import html as h
 
 
 @dataclass
@@ -97,12 +96,12 @@ class SimilarityMatrix:
         return {"rows": list(self.rows), "cols": list(self.cols), "kind": self.kind,
                 "values": [list(r) for r in self.values]}
 
-    def frame(self) -> Any:
+    def to_frame(self) -> Any:
         import pandas as pd
 
         return pd.DataFrame(self.values, index=self.rows, columns=self.cols)
 
-    to_frame = frame
+    frame = to_frame  # the earlier name
 
     # -- rendering --------------------------------------------------------------------------
     def _scale(self) -> tuple[float, float]:
@@ -113,23 +112,23 @@ class SimilarityMatrix:
 
     def _repr_html_(self) -> str:
         lo, hi = self._scale()
-        head = "".join(f'<th style="padding:2px 6px;text-align:left">{ellipsis(c, 24)}</th>'
+        head = "".join(f'<th style="padding:2px 6px;text-align:left">{h.ellipsis(c, 24)}</th>'
                        for c in self.cols)
         body = ""
         for label, row in zip(self.rows, self.values):
             cells = "".join(
-                f'<td style="padding:2px 6px;text-align:right;color:{INK};background:'
-                f'{prob_color((v - lo) / (hi - lo))}" title="{escape(c)}">{fmt(v)}</td>'
+                f'<td style="padding:2px 6px;text-align:right;color:{h.INK};background:'
+                f'{h.prob_color((v - lo) / (hi - lo))}" title="{h.escape(c)}">{h.fmt(v)}</td>'
                 for c, v in zip(self.cols, row))
-            body += f'<tr><th style="padding:2px 6px;text-align:left">{ellipsis(label, 40)}' \
+            body += f'<tr><th style="padding:2px 6px;text-align:left">{h.ellipsis(label, 40)}' \
                     f"</th>{cells}</tr>"
-        ident = content_id("wb-sim", self.rows, self.cols, self.values)
-        legend = swatches([(f"{fmt(lo, 2)} (lowest)", prob_color(0.0)),
-                           (f"{fmt((lo + hi) / 2, 2)}", prob_color(0.5)),
-                           (f"{fmt(hi, 2)} (highest)", prob_color(1.0))], "colour:")
+        ident = h.content_id("wb-sim", self.rows, self.cols, self.values)
+        legend = h.swatches([(f"{h.fmt(lo, 2)} (lowest)", h.prob_color(0.0)),
+                             (f"{h.fmt((lo + hi) / 2, 2)}", h.prob_color(0.5)),
+                             (f"{h.fmt(hi, 2)} (highest)", h.prob_color(1.0))], "colour:")
         return (f'<div id="{ident}" class="wb-similarity"><div style="font-size:12px">'
-                f"{escape(self.kind)} similarity, {len(self.rows)}×{len(self.cols)}</div>"
-                f"{caption('hover a cell or a cut label for its full text')}{legend}"
+                f"{h.escape(self.kind)} similarity, {len(self.rows)}×{len(self.cols)}</div>"
+                f"{h.caption('hover a cell or a cut label for its full text')}{legend}"
                 f'<table style="border-collapse:collapse;font-size:12px"><thead><tr><th></th>'
                 f"{head}</tr></thead><tbody>{body}</tbody></table></div>")
 

@@ -173,3 +173,23 @@ class ToolLoopTrace:
                 + h.table(["round", "sub-request", "priority", "prompt tokens", "output tokens",
                            "tool", "arguments", "output"], rows, escape_cells=False)
                 + f'<div style="font-size:12px">answer: {h.escape(self.output_text)}</div></div>')
+
+    def plot(self, ax: Any = None) -> Any:
+        """Prompt and output tokens per round, stacked (matplotlib; unknown counts as 0), each
+        round labelled with its tools; returns the axes."""
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(1.5 + 1.2 * max(len(self.rounds), 1), 3))
+        index = [r.index for r in self.rounds]
+        prompt = [r.prompt_tokens or 0 for r in self.rounds]
+        ax.bar(index, prompt, color="#8fb8de", label="prompt tokens")
+        ax.bar(index, [r.output_tokens or 0 for r in self.rounds], bottom=prompt,
+               color="#f0a868", label="output tokens")
+        ax.set_xticks(index, [f"{r.index}: " + (", ".join(c.name for c in r.calls) or "—")
+                              for r in self.rounds], fontsize=8)
+        ax.set_xlabel("round: tools called")
+        ax.set_ylabel("tokens")
+        ax.legend(fontsize=8)
+        ax.set_title(repr(self), fontsize=9)
+        return ax

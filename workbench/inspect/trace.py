@@ -14,6 +14,8 @@ from typing import Any
 
 from workbench.inspect import html as h
 
+KIND_COLORS = {"pipeline": "#8fb8de", "engine": "#f0a868", "client": "#b0b0b0"}
+
 
 @dataclass(frozen=True)
 class Span:
@@ -103,13 +105,12 @@ class Trace:
 
     def _repr_html_(self) -> str:
         total = self.total or 1.0
-        colors = {"pipeline": "#8fb8de", "engine": "#f0a868", "client": "#b0b0b0"}
         rows = []
         for s in self.spans:
             left, width = 100 * s.start / total, max(100 * s.duration / total, 0.5)
             bar = (f'<div style="position:relative;height:12px;width:300px;background:#f2f2f2">'
                    f'<div style="position:absolute;left:{left:.1f}%;width:{width:.1f}%;height:12px;'
-                   f'background:{colors.get(s.kind, "#999")}"></div></div>')
+                   f'background:{KIND_COLORS.get(s.kind, "#999")}"></div></div>')
             rows.append((h.escape(s.kind), h.escape(s.name), bar, h.duration(s.duration)))
         steps = (f"prefill steps {self.num_prefill_steps}, decode steps {self.num_decode_steps}"
                  if self.num_prefill_steps is not None else "")
@@ -119,6 +120,22 @@ class Trace:
                 f'{h.duration(self.total)} {h.escape(steps)}</div>'
                 + h.table(["kind", "span", "timeline", "duration"], rows, escape_cells=False)
                 + "</div>")
+
+    def plot(self, ax: Any = None) -> Any:
+        """The spans as a timeline (matplotlib, milliseconds); returns the axes."""
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 0.6 + 0.35 * max(len(self.spans), 1)))
+        ax.barh(range(len(self.spans)), [1000 * s.duration for s in self.spans],
+                left=[1000 * s.start for s in self.spans],
+                color=[KIND_COLORS.get(s.kind, "#999999") for s in self.spans])
+        ax.set_yticks(range(len(self.spans)), [f"{s.kind}: {s.name}" for s in self.spans],
+                      fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("ms since the first span")
+        ax.set_title(repr(self), fontsize=9)
+        return ax
 
 
 def _engine_events(metrics: Any) -> list[tuple[str, str, float, float]]:

@@ -127,6 +127,19 @@ class ValidationReport:
         return (f'<div id="{h.content_id("wb-validation", self.to_dict())}">'
                 + "".join(parts) + "</div>")
 
+    def plot(self, ax: Any = None) -> Any:
+        """The number of checks per status (matplotlib bars); returns the axes."""
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 2.5))
+        ax.barh(STATUSES, [len(self._with(s)) for s in STATUSES],
+                color=[_COLORS[s] for s in STATUSES], edgecolor="#444444", linewidth=0.5)
+        ax.invert_yaxis()
+        ax.set_xlabel("checks")
+        ax.set_title(repr(self), fontsize=9)
+        return ax
+
 
 def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):

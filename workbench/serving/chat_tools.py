@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib.resources import files
 from typing import Any
 
 from workbench.errors import ValidationError
@@ -27,8 +27,9 @@ from workbench.serving.tool_parsers.constrained import (
     NamedToolParser, RequiredToolParser, named_tool_schema, tools_json_schema,
 )
 
-# SmolLM2's template with tools (Hermes-style): `--chat-template` this path, `--tool-call-parser hermes`
-TOOLS_TEMPLATE = Path(__file__).resolve().parents[2] / "data" / "chat_templates" / "smollm2_tools.jinja"
+# SmolLM2's template with tools (Hermes-style), package data: `chat_template=` its `.read_text()`
+# (or `--chat-template` its path), with `--tool-call-parser hermes`
+TOOLS_TEMPLATE = files("workbench.serving") / "chat_templates" / "smollm2_tools.jinja"
 
 AUTO_NEEDS_PARSER = ('"auto" tool choice requires --enable-auto-tool-choice and '
                      "--tool-call-parser to be set")

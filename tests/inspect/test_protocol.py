@@ -1,0 +1,90 @@
+"""Every inspect object is an `Inspectable`: `to_dict`, `to_frame`, `plot`, `_repr_html_`,
+checked on a small real instance of each class `workbench.inspect` exports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import workbench.inspect as inspect_pkg
+from workbench.inspect import Inspectable
+from workbench.inspect.trace import Span
+from workbench.serving.recorder import Check
+
+NOT_OBJECTS = {"Inspectable", "BeamNode", "remote_beam_search"}  # the protocol, a record, a function
+
+
+def _table(tokens: list[str], logprobs: list[float]):
+    tops = [{t: lp, "x": lp - 1.0} for t, lp in zip(tokens, logprobs)]
+    body = {"choices": [{"index": 0, "text": "".join(tokens), "logprobs": {
+        "tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops}}]}
+    return inspect_pkg.LogprobTable.from_completion(body)
+
+
+def _instances() -> dict[str, object]:
+    i = inspect_pkg
+    beam_tree = i.BeamTree([1], 1, 1.0, [i.BeamNode(0, 1, 5, "a", -0.1, -0.1, None, 1, "kept",
+                                                    -0.1)], [0])
+    a, b = _table(["A", "b"], [-0.1, -0.5]), _table(["A", "c"], [-0.2, -0.9])
+    response = {"id": "resp_1", "status": "completed", "output": [
+        {"type": "function_call", "call_id": "c", "name": "calculator",
+         "arguments": json.dumps({"expression": "6*7"})},
+        {"type": "function_call_output", "call_id": "c", "output": "42"},
+        {"type": "message", "content": [{"type": "output_text", "text": "42."}]}]}
+    return {
+        "BeamTree": beam_tree, "LogprobTable": a, "LogprobDiff": a.diff(b),
+        "ValidationReport": i.ValidationReport("completions", (
+            Check("model", "check model", "passed"), Check("user", "validate", "ignored", "user"))),
+        "Trace": i.Trace((Span("validate", "pipeline", 0.0, 0.001),
+                          Span("decode", "engine", 0.001, 0.01))),
+        "ParsedOutput": i.ParsedOutput.from_tokens(["<think>", "hm", "</think>", "Hi"],
+                                                   logprobs=[-0.1, -0.2, -0.3, -0.4],
+                                                   reasoning_parser="deepseek_r1"),
+        "ToolLoopTrace": i.ToolLoopTrace.from_response(response),
+        "SimilarityMatrix": i.SimilarityMatrix(["q"], ["a", "b"], [[0.25, 0.75]], "score"),
+    }
+
+
+INSTANCES = _instances()
+
+
+def test_every_exported_inspect_class_has_an_instance_here():
+    assert set(inspect_pkg.__all__) - NOT_OBJECTS == set(INSTANCES)
+
+
+@pytest.mark.parametrize("name", sorted(INSTANCES))
+def test_the_class_and_its_instance_satisfy_the_protocol(name):
+    obj = INSTANCES[name]
+    assert type(obj) is getattr(inspect_pkg, name)
+    assert isinstance(obj, Inspectable)
+    json.dumps(obj.to_dict(), default=str)
+    assert len(obj.to_frame()) > 0
+    html = obj._repr_html_()
+    assert html == obj._repr_html_() and html.startswith("<")
+
+
+@pytest.mark.parametrize("name", sorted(INSTANCES))
+def test_plot_draws_on_the_given_axes(name):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        assert INSTANCES[name].plot(ax=ax) is ax
+        assert ax.has_data() or ax.images
+    finally:
+        plt.close(fig)
+
+
+def test_a_non_inspect_object_is_not_inspectable():
+    assert not isinstance({"to_dict": 1}, Inspectable)
+    assert not isinstance(Span("a", "pipeline", 0.0, 1.0), Inspectable)
+
+
+def test_old_names_still_work():
+    sim, table = INSTANCES["SimilarityMatrix"], INSTANCES["LogprobTable"]
+    assert sim.frame().equals(sim.to_frame())
+    assert type(table).heatmap is type(table).plot

@@ -1,0 +1,63 @@
+"""`Backend`: what a `Workbench` needs from where its requests run.
+
+Two implement it (`workbench.workbench`): `_Local`, the serving objects on an in-kernel async
+engine, and `_Remote`, any OpenAI-compatible server over httpx. Both take the same request
+bodies (dicts, as the HTTP API's JSON) and give the same `Result`s, so every `Workbench`
+method is one call on its backend. `endpoint` names the route: "completions", "chat",
+"tokenize", "detokenize", "models", "embeddings", "score", "rerank", "classify", "pooling".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # annotations only: workbench.workbench imports this module
+    from workbench.engine.beam_search import BeamSearchOutput
+    from workbench.inspect.validation_report import ValidationReport
+    from workbench.sampling_params import BeamSearchParams
+    from workbench.workbench import Result
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Where a `Workbench`'s requests run (see the module docstring)."""
+
+    model: str  # the served model's name
+
+    def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
+        """A completions or chat request, answered whole."""
+        ...
+
+    def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """A streamed completions or chat request: its chunks as dicts."""
+        ...
+
+    def call(self, endpoint: str, body: dict[str, Any] | None) -> Result:
+        """tokenize, detokenize, or models (body None: a GET)."""
+        ...
+
+    def respond(self, body: dict[str, Any]) -> Result:
+        """A `/v1/responses` request (the tool loop), answered whole."""
+        ...
+
+    def stream_respond(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """A streamed `/v1/responses` request: its events as dicts."""
+        ...
+
+    def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
+        """embeddings, score, rerank, classify or pooling."""
+        ...
+
+    def validate(self, body: dict[str, Any]) -> ValidationReport:
+        """A dry run: the checks a request would meet, without generating."""
+        ...
+
+    def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any
+                    ) -> BeamSearchOutput:
+        """A beam search with its tree (the tokenizer: only where the search runs client-side)."""
+        ...
+
+    def close(self) -> None:
+        """Releases what the backend holds (its engine, loop thread, or HTTP client)."""
+        ...
