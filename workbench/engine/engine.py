@@ -31,7 +31,7 @@ from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.pooling import finish as pool_finish, label_token_ids, pooling_request
 from workbench.engine.outputs import (CompletionOutput, PoolingOutput, PoolingRequestOutput,
                                       RequestOutput)
-from workbench.engine.request import Request, Sequence, SequenceStatus
+from workbench.engine.request import Request, Sequence, SequenceStatus, unique_requests
 from workbench.engine.runner import ModelRunner, kv_bytes_per_token
 from workbench.engine.sampler import Sampler, SamplingRow
 from workbench.engine.scheduler import Scheduler
@@ -313,8 +313,9 @@ class LLMEngine:
 
     def _start(self, seq: Sequence) -> None:
         self.outputs.start(seq)
-        if seq.request.grammar is not None:  # each sample its own matcher
-            seq.grammar = seq.request.grammar.start()
+        compiled = seq.request.compiled_grammar
+        if compiled is not None:  # each sample its own matcher
+            seq.grammar_matcher = compiled.start()
         params = seq.request.params
         budget = params.thinking_token_budget
         if budget is not None and budget >= 0:
@@ -379,20 +380,20 @@ class LLMEngine:
                 try:
                     touched += self._run(out)
                 except Exception as exc:  # noqa: BLE001 - not attributable: this step's requests
-                    failed = {id(s.seq.request): s.seq.request for s in out.scheduled}
-                    for req in failed.values():
+                    failed = unique_requests(s.seq.request for s in out.scheduled)
+                    for req in failed:
                         self._fail(req, exc)
-                    touched += list(failed.values())
+                    touched += failed
             return self._collect(touched)
 
     def _run(self, out) -> list[Request]:
         now = time.time()
-        counted: set[int] = set()
+        counted: set[str] = set()
         for s in out.scheduled:  # per request: a step of prompt, or a step of generation
             req = s.seq.request
-            if id(req) in counted:
+            if req.request_id in counted:
                 continue
-            counted.add(id(req))
+            counted.add(req.request_id)
             m = req.metrics
             m.first_scheduled_time = m.first_scheduled_time or now
             if s.seq.num_computed_tokens < s.seq.num_prompt_tokens:
@@ -402,11 +403,11 @@ class LLMEngine:
         try:
             rows = self.runner.execute(out)
         except Exception:  # the model failed: these requests end with 'error', others go on
-            failed = {id(s.seq.request): s.seq.request for s in out.scheduled}
-            for req in failed.values():
+            failed = unique_requests(s.seq.request for s in out.scheduled)
+            for req in failed:
                 req.errored = True
                 self._finish_all(req, "error")
-            return list(failed.values())
+            return failed
         to_sample: list[tuple[Sequence, int]] = []
         beams: list[tuple[Sequence, int]] = []
         pooled: list[tuple[Sequence, int]] = []
@@ -418,28 +419,27 @@ class LLMEngine:
             self.block_manager.commit(seq)
             try:
                 if req.pooling is not None:  # computing its prompt is its whole job
-                    if id(seq) in rows.last_row:
-                        pooled.append((seq, rows.last_row[id(seq)]))
+                    if seq.seq_id in rows.last_row:
+                        pooled.append((seq, rows.last_row[seq.seq_id]))
                     continue
-                if id(seq) in rows.prompt_rows:
-                    first_row, count, first_pos = rows.prompt_rows[id(seq)]
+                if seq.seq_id in rows.prompt_rows:
+                    first_row, count, first_pos = rows.prompt_rows[seq.seq_id]
                     self.outputs.record_prompt_logprobs(
                         req, first_pos, rows.logits[first_row:first_row + count])
-                if id(seq) in rows.last_row and req.beam is not None:
-                    beams.append((seq, rows.last_row[id(seq)]))
-                elif id(seq) in rows.last_row:
-                    row = rows.last_row[id(seq)]
+                if seq.seq_id in rows.last_row and req.beam is not None:
+                    beams.append((seq, rows.last_row[seq.seq_id]))
+                elif seq.seq_id in rows.last_row:
+                    row = rows.last_row[seq.seq_id]
                     to_sample.append((seq, row))
                     if req.params.n > 1 and not req.forked:
                         to_sample += [(child, row) for child in self._fork(seq)]
             except Exception as exc:  # noqa: BLE001 - contained to this request
                 self._fail(req, exc)
-        failed = {id(s.seq.request): s.seq.request for s in out.scheduled if s.seq.request.errored}
+        failed = [r for r in unique_requests(s.seq.request for s in out.scheduled) if r.errored]
         self._sample([(s, r) for s, r in to_sample if not s.request.errored], rows.logits)
         self._advance_beams([(s, r) for s, r in beams if not s.request.errored], rows.logits)
         self._pool(pooled, rows)
-        return list({id(s.request): s.request for s, _ in to_sample + beams + pooled}.values()
-                    ) + list(failed.values())
+        return unique_requests(s.request for s, _ in to_sample + beams + pooled) + failed
 
     def _pool(self, pooled: list[tuple[Sequence, int]], rows) -> None:
         """Pooling requests whose prompt is computed get their result and finish (blocks freed)."""
@@ -460,18 +460,18 @@ class LLMEngine:
         """Records each beam's candidates; a search whose beams all have theirs takes a step."""
         if not beams:
             return
-        searches = {id(s.request): s.request for s, _ in beams}
+        searches = unique_requests(s.request for s, _ in beams)
         try:
             k = max(s.request.beam.num_candidates for s, _ in beams)
             ids, lps = top_candidates(logits[[r for _, r in beams]], k, self.vocab_size)
         except Exception as exc:  # noqa: BLE001 - the batch can't be attributed: its searches
-            for req in searches.values():
+            for req in searches:
                 self._fail(req, exc)
             return
         for i, (seq, _) in enumerate(beams):
             n = seq.request.beam.num_candidates
             seq.beam_candidates = (ids[i][:n], lps[i][:n])
-        for req in searches.values():
+        for req in searches:
             try:
                 if all(s.beam_candidates is not None for s in req.sequences):
                     self._beam_step(req)
@@ -578,11 +578,8 @@ class LLMEngine:
                         result.tracked or [None] * n))
 
     def _collect(self, touched: list[Request]) -> list[RequestOutput]:
-        results, seen = [], set()
-        for req in touched:
-            if id(req) in seen:
-                continue
-            seen.add(id(req))
+        results = []
+        for req in unique_requests(touched):
             try:
                 out = (self._pooling_output(req) if req.pooling is not None
                        else self._beam_output(req) if req.beam is not None
