@@ -26,13 +26,14 @@ from workbench.config import EngineConfig
 from workbench.engine.beam_search import BeamSearch, BeamSearchOutput, top_candidates
 from workbench.engine.block_manager import BlockManager
 from workbench.engine.input_processor import InputProcessor, PromptInput
-from workbench.engine.encoder_runner import EncoderRunner, max_positions as encoder_max_positions
+from workbench.engine import model_limits
+from workbench.engine.encoder_runner import EncoderRunner
 from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.pooling import finish as pool_finish, label_token_ids, pooling_request
 from workbench.engine.outputs import (CompletionOutput, PoolingOutput, PoolingRequestOutput,
                                       RequestOutput)
 from workbench.engine.request import Request, Sequence, SequenceStatus, unique_requests
-from workbench.engine.runner import ModelRunner, kv_bytes_per_token
+from workbench.engine.runner import ModelRunner
 from workbench.engine.sampler import Sampler, SamplingRow
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.structured import attach_grammar_masks
@@ -77,7 +78,7 @@ class LLMEngine:
         hf = self.model.config
         self.is_pooling_model = getattr(loaded, "kind", "generate") == "embed"  # cannot generate
         self.vocab_size = hf.vocab_size
-        self.max_model_len = self._max_model_len(hf)
+        self.max_model_len = model_limits.max_model_len(loaded, config, self.is_pooling_model)
         if (not config.enable_chunked_prefill and not self.is_pooling_model
                 and config.max_num_batched_tokens < self.max_model_len):
             # a sequence longer than one step's budget could never be scheduled: it would wait forever
@@ -88,11 +89,9 @@ class LLMEngine:
                 parameter="max_num_batched_tokens", value=config.max_num_batched_tokens)
         self.served_model_name = config.served_model_name or loaded.served_name
         gen = getattr(self.model, "generation_config", None)
-        self.generation_defaults = self._generation_defaults(gen)
+        self.generation_defaults = model_limits.generation_defaults(gen)
         eos = self.tokenizer.eos_token_id
-        extra = getattr(gen, "eos_token_id", None)
-        extra = set(extra if isinstance(extra, list) else [extra] if extra is not None else [])
-        extra.discard(eos)
+        extra = model_limits.extra_eos_ids(gen, eos)
         dtype = next(self.model.parameters()).dtype
         if self.is_pooling_model:  # an encoder: no KV cache, whole prompts (engine/encoder_runner.py)
             self._init_encoder()
@@ -100,7 +99,7 @@ class LLMEngine:
                 raise ValidationError("LoRA adapters are not supported for pooling models.",
                                       parameter="enable_lora", value=True)
         else:
-            num_blocks = self._num_blocks(hf, dtype)
+            num_blocks = model_limits.num_kv_blocks(hf, dtype, config, self.max_model_len)
             self.block_manager = BlockManager(num_blocks, config.block_size,
                                               config.enable_prefix_caching)
             self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
@@ -128,22 +127,6 @@ class LLMEngine:
         self.generation_tokens_total = 0
 
     # -- set-up -----------------------------------------------------------------------------
-    def _max_model_len(self, hf) -> int:
-        limit = getattr(hf, "max_position_embeddings", None) or 2048
-        if self.is_pooling_model:  # RoBERTa's table holds padding_idx + 1 fewer positions
-            limit = min(limit, encoder_max_positions(self.model))
-        if self.is_pooling_model and getattr(self.loaded, "max_model_len", None):
-            limit = min(limit, self.loaded.max_model_len)  # sentence-transformers' max_seq_length
-        window = getattr(hf, "sliding_window", None)
-        if window and getattr(hf, "use_sliding_window", True):
-            limit = min(limit, window)  # contexts never outgrow the window: no window masks
-        wanted = self.config.max_model_len
-        if wanted is not None and wanted > limit:
-            raise ValidationError(
-                f"max_model_len={wanted} is greater than the model's limit of {limit}.",
-                parameter="max_model_len", value=wanted)
-        return wanted or limit
-
     def _init_encoder(self) -> None:
         """Block manager as bookkeeping only (no KV tensors, no prefix cache), no chunking, and
         a step budget that takes any whole prompt."""
@@ -154,32 +137,6 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, False,
                                    config.scheduling_policy)
         self.runner = EncoderRunner(self.model, self.loaded.pooling or "mean")
-
-    def _num_blocks(self, hf, dtype: torch.dtype) -> int:
-        bs = self.config.block_size
-        if self.config.num_kv_blocks is not None:
-            num = self.config.num_kv_blocks
-        else:
-            per_block = kv_bytes_per_token(hf, dtype) * bs
-            num = int(self.config.kv_cache_memory_gb * 2**30 // per_block)
-        if num * bs < self.max_model_len:
-            given = "num_kv_blocks" if self.config.num_kv_blocks is not None else "kv_cache_memory_gb"
-            raise ValidationError(
-                f"The KV cache holds {num * bs} tokens, fewer than max_model_len="
-                f"{self.max_model_len}. Give it more memory or lower max_model_len.",
-                parameter=given, value=getattr(self.config, given))
-        return num
-
-    @staticmethod
-    def _generation_defaults(gen) -> dict[str, Any]:
-        """The sampling defaults a model's generation_config.json sets (as vLLM's)."""
-        if gen is None:
-            return {}
-        diff = gen.to_diff_dict()
-        keys = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                "min_p": "min_p", "repetition_penalty": "repetition_penalty",
-                "max_new_tokens": "max_tokens"}
-        return {ours: diff[theirs] for theirs, ours in keys.items() if theirs in diff}
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
