@@ -8,8 +8,12 @@ import pytest
 import torch
 
 from workbench.config import EngineConfig
-from workbench.engine.model_limits import (extra_eos_ids, generation_defaults, max_model_len,
-                                           num_kv_blocks)
+from workbench.engine.model_limits import (
+    extra_eos_ids,
+    generation_defaults,
+    max_model_len,
+    num_kv_blocks,
+)
 from workbench.errors import ValidationError
 
 

@@ -25,7 +25,12 @@ from workbench.engine import model_limits
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.block_manager import BlockManager
 from workbench.engine.encoder_runner import EncoderRunner
-from workbench.engine.handlers import BeamHandler, GenerationHandler, KindHandler, PoolingHandler
+from workbench.engine.handlers import (
+    BeamHandler,
+    GenerationHandler,
+    KindHandler,
+    PoolingHandler,
+)
 from workbench.engine.input_processor import InputProcessor, PromptInput
 from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput

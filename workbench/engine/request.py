@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workbench.engine.outputs import Logprob, RequestMetrics
@@ -48,7 +48,7 @@ class Request:
     cache_salt: str | None = None
     lora_request: LoRARequest | None = None
     prompt_embeds: torch.Tensor | None = None  # [tokens, hidden]: the ids are then placeholders
-    sequences: list["Sequence"] = field(default_factory=list)
+    sequences: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
@@ -128,7 +128,7 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def fork(self, index: int) -> "Sequence":
+    def fork(self, index: int) -> Sequence:
         """A sibling with the same tokens and computed state; blocks are shared by the caller."""
         child = Sequence(self.request, index, self.token_ids, self.num_prompt_tokens)
         child.num_computed_tokens = self.num_computed_tokens

@@ -15,7 +15,8 @@ import torch
 
 from workbench.engine.handlers.base import KindHandler
 from workbench.engine.outputs import PoolingOutput, PoolingRequestOutput
-from workbench.engine.pooling import finish as pool_finish, pooling_request
+from workbench.engine.pooling import finish as pool_finish
+from workbench.engine.pooling import pooling_request
 
 if TYPE_CHECKING:
     from workbench.engine.engine import LLMEngine
