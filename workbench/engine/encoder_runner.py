@@ -97,7 +97,7 @@ def prepack_linears(model: nn.Module) -> int:
 class EncoderRunner:
     """Executes `SchedulerOutput`s on a transformers BERT-like encoder (see the module docstring).
 
-    `execute` returns `LogitRows` whose `hidden` row `last_row[id(seq)]` is the pooled vector of
+    `execute` returns `LogitRows` whose `hidden` row `last_row[seq.seq_id]` is the pooled vector of
     each scheduled sequence and whose `logits` are empty (`[B, 0]`).
     """
 
@@ -137,7 +137,7 @@ class EncoderRunner:
         for layer in self.model.encoder.layer:
             hidden = layer(hidden, attention_mask=None, wb_enc=ctx)
         pooled = pool_segments(hidden[0], lengths, self.pooling)  # [B, H]
-        last_row = {id(s.seq): i for i, s in enumerate(ordered)}
+        last_row = {s.seq.seq_id: i for i, s in enumerate(ordered)}
         empty = torch.empty(len(lengths), 0)
         return LogitRows(empty, last_row, {}, pooled)
 

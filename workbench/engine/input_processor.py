@@ -78,7 +78,7 @@ class InputProcessor:
         banned = params._all_stop_token_ids | (
             {self.eos_token_id} if self.eos_token_id is not None else set())
         if params.structured_outputs is not None:  # compiled now: a schema it can't take is a 400
-            request_kwargs["grammar"] = self.grammars.compile(params.structured_outputs)
+            request_kwargs["compiled_grammar"] = self.grammars.compile(params.structured_outputs)
         return Request(request_id, text, ids, params, min_tokens_stop_ids=frozenset(banned),
                        **request_kwargs)
 

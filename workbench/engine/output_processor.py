@@ -74,8 +74,8 @@ class OutputProcessor:
         """Adds a sampled token, its logprobs, and finishes the sequence if it should stop."""
         p = seq.request.params
         seq.token_ids.append(token)
-        if seq.grammar is not None:  # structured outputs: the matcher takes the token
-            seq.grammar.accept(token)
+        if seq.grammar_matcher is not None:  # structured outputs: the matcher takes the token
+            seq.grammar_matcher.accept(token)
         if seq.thinking is not None:  # thinking_token_budget: count reasoning tokens
             seq.thinking.observe(seq.output_token_ids)
         if lp is not None:
@@ -95,7 +95,8 @@ class OutputProcessor:
 
     def _check_stop(self, seq: Sequence, token: int):
         p = seq.request.params
-        if seq.grammar is not None and seq.grammar.failed:  # no match can follow: not "stop"
+        matcher = seq.grammar_matcher
+        if matcher is not None and matcher.failed:  # no match can follow: not "stop"
             return "length", None
         if seq.num_output_tokens < p.min_tokens:
             return None, None
@@ -181,4 +182,5 @@ class OutputProcessor:
             cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
             logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
             lora_request=seq.request.lora_request,
-            grammar_steps=None if seq.grammar is None else seq.grammar.steps[start:])
+            grammar_steps=None if seq.grammar_matcher is None
+            else seq.grammar_matcher.steps[start:])

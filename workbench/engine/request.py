@@ -10,11 +10,23 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from workbench.engine.outputs import Logprob, RequestMetrics
 from workbench.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # torch and the engine's heavier modules stay out of this one at run time
+    import torch
+
+    from workbench.engine.beam_search import BeamSearch
+    from workbench.engine.detokenizer import IncrementalDetokenizer
+    from workbench.engine.handlers import KindHandler
+    from workbench.engine.structured import CompiledGrammar, SequenceGrammar
+    from workbench.engine.thinking import ThinkingBudget
+    from workbench.lora.request import LoRARequest
+    from workbench.pooling_params import PoolingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -34,9 +46,9 @@ class Request:
     priority: int = 0
     arrival_time: float = field(default_factory=time.time)
     cache_salt: str | None = None
-    lora_request: Any = None
-    prompt_embeds: Any = None  # [tokens, hidden] tensor: the prompt's ids are then placeholders
-    sequences: list["Sequence"] = field(default_factory=list)
+    lora_request: LoRARequest | None = None
+    prompt_embeds: torch.Tensor | None = None  # [tokens, hidden]: the ids are then placeholders
+    sequences: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
@@ -44,10 +56,11 @@ class Request:
     forked: bool = False  # the n - 1 siblings exist
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
     errored: bool = False
-    beam: Any = None  # a `BeamSearch` when the request is a beam search: its sequences are beams
-    grammar: Any = None  # a `CompiledGrammar` (engine/structured.py) when the output is constrained
-    pooling: Any = None  # its `PoolingParams` when it is a pooling request: ends when its prompt is
-    pooled: Any = None  # computed, with this result (a tensor) instead of sampled tokens
+    beam: BeamSearch | None = None  # a beam search's state: its sequences are the live beams
+    compiled_grammar: CompiledGrammar | None = None  # when the output is constrained
+    pooling: PoolingParams | None = None  # a pooling request: it ends when its prompt is
+    pooled: torch.Tensor | None = None  # computed, with this result instead of sampled tokens
+    handler: KindHandler | None = None  # its kind's handler, chosen when the engine adds it
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
@@ -81,14 +94,15 @@ class Sequence:
         )
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.detok: Any = None  # the engine's incremental detokenizer state
-        self.generator: Any = None  # torch.Generator of a seeded request
-        self.thinking: Any = None  # engine/thinking.py's ThinkingBudget, with a budget
+        self.detok: IncrementalDetokenizer | None = None  # set when the engine starts it
+        self.generator: torch.Generator | None = None  # of a seeded request
+        self.thinking: ThinkingBudget | None = None  # with a `thinking_token_budget`
         self.num_preemptions = 0
         self.num_sent_tokens = 0  # DELTA outputs: output tokens already handed out
         self.final_sent = False  # DELTA outputs: the finishing output went out
         self.beam_candidates: tuple[list[int], list[float]] | None = None  # beams: this step's top-2W
-        self.grammar: Any = None  # its own `SequenceGrammar` matcher when the output is constrained
+        # its own matcher of the request's `compiled_grammar` when the output is constrained
+        self.grammar_matcher: SequenceGrammar | None = None
 
     @property
     def seq_id(self) -> str:
@@ -114,7 +128,7 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def fork(self, index: int) -> "Sequence":
+    def fork(self, index: int) -> Sequence:
         """A sibling with the same tokens and computed state; blocks are shared by the caller."""
         child = Sequence(self.request, index, self.token_ids, self.num_prompt_tokens)
         child.num_computed_tokens = self.num_computed_tokens
@@ -125,3 +139,8 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.seq_id}, tokens={len(self.token_ids)}, "
                 f"computed={self.num_computed_tokens}, status={self.status.value})")
+
+
+def unique_requests(requests: Iterable[Request]) -> list[Request]:
+    """Each request once, in order of first appearance (ids are unique among live requests)."""
+    return list({req.request_id: req for req in requests}.values())

@@ -32,8 +32,8 @@ class LogitRows:
     """Which logits rows belong to which scheduled sequence."""
 
     logits: torch.Tensor  # [R, V] float32
-    last_row: dict[int, int]  # id(seq) -> row of the logits of its last computed token
-    prompt_rows: dict[int, tuple[int, int, int]]  # id(seq) -> (first row, count, first position)
+    last_row: dict[str, int]  # seq_id -> row of the logits of its last computed token
+    prompt_rows: dict[str, tuple[int, int, int]]  # seq_id -> (first row, count, first position)
     hidden: torch.Tensor | None = None  # [R, H] final hidden states of the same rows (pooling)
 
 
@@ -202,8 +202,8 @@ class ModelRunner:
     @staticmethod
     def _select_rows(ordered: list[ScheduledSequence]):
         rows: list[int] = []
-        last_row: dict[int, int] = {}
-        prompt_rows: dict[int, tuple[int, int, int]] = {}
+        last_row: dict[str, int] = {}
+        prompt_rows: dict[str, tuple[int, int, int]] = {}
         start = 0
         for s in ordered:
             seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
@@ -211,10 +211,10 @@ class ModelRunner:
                             and seq.index == 0 and c < seq.num_prompt_tokens - 1)
             if wants_prompt:  # positions c .. predict prompt tokens c + 1 ..
                 count = min(c + n, seq.num_prompt_tokens - 1) - c
-                prompt_rows[id(seq)] = (len(rows), count, c)
+                prompt_rows[seq.seq_id] = (len(rows), count, c)
                 rows.extend(range(start, start + count))
             if s.completes_tokens:
-                last_row[id(seq)] = len(rows)
+                last_row[seq.seq_id] = len(rows)
                 rows.append(start + n - 1)
             start += n
         return rows, last_row, prompt_rows

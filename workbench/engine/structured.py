@@ -330,7 +330,7 @@ def grammar_masks(grammars: list[SequenceGrammar | None], logits: torch.Tensor,
 def attach_grammar_masks(seqs: list[Any], rows: list[Any], logits: torch.Tensor,
                          vocab_size: int) -> None:
     """Sets `grammar_mask` on the `SamplingRow`s of constrained sequences (logits: [R, V+])."""
-    grammars = [s.grammar for s in seqs]
+    grammars = [s.grammar_matcher for s in seqs]
     if all(g is None for g in grammars):
         return
     top_k = [max(GRAMMAR_TOP_K, s.request.params.num_logprobs(vocab_size) or 0) for s in seqs]

@@ -1,0 +1,13 @@
+"""Per-kind request handlers: how a step's rows advance a request, and what it reports.
+
+Generation (sampling), beam search and pooling each have one handler per engine, chosen once
+when a request is added (`Request.handler`); the engine's step never asks which kind a request
+is. See `base.KindHandler` for the methods every handler has.
+"""
+
+from workbench.engine.handlers.base import KindHandler
+from workbench.engine.handlers.beam import BeamHandler
+from workbench.engine.handlers.generation import GenerationHandler
+from workbench.engine.handlers.pooling import PoolingHandler
+
+__all__ = ["BeamHandler", "GenerationHandler", "KindHandler", "PoolingHandler"]
