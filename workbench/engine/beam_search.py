@@ -12,8 +12,8 @@ After `max_tokens` steps, completed and live beams are ranked by
 `cum_logprob / max(len(tokens), 1) ** length_penalty` (tokens count the prompt, minus a final
 EOS) and the best `beam_width` are returned, decoded without EOS. Logprobs are raw (before
 temperature), as vLLM's default `raw_logprobs` mode, so temperature does not change the result.
-The engine (`handlers/beam.py`, beams as forked sequences sharing KV blocks) and the client-side search
-over HTTP (`workbench/inspect/remote_beam.py`) both drive this class.
+The engine (`handlers/beam.py`, beams as forked sequences sharing KV blocks) and the client-side
+search over HTTP (`workbench/inspect/remote_beam.py`) both drive this class.
 """
 
 from __future__ import annotations
