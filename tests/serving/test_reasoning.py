@@ -17,8 +17,11 @@ CASES = [
     ("deepseek_r1", "Still thinking about </thi", False, "Still thinking about </thi", None),
     ("deepseek_r1", "<think></think>", False, "", None),
     ("qwen3", R1, False, "\nThe user wants 2+2. That is 4.\n", "\n\nThe answer is 4."),
-    ("qwen3", "The answer is 4.", False, None, "The answer is 4."),
-    ("qwen3", "<thinking is fun", False, None, "<thinking is fun"),
+    ("qwen3", "The answer is 4.", False, "The answer is 4.", None),  # vLLM 0.32: no tag, reasoning
+    ("qwen3", "<thinking is fun", False, "<thinking is fun", None),
+    ("qwen3", 'Call it.<tool_call>{"name": "f"}</tool_call>', False, "Call it.",
+     '<tool_call>{"name": "f"}</tool_call>'),  # a tool call ends the reasoning
+    ("qwen3", "Hm<tool_call>x</think>y", False, "Hm", "<tool_call>x</think>y"),
     ("qwen3", "Let me see</think>4", True, "Let me see", "4"),
     ("qwen3", "<think>cut off by max_tokens", False, "cut off by max_tokens", None),
     ("mistral", "[THINK]Two plus two.[/THINK]4", False, "Two plus two.", "4"),
@@ -34,7 +37,10 @@ def parser_for(name, opened):
 
 
 def stream(name, text, opened, cuts):
-    parser = parser_for(name, opened)
+    return stream_with(parser_for(name, opened), text, cuts)
+
+
+def stream_with(parser, text, cuts):
     bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(text))), len(text)]
     deltas = [parser.extract_reasoning_streaming(text[:a], text[:b], text[a:b])
               for a, b in zip(bounds, bounds[1:])] + [parser.finish_streaming(text)]
@@ -68,6 +74,19 @@ def test_a_closed_think_block_in_the_prompt_does_not_open_reasoning():
     assert parser.extract_reasoning("Hello") == (None, "Hello")
 
 
+@pytest.mark.parametrize("text", [R1, "The answer is 4.", "<tool_call>{}</tool_call>"])
+def test_qwen3_without_thinking_is_all_content(text):
+    parser = get_reasoning_parser("qwen3")(None, {"enable_thinking": False})
+    assert not parser.reasons_from_start
+    assert parser.extract_reasoning(text) == (None, text)
+    assert stream_with(parser, text, [3, 7]) == ("", text)
+
+
+def test_enable_thinking_is_qwen3s_switch_only():
+    assert get_reasoning_parser("qwen3")(None, {"enable_thinking": True}).reasons_from_start
+    assert get_reasoning_parser("deepseek_r1")(None, {"enable_thinking": False}).reasons_from_start
+
+
 def test_end_token_ids_and_reasoning_end(tokenizer):
     parser = get_reasoning_parser("deepseek_r1")(tokenizer)
     ids = tokenizer.encode(R1, add_special_tokens=False)
@@ -83,7 +102,9 @@ def test_reasoning_tokens_counted_up_to_the_end_tag(tokenizer):
     assert tokenizer.decode(ids[:count]).endswith("</think>")
     assert not tokenizer.decode(ids[:count - 1]).endswith("</think>")
     assert parser.count_reasoning_tokens(ids[:5], tokenizer.decode(ids[:5])) == 5  # unfinished
-    assert get_reasoning_parser("qwen3")(tokenizer).count_reasoning_tokens([1, 2], "Hi") == 0
+    assert get_reasoning_parser("qwen3")(tokenizer).count_reasoning_tokens([1, 2], "Hi") == 2
+    no_thinking = get_reasoning_parser("qwen3")(tokenizer, {"enable_thinking": False})
+    assert no_thinking.count_reasoning_tokens([1, 2], "Hi") == 0
 
 
 def test_unknown_parser_lists_the_valid_names():

@@ -301,13 +301,16 @@ async def test_a_tool_server_is_registered_per_app(tokenizer):
     assert mine.responses.store is not default.responses.store
 
 
-@pytest.mark.parametrize("parser, after", [("qwen3", False), ("deepseek_r1", True)])
+@pytest.mark.parametrize("parser, kwargs, after", [
+    ("qwen3", None, True), ("qwen3", {"enable_thinking": False}, False),
+    ("deepseek_r1", None, True), ("mistral", None, False)])
 async def test_forced_choice_starts_after_reasoning_only_when_the_output_reasons(
-        tokenizer, parser, after):
+        tokenizer, parser, kwargs, after):
     s, engine = serving(tokenizer, ['{"expression": "1"}', "One."], reasoning_parser=parser)
-    await create(s, input="One?", tools=CALCULATOR, tool_choice={"type": "calculator"})
+    await create(s, input="One?", tools=CALCULATOR, tool_choice={"type": "calculator"},
+                 chat_template_kwargs=kwargs)
     constraint = engine.submitted[0]["params"].structured_outputs
-    assert (constraint.after_token_ids is not None) == after  # qwen3 only reasons after <think>
+    assert (constraint.after_token_ids is not None) == after  # mistral reasons after [THINK]
 
 
 async def test_each_sub_request_is_logged_with_enable_log_requests(tokenizer, caplog):

@@ -251,13 +251,18 @@ async def test_required_and_named_set_the_tools_json_schema_as_the_constraint(to
         WEATHER["function"]["parameters"]
 
 
-async def test_with_r1_reasoning_the_constraint_starts_after_the_end_tag(tokenizer):
-    serving = chat(tokenizer, "[]", tool_call_parser="hermes", reasoning_parser="deepseek_r1")
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+async def test_with_reasoning_the_constraint_starts_after_the_end_tag(tokenizer, parser):
+    serving = chat(tokenizer, "[]", tool_call_parser="hermes", reasoning_parser=parser)
     await serving.create(request(tool_choice="required"), RequestMeta())
     so = serving.engine.submitted[-1][2].structured_outputs
     assert so.after_token_ids == tokenizer.encode("</think>", add_special_tokens=False)
+
+
+async def test_qwen3_without_thinking_constrains_from_the_first_token(tokenizer):
     serving = chat(tokenizer, "[]", tool_call_parser="hermes", reasoning_parser="qwen3")
-    await serving.create(request(tool_choice="required"), RequestMeta())
+    await serving.create(request(tool_choice="required",
+                                 chat_template_kwargs={"enable_thinking": False}), RequestMeta())
     assert serving.engine.submitted[-1][2].structured_outputs.after_token_ids is None
 
 

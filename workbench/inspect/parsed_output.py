@@ -58,17 +58,20 @@ class ParsedOutput:
     def from_tokens(cls, tokens: list[str], *, logprobs: list[float | None] | None = None,
                     reasoning_parser: str | None = None, tool_parser: str | None = None,
                     tools: list[dict[str, Any]] | None = None,
-                    prompt_text: str | None = None) -> "ParsedOutput":
+                    prompt_text: str | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> "ParsedOutput":
         """Token strings of one output; parsers by their registered names. `prompt_text`
         tells whether the prompt opened the reasoning; `tools` (chat format) give
-        `qwen3_xml` its parameter types."""
+        `qwen3_xml` its parameter types; `chat_template_kwargs` the request's (Qwen3 reads
+        `enable_thinking`)."""
         from workbench.serving.chat_tools import ChoiceParser
         from workbench.serving.reasoning import get_reasoning_parser
         from workbench.serving.tool_parsers import get_tool_parser
 
         text = "".join(tokens)
-        reasoning = get_reasoning_parser(reasoning_parser)() if reasoning_parser else None
-        if reasoning is not None:
+        reasoning = None
+        if reasoning_parser:
+            reasoning = get_reasoning_parser(reasoning_parser)(None, chat_template_kwargs)
             reasoning.adjust_initial_state_from_prompt(prompt_text or "")
         tool = get_tool_parser(tool_parser)() if tool_parser else None
         parser = ChoiceParser("auto" if tool else "none", tool, reasoning)

@@ -198,9 +198,8 @@ class ChatTools:
 
         after = None
         if self.reasoning_parser is not None:
-            reasoning = self.reasoning_parser(self.tokenizer)
-            reasoning.adjust_initial_state_from_prompt(prompt_text or "")
-            if reasoning.opened_by_prompt or reasoning.reasoning_without_start:
+            reasoning = self.new_reasoning(request, prompt_text)
+            if reasoning.reasons_from_start:
                 after = reasoning.end_token_ids or None
         if schema is None:  # response_format / structured_outputs: also after the reasoning
             if after and params.structured_outputs.after_token_ids is None:
@@ -222,9 +221,8 @@ class ChatTools:
             raise ValidationError("`thinking_token_budget` needs a reasoning parser: start the "
                                   "server with --reasoning-parser.",
                                   parameter="thinking_token_budget", value=budget)
-        reasoning = self.reasoning_parser(self.tokenizer)
-        reasoning.adjust_initial_state_from_prompt(prompt_text or "")
-        opened = reasoning.opened_by_prompt or reasoning.reasoning_without_start
+        reasoning = self.new_reasoning(request, prompt_text)
+        opened = reasoning.reasons_from_start
         return dataclasses.replace(  # SamplingParams checks the budget again on the copy
             params, thinking_token_budget=budget,
             reasoning_end_token_ids=reasoning.end_token_ids,
@@ -241,11 +239,18 @@ class ChatTools:
             tools = NamedToolParser(self.tokenizer, named_function(request))
         reasoning = None
         if self.reasoning_parser is not None:
-            reasoning = self.reasoning_parser(self.tokenizer)
-            reasoning.adjust_initial_state_from_prompt(prompt_text or "")
+            reasoning = self.new_reasoning(request, prompt_text)
         return ChoiceParser(mode, tools, reasoning,
                             include_reasoning=request.include_reasoning,
                             first_call_only=request.parallel_tool_calls is False)
+
+    def new_reasoning(self, request: Any, prompt_text: str | None) -> ReasoningParser:
+        """The server's reasoning parser for one output of `request` (its `enable_thinking`
+        read, the prompt's open `<think>` noticed)."""
+        reasoning = self.reasoning_parser(self.tokenizer,
+                                          getattr(request, "chat_template_kwargs", None))
+        reasoning.adjust_initial_state_from_prompt(prompt_text or "")
+        return reasoning
 
     def reasoning_tokens(self, parser: ChoiceParser, token_ids: list[int], text: str) -> int:
         if parser.reasoning is None:

@@ -2,9 +2,10 @@
 
 `get_reasoning_parser(name)` returns the class; `cls(tokenizer)` serves one output. Built in:
 `deepseek_r1` (reasoning from the first token until `</think>`, the start tag optional, as
-R1's template opens it) and `qwen3` (reasoning only when the output starts with `<think>` or
-the prompt left one open; otherwise all content, as with `enable_thinking=False`) and
-`mistral` (the same with `[THINK]...[/THINK]`).
+R1's template opens it); `qwen3` as vLLM 0.32 has it: the same, and a `<tool_call>` ends the
+reasoning too, unless the request's `chat_template_kwargs` say `enable_thinking: false`, which
+makes the whole output content; and `mistral` (reasoning only when the output opens it with
+`[THINK]`, until `[/THINK]`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
 
 
 class Qwen3ReasoningParser(ReasoningParser):
+    """Qwen3 (and Qwen3-Thinking, whose template opens `<think>` itself): reasoning from the
+    first token until `</think>` or a `<tool_call>`; none with `enable_thinking: false`."""
+
     name = "qwen3"
-    reasoning_without_start = False
+    reasoning_without_start = True
+    implicit_end = "<tool_call>"
+    thinking_switch = True
 
 
 class MistralReasoningParser(ReasoningParser):

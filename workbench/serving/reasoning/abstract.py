@@ -8,6 +8,9 @@ at the end of a stream is held back until the next text decides it.
 
 A prompt can open the reasoning itself (DeepSeek-R1's template ends with `<think>\\n`):
 `adjust_initial_state_from_prompt` notices, and the output is reasoning until `</think>`.
+A parser with `thinking_switch` (Qwen3) reads the request's `chat_template_kwargs`:
+`enable_thinking: false` makes the whole output content; `implicit_end` (Qwen3's `<tool_call>`)
+also ends the reasoning, the tag staying in the content for the tool parser.
 """
 
 from __future__ import annotations
@@ -45,10 +48,17 @@ class ReasoningParser:
     end_token: ClassVar[str] = "</think>"
     # True: output is reasoning from its first character even without a start tag (R1)
     reasoning_without_start: ClassVar[bool] = True
+    # a tag that ends the reasoning as well as `end_token` (and stays in the content)
+    implicit_end: ClassVar[str | None] = None
+    # True: `chat_template_kwargs={"enable_thinking": False}` turns reasoning off (Qwen3)
+    thinking_switch: ClassVar[bool] = False
 
-    def __init__(self, tokenizer: Any = None):
+    def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
+        self.thinking = not (self.thinking_switch and
+                             (chat_template_kwargs or {}).get("enable_thinking", True) is False)
         self.opened_by_prompt = False
+        self.closed_by_prompt = False
         self._sent_reasoning = 0
         self._sent_content = 0
 
@@ -67,25 +77,43 @@ class ReasoningParser:
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    @property
+    def reasons_from_start(self) -> bool:
+        """Whether the output is reasoning from its first token: the prompt opened it, or the
+        parser needs no start tag (and thinking is on)."""
+        return self.thinking and not self.closed_by_prompt and (
+            self.opened_by_prompt or self.reasoning_without_start)
+
     def adjust_initial_state_from_prompt(self, prompt_text: str) -> None:
-        """A prompt whose last start tag is not closed has opened the reasoning."""
+        """A prompt whose last start tag is not closed has opened the reasoning; one that ends
+        with the end tag (Qwen3's template without thinking) has closed it."""
         start = prompt_text.rfind(self.start_token)
         self.opened_by_prompt = start >= 0 and prompt_text.find(self.end_token, start) < 0
+        self.closed_by_prompt = prompt_text.rstrip().endswith(self.end_token)
 
     def split(self, text: str, final: bool) -> Split:
+        if not self.thinking:
+            return Split(None, text)
         stripped = text.lstrip()
         offset = len(text) - len(stripped)
         if stripped.startswith(self.start_token):
             begin = offset + len(self.start_token)
         elif not final and self.start_token.startswith(stripped):
             return Split(None, "")  # may be the start tag: wait
-        elif self.opened_by_prompt or self.reasoning_without_start:
+        elif self.reasons_from_start:
             begin = 0
         else:
             return Split(None, text)  # no reasoning in this output
         close = text.find(self.end_token, begin)
+        implicit = text.find(self.implicit_end, begin) if self.implicit_end else -1
+        if implicit >= 0 and (close < 0 or implicit < close):  # a tool call ends it
+            return Split(text[begin:implicit], text[implicit:], implicit)
         if close < 0:
-            reasoning = text[begin:] if final else hold_back(text[begin:], self.end_token)
+            reasoning = text[begin:]
+            if not final:
+                reasoning = hold_back(reasoning, self.end_token)
+                if self.implicit_end:
+                    reasoning = hold_back(reasoning, self.implicit_end)
             return Split(reasoning, "")
         end = close + len(self.end_token)
         return Split(text[begin:close], text[end:], end)

@@ -213,7 +213,8 @@ class ToolLoop:
             params.skip_special_tokens = False
         parser = TurnParser(self.serving.tokenizer, tool_parser=tool_parser,
                             reasoning_parser=self.serving.reasoning_parser_name,
-                            tool_request=self.tool_request, prompt_text=prompt.text)
+                            tool_request=self.tool_request, prompt_text=prompt.text,
+                            chat_template_kwargs=self.request.chat_template_kwargs)
         async for output in self.serving.engine_stream(prompt, params, record.request_id,
                                                        record.priority, self.lora_request):
             for out in output.outputs:
@@ -250,11 +251,10 @@ class ToolLoop:
             return None
         from workbench.serving.reasoning import get_reasoning_parser
 
-        reasoning = get_reasoning_parser(name)(self.serving.tokenizer)
+        reasoning = get_reasoning_parser(name)(self.serving.tokenizer,
+                                               self.request.chat_template_kwargs)
         reasoning.adjust_initial_state_from_prompt(prompt_text or "")
-        if reasoning.opened_by_prompt or reasoning.reasoning_without_start:
-            return reasoning.end_token_ids or None
-        return None
+        return (reasoning.end_token_ids or None) if reasoning.reasons_from_start else None
 
     def _forced_parser(self, params: SamplingParams, after: list[int] | None) -> Any:
         """`required` or a named tool in the first round: constrained decoding writes the

@@ -48,14 +48,16 @@ class TurnParser:
     `tool_parser` is a fresh parser instance (the server's, or a constrained-choice one)."""
 
     def __init__(self, tokenizer: Any, *, tool_parser: Any = None, reasoning_parser: str | None,
-                 tool_request: Any = None, prompt_text: str | None = None):
+                 tool_request: Any = None, prompt_text: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None):
         self.tool_request = tool_request
         self.tools = tool_parser if tool_request is not None else None  # a parser instance
         self.reasoning = None
         if reasoning_parser:
             from workbench.serving.reasoning import get_reasoning_parser
 
-            self.reasoning = get_reasoning_parser(reasoning_parser)(tokenizer)
+            self.reasoning = get_reasoning_parser(reasoning_parser)(tokenizer,
+                                                                     chat_template_kwargs)
             if prompt_text is not None:
                 self.reasoning.adjust_initial_state_from_prompt(prompt_text)
         self.text = ""  # the round's raw text so far
