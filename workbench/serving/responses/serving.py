@@ -36,7 +36,7 @@ from workbench.serving.protocol.responses import (
 )
 from workbench.serving.responses import checks
 from workbench.serving.responses.items import conversation
-from workbench.serving.responses.loop import ToolLoop, ToolSet, forced_name, sampling_params
+from workbench.serving.responses.loop import ToolLoop, ToolSet, sampling_params
 from workbench.serving.responses.store import ResponseStore
 from workbench.serving.unsupported import refuse_unknown_fields
 from workbench.tools.base import ToolServer, default_tool_server
@@ -64,13 +64,15 @@ class ResponsesServing(OpenAIServing):
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
         self._background: dict[str, asyncio.Task] = {}  # running background responses
         self._running: set[str] = set()  # ids of responses whose loop is alive
-        self._claims = threading.Lock()  # `start` runs in the preprocessing pool's threads
+        self._claims = threading.Lock()  # `preprocess` runs in the preprocessing pool's threads
 
     # -- the pipeline's hooks -------------------------------------------------------------
     def context(self, request: ResponsesRequest, meta: RequestMeta | None = None
                 ) -> ServeContext[ResponsesRequest]:
+        """`resp_<id>`: the client's id (a `resp_` one as it is), else a uuid."""
         ctx = super().context(request, meta)
-        ctx.request_id = self.response_id(request, ctx.meta)
+        base = self.base_request_id(ctx.meta, request.request_id)
+        ctx.request_id = base if base.startswith("resp_") else f"resp_{base}"
         return ctx
 
     def validate(self, ctx: ServeContext[ResponsesRequest]) -> None:
@@ -89,7 +91,8 @@ class ResponsesServing(OpenAIServing):
                 raise not_found(request.previous_response_id)
             history = previous.conversation
         tools = ToolSet.build(request.tools, self.tool_server)
-        self.check_tool_choice(request, tools)
+        checks.check_tool_choice(request, tools, auto_tools=self.auto_tools,
+                                 tool_parser_name=self.tool_parser_name)
         sampling_params(request, 1, self.defaults).verify(self.engine.vocab_size,
                                                            self.engine.config.max_logprobs)
         header_priority = ctx.meta.int_header("x-vllm-priority")
@@ -101,7 +104,6 @@ class ResponsesServing(OpenAIServing):
             self._running.discard(response_id)
             raise
         weakref.finalize(loop, self._running.discard, response_id)  # released with its loop
-        loop.headers = ctx.headers  # trace context, for the span (`tracing.py`)
         ctx.loop = loop
         prompt = loop.first_prompt()
         if loop.constraint is not None:
@@ -133,10 +135,6 @@ class ResponsesServing(OpenAIServing):
         params.structured_outputs = loop.constraint
         self.engine.check_inputs(f"{loop.response_id}_check", prompt.as_engine_input(), params)
 
-    def response_id(self, request: ResponsesRequest, meta: RequestMeta) -> str:
-        base = self.base_request_id(meta, request.request_id)
-        return base if base.startswith("resp_") else f"resp_{base}"
-
     def claim_id(self, response_id: str) -> str:
         """A client-chosen id (`request_id`, `X-Request-Id`) names one response: an id that is
         stored or still running is refused, never overwritten."""
@@ -146,29 +144,6 @@ class ResponsesServing(OpenAIServing):
                                       "response; send a new id.", parameter="request_id")
             self._running.add(response_id)
         return response_id
-
-    def check_tool_choice(self, request: ResponsesRequest, tools: ToolSet) -> None:
-        """The reference's tool-choice rules: `auto` needs --enable-auto-tool-choice and a
-        parser; `required` and named choices need a parser (for the rounds after the first)."""
-        choice = request.tool_choice
-        if isinstance(choice, dict):
-            name = forced_name(choice)
-            if name is None or not (tools.is_builtin(name) or any(
-                    t["function"]["name"] == name for t in tools.functions)):
-                raise ValidationError("The tool specified in `tool_choice` does not match any of "
-                                      "the specified `tools`", parameter="tool_choice")
-        elif choice not in ("none", "auto", "required"):
-            raise ValidationError(
-                f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
-                "\"auto\" or \"required\" are supported.", parameter="tool_choice")
-        if not tools or choice == "none":
-            return
-        if choice == "auto" and not (self.auto_tools and self.tool_parser_name):
-            raise ValidationError('"auto" tool choice requires --enable-auto-tool-choice and '
-                                  "--tool-call-parser to be set", parameter="tool_choice")
-        if self.tool_parser_name is None:
-            raise ValidationError('tool_choice="required" requires --tool-call-parser to be set',
-                                  parameter="tool_choice")
 
     def engine_stream(self, prompt: Any, params: Any, request_id: str, priority: int,
                       lora_request: Any = None):
