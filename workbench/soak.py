@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.engine.protocol import EngineClient
+
 # a few bodies no server should accept, sent between the storm's streams
 INVALID_BODIES: list[tuple[str, bytes]] = [
     ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}'),
@@ -111,18 +113,15 @@ def rss_mb() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
 
 
-def engine_leaks(engine: Any, timeout: float = 30.0) -> tuple[int, int]:
+def engine_leaks(engine: EngineClient, timeout: float = 30.0) -> tuple[int, int]:
     """(requests still in the engine, blocks not free) once it had `timeout` s to settle.
 
     Prefix-cached blocks nobody holds count as free (`BlockManager.num_free_blocks`); a
     reference count above zero is a leak."""
-    core = getattr(engine, "engine", engine)
     deadline = time.monotonic() + timeout
-    while core.requests and time.monotonic() < deadline:
+    while engine.get_num_unfinished_requests() and time.monotonic() < deadline:
         time.sleep(0.01)
-    bm = core.block_manager
-    held = sum(1 for block in bm.blocks if block.ref_count > 0)
-    return len(core.requests), max(held, bm.num_blocks - bm.num_free_blocks)
+    return engine.get_num_unfinished_requests(), engine.num_held_blocks()
 
 
 async def _stream_one(client: Any, path: str, body: dict, leave_after: int | None,

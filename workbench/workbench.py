@@ -249,10 +249,11 @@ class _Local(Backend):
 
     def __init__(self, llm: Any, config: Any, tool_server: Any = None):
         from workbench.engine.async_engine import AsyncLLMEngine
+        from workbench.engine.protocol import EngineClient
         from workbench.serving import ServerConfig, Servings
 
-        self._owns_engine = not isinstance(llm, AsyncLLMEngine)
-        self.engine = AsyncLLMEngine.from_llm(llm) if self._owns_engine else llm
+        self._owns_engine = not isinstance(llm, EngineClient)  # an `LLM`: served by a front
+        self.engine: EngineClient = AsyncLLMEngine.from_llm(llm) if self._owns_engine else llm
         self.servings = Servings.build(self.engine, config or ServerConfig(),
                                        tool_server=tool_server)
         self.model = self.servings.completions.model_name

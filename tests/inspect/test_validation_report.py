@@ -47,7 +47,7 @@ def test_valid_request_passes_with_ignored_and_coerced_fields(servings):
     assert {c.name for c in report.ignored} == {"user"}
     coerced = {c.name: c for c in report.coerced}
     assert coerced["temperature"].value == 0.01
-    prompt = servings.chat.preprocess(ChatCompletionRequest.model_validate(body))[0]
+    prompt = servings.chat.render(ChatCompletionRequest.model_validate(body))
     assert coerced["max_tokens"].value == 512 - len(prompt.token_ids)  # the context's room
     assert report["engine inputs"].status == "passed"
 

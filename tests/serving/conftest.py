@@ -1,6 +1,7 @@
 """Fixtures for serving tests: the real SmolLM2 tokenizer and a scripted fake engine.
 
-`FakeEngine` speaks the `AsyncLLMEngine` interface the serving layer uses and produces a
+`FakeEngine` speaks the part of `EngineClient` (`workbench/engine/protocol.py`) the serving
+layer's generation paths use and produces a
 fixed token script in DELTA mode, so pipeline tests run in milliseconds without a model.
 """
 
@@ -48,6 +49,9 @@ class FakeEngine:
     aborted: list = field(default_factory=list)
     submitted: list = field(default_factory=list)
     running: set = field(default_factory=set)
+    is_pooling_model: bool = False
+    pooling_tasks: tuple = ()  # a generative fake serves no pooling route
+    classifier_labels: tuple = ()
 
     @property
     def vocab_size(self) -> int:
@@ -58,6 +62,9 @@ class FakeEngine:
 
     def check_health(self) -> None:
         pass
+
+    def check_inputs(self, request_id, prompt, params) -> None:
+        """The dry run accepts what `generate` accepts (it checks nothing more)."""
 
     def _logprobs(self, token: int, k: int | None):
         if k is None:

@@ -36,6 +36,9 @@ class ScriptedEngine:
     def check_health(self) -> None:
         pass
 
+    def check_inputs(self, request_id, prompt, params) -> None:
+        """The dry run accepts what `generate` accepts (it checks nothing more)."""
+
     async def generate(self, prompt, params, request_id, priority=0):
         params.verify(self.vocab_size, self.config.max_logprobs)
         self.submitted.append({"id": request_id, "priority": priority, "prompt": prompt,

@@ -249,7 +249,7 @@ def test_preparing_generators_without_prompts(engine):
     with pytest.raises(ValueError, match=f"^{NO_PROMPTS}$"):
         s.prepare_generators(ctx)
     with pytest.raises(ValueError, match=f"^{NO_PROMPTS}$"):
-        run(s.collect_batch(ctx))
+        run(s.collect(ctx))
 
 
 def test_collecting_a_dry_run(engine):
@@ -257,7 +257,7 @@ def test_collecting_a_dry_run(engine):
     ctx = s.prepare(EmbeddingCompletionRequest(input=["x", "y"]), schedule=False)
     assert len(ctx.engine_prompts) == 2 and engine.submitted == []
     with pytest.raises(ValueError, match=f"^{NO_GENERATOR}$"):
-        run(s.collect_batch(ctx))
+        run(s.collect(ctx))
 
 
 def test_aborted_requests_fail_the_batch(engine):

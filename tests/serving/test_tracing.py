@@ -90,3 +90,61 @@ async def test_a_response_is_one_span_with_its_rounds_as_events(traced):
     assert span.attributes["gen_ai.usage.completion_tokens"] == response.usage.output_tokens
     assert [e.name for e in span.events] == ["round 0", "finished"]
     assert format(span.context.trace_id, "032x") == TRACE_ID
+
+
+POOLING_EVENTS = ["check model", "validate", "preprocess", "pooling params", "prepare generators",
+                  "collect batch", "build response", "finished"]
+
+
+@pytest.fixture
+def traced_pooling(tokenizer):
+    from tests.serving.test_pooling_pipeline import FakePoolingEngine
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = FakePoolingEngine(tokenizer, max_model_len=4096, is_pooling_model=False,
+                               pooling_tasks=("classify", "score", "embed", "encode"))
+    servings = Servings.build(engine, ServerConfig())
+    servings.use_tracer(RequestTracer(provider))
+    return servings, exporter
+
+
+async def test_each_pooling_request_is_one_span_with_the_pipeline_stages_as_events(
+        traced_pooling):
+    from workbench.serving.protocol.pooling import (
+        ClassificationCompletionRequest, EmbeddingCompletionRequest, PoolingCompletionRequest,
+        RerankRequest, ScoreRequest,
+    )
+
+    servings, exporter = traced_pooling
+    calls = [(servings.embeddings, EmbeddingCompletionRequest(input=["a", "b"]), "embed"),
+             (servings.classify, ClassificationCompletionRequest(input="a"), "classify"),
+             (servings.score, ScoreRequest(queries="a", documents=["b", "c"]), "score"),
+             (servings.rerank, RerankRequest(query="a", documents=["b"]), "score"),
+             (servings.pooling, PoolingCompletionRequest(input=[3, 4]), "classify")]
+    responses = [await serving.create(request, RequestMeta({"traceparent": PARENT}))
+                 for serving, request, _ in calls]
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["llm_request"] * len(calls)
+    for span, response, (_, request, task) in zip(spans, responses, calls):
+        assert span.kind == SpanKind.SERVER
+        assert [e.name for e in span.events] == POOLING_EVENTS
+        assert span.attributes["gen_ai.request.id"] == response.id
+        assert span.attributes["gen_ai.response.model"] == response.model
+        assert span.attributes["gen_ai.usage.prompt_tokens"] == response.usage.prompt_tokens
+        assert span.attributes["gen_ai.usage.completion_tokens"] == 0
+        assert span.attributes["workbench.pooling.task"] == task
+        assert "gen_ai.request.temperature" not in span.attributes
+        assert format(span.context.trace_id, "032x") == TRACE_ID
+        assert span.start_time <= span.events[0].timestamp <= span.end_time
+
+
+async def test_a_failed_pooling_request_makes_no_span(traced_pooling):
+    from workbench.serving.protocol.pooling import EmbeddingCompletionRequest
+
+    servings, exporter = traced_pooling
+    with pytest.raises(Exception, match="does not exist"):
+        await servings.embeddings.create(EmbeddingCompletionRequest(input="a", model="nope"),
+                                         RequestMeta())
+    assert exporter.get_finished_spans() == ()

@@ -3,7 +3,8 @@
 `generate(prompt, params, request_id)` is an async generator of `RequestOutput`s;
 `beam_search(prompt, request_id, params)` yields one `BeamSearchOutput` when the search ends;
 `encode(prompt, pooling_params, request_id)` yields one `PoolingRequestOutput`;
-`abort` stops a request. The step loop runs in its own daemon thread, never on the event loop, so it
+`abort` stops a request. It implements `EngineClient` (`protocol.py`), all the serving layer
+uses of an engine. The step loop runs in its own daemon thread, never on the event loop, so it
 works under uvicorn and inside a running Jupyter kernel alike; outputs travel back to the
 caller's loop with `call_soon_threadsafe`. Each instance owns its thread: several engines (and
 a synchronous `LLM` sharing the same `LLMEngine`) coexist in one process.
@@ -97,12 +98,42 @@ class AsyncLLMEngine:
     def generation_defaults(self) -> dict[str, Any]:
         return dict(self.engine.generation_defaults)
 
+    @property
+    def hidden_size(self) -> int:
+        return self.engine.model.config.hidden_size
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    def num_held_blocks(self) -> int:
+        bm = self.engine.block_manager
+        held = sum(1 for block in bm.blocks if block.ref_count > 0)
+        return max(held, bm.num_blocks - bm.num_free_blocks)
+
+    @property
+    def errored(self) -> bool:
+        return self._dead is not None
 
     def check_health(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(f"The engine loop stopped: {self._dead!r}")
+
+    # -- LoRA adapters ----------------------------------------------------------------------
+    def add_lora(self, lora_request: Any) -> bool:
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        """Adapters loaded in memory or resident in a slot (ids a new adapter must not take)."""
+        manager = self.engine.lora
+        if manager is None:
+            return set()
+        return manager.list_loras() | {i for i in manager.resident if i is not None}
 
     # -- requests ---------------------------------------------------------------------------
     async def generate(self, prompt: PromptInput, sampling_params: SamplingParams,
@@ -131,6 +162,11 @@ class AsyncLLMEngine:
                                       request_id, priority=priority, cache_salt=cache_salt,
                                       lora_request=lora_request):
             yield out
+
+    def check_inputs(self, request_id: str, prompt: PromptInput,
+                      params: SamplingParams) -> None:
+        """`generate`'s input checks as a dry run: raises what it would refuse, queues nothing."""
+        self.engine.inputs.process(request_id, prompt, params)
 
     async def _submit(self, add, prompt, params, request_id: str, **kwargs: Any):
         self.check_health()

@@ -47,8 +47,8 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
     app.state.registry = registry
     app.state.servings = Servings.build(engine, config, metrics, tool_server=tool_server)
     app.state.drain = Drain(engine)  # the shutdown deadline of open streams (`shutdown.py`)
-    tasks = pooling.engine_attr(engine, "pooling_tasks", ())
-    generates = not pooling.engine_attr(engine, "is_pooling_model", False)
+    tasks = engine.pooling_tasks
+    generates = not engine.is_pooling_model
     for router in (openai.router if generates else pooling.models_only(openai.router),
                    tokenize.router, system.router, *pooling.routers_for(tuple(tasks)),
                    *([responses.router] if generates else [])):

@@ -30,6 +30,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.protocol import EngineClient
 from workbench.errors import ValidationError
 from workbench.security import is_within
 from workbench.lora.request import LoRARequest
@@ -110,10 +111,10 @@ def _check_name(name: str) -> None:
 class ServedAdapters:
     """Adapter names of one server (see the module docstring)."""
 
-    def __init__(self, engine: Any, base_model_names: Iterable[str],
+    def __init__(self, engine: EngineClient | None, base_model_names: Iterable[str],
                  resolvers: Iterable[LoRAResolver] = (), allow_runtime: bool | None = None,
                  load_dirs: Iterable[str] = ()):
-        self.engine = engine  # AsyncLLMEngine or LLMEngine: add_lora / remove_lora
+        self.engine = engine  # add_lora / remove_lora / list_loras (`EngineClient`)
         self.base_model_names = tuple(base_model_names)
         self.resolvers = list(resolvers)
         self.load_dirs = tuple(str(d) for d in load_dirs)  # where /v1/load_lora_adapter may read
@@ -122,12 +123,10 @@ class ServedAdapters:
         self._lock = threading.RLock()
 
     @classmethod
-    def from_config(cls, engine: Any, config: Any) -> "ServedAdapters":
+    def from_config(cls, engine: EngineClient, config: Any) -> "ServedAdapters":
         """Built from a `ServerConfig`: loads its static and default adapters (errors raise)."""
         names = tuple(config.served_model_names or (engine.served_model_name,))
-        core = getattr(engine, "engine", engine)
-        base_names = {*names, str(getattr(getattr(core, "config", None), "model", "") or ""),
-                      str(getattr(engine, "model_path", "") or "")}
+        base_names = {*names, str(engine.config.model or ""), str(engine.model_path or "")}
         base_names |= {Path(n).name for n in list(base_names) if n}
         dirs = list(getattr(config, "lora_resolver_dirs", ()) or ())
         if os.environ.get(RESOLVER_DIR_ENV):
@@ -142,7 +141,7 @@ class ServedAdapters:
                            "local development!")
         modules = [parse_lora_module(m) for m in getattr(config, "lora_modules", ()) or ()]
         defaults = dict(getattr(config, "default_mm_loras", None) or {})
-        if (modules or defaults) and not getattr(core.config, "enable_lora", False):
+        if (modules or defaults) and not engine.config.enable_lora:
             raise ValueError("--lora-modules and --default-mm-loras need --enable-lora")
         for module in modules:
             adapters.add(module.name, module.path, base_model_name=module.base_model_name)
@@ -163,21 +162,17 @@ class ServedAdapters:
     def _next_id(self) -> int:
         """A fresh id: unique in the process (several servers may share one engine) and not
         one the engine already holds (an offline `LoRARequest` of the same `LLM`)."""
-        core = getattr(self.engine, "engine", self.engine)
-        manager = getattr(core, "lora", None)
-        taken = set() if manager is None else manager.list_loras() | set(manager.resident)
+        taken = self.engine.list_loras()
         while True:
             lora_id = next(_IDS)
             if lora_id not in taken:
                 return lora_id
 
     def _engine_add(self, lora: LoRARequest) -> None:
-        core = getattr(self.engine, "engine", self.engine)
-        core.add_lora(lora)
+        self.engine.add_lora(lora)
 
     def _engine_remove(self, lora: LoRARequest) -> None:
-        core = getattr(self.engine, "engine", self.engine)
-        core.remove_lora(lora.lora_int_id)
+        self.engine.remove_lora(lora.lora_int_id)
 
     # -- static ------------------------------------------------------------------------------
     def add(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:

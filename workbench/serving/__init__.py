@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.engine.protocol import EngineClient
 from workbench.serving.base import RequestMeta
 from workbench.serving.chat import ChatServing
 from workbench.serving.completions import CompletionServing
@@ -59,9 +60,9 @@ class Servings:
             serving.tracer = self.tracer
 
     def endpoints(self) -> list[Any]:
-        from workbench.serving.base import OpenAIServing
+        from workbench.serving.base import EngineServing
 
-        return [s for s in vars(self).values() if isinstance(s, OpenAIServing)]
+        return [s for s in vars(self).values() if isinstance(s, EngineServing)]
 
     def use_tracer(self, tracer: RequestTracer | None) -> None:
         """Spans of every endpoint go to `tracer` (e.g. one on an in-memory exporter)."""
@@ -76,7 +77,7 @@ class Servings:
             self.tracer.shutdown()
 
     @classmethod
-    def build(cls, engine: Any, config: ServerConfig | None = None,
+    def build(cls, engine: EngineClient, config: ServerConfig | None = None,
               metrics: ServingMetrics | None = None, *, tool_server: Any = None) -> "Servings":
         config = config or ServerConfig()
         return cls(completions=CompletionServing(engine, config, metrics),

@@ -1,6 +1,7 @@
 """`/v1/chat/completions`: messages -> the chat template -> one generated assistant message.
 
-Stages 1-5 come from `GenerationServing`; this module supplies the hooks and stage 6. One
+The pipeline comes from `OpenAIServing` and `GenerationServing`; this module supplies the
+request's hooks and stage 6. One
 function, `choice_parts`, turns a `ChoiceDelta` into content, logprobs and token ids for both
 the non-streaming message and each streamed delta. Streams follow the reference: a role chunk
 per choice first, then one chunk per engine step, the finish reason on the last one, an
@@ -15,10 +16,12 @@ from typing import Any
 
 from workbench.sampling_params import SamplingParams
 from workbench.serving import unsupported
-from workbench.serving.base import Generation, GenerationServing, RequestMeta
+from workbench.serving.base import RequestMeta
+from workbench.serving.context import ServeContext
 from workbench.serving.chat_template import ChatRenderer, content_text
 from workbench.serving.chat_tools import ChatTools, chat_message, stream_parts
 from workbench.serving.errors import error_response
+from workbench.serving.generation import GenerationServing
 from workbench.serving.logprobs import chat_logprobs, prompt_logprobs_json
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import (
@@ -50,14 +53,18 @@ class ChatServing(GenerationServing):
             default_chat_template_kwargs=self.config.default_chat_template_kwargs)
         self.tools = ChatTools(self.config, self.tokenizer)  # tool and reasoning parsers
 
-    def engine_request_id(self, request_id: str, index: int) -> str:
-        return request_id
+    def engine_request_id(self, ctx: ServeContext, index: int) -> str:
+        return ctx.request_id
 
-    def validate(self, request: ChatCompletionRequest) -> None:
-        self.tools.check(request)
-        unsupported.check_chat(request)
+    def validate(self, ctx: ServeContext[ChatCompletionRequest]) -> None:
+        self.tools.check(ctx.request)
+        unsupported.check_chat(ctx.request)
 
-    def preprocess(self, request: ChatCompletionRequest) -> list[EnginePrompt]:
+    def preprocess(self, ctx: ServeContext[ChatCompletionRequest]) -> None:
+        ctx.engine_prompts = [self.render(ctx.request)]
+
+    def render(self, request: ChatCompletionRequest) -> EnginePrompt:
+        """The conversation through the chat template, tokenized and length-checked."""
         self.tools.adjust_request(request)
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         rendered = self.renderer.render(
@@ -70,7 +77,7 @@ class ChatServing(GenerationServing):
                                         truncate=request.truncate_prompt_tokens,
                                         side=request.truncation_side)
         prompt.text = rendered.prompt
-        return [prompt]
+        return prompt
 
     def sampling_params(self, request: ChatCompletionRequest, prompt: EnginePrompt) -> SamplingParams:
         if request.max_completion_tokens is not None:
@@ -101,10 +108,10 @@ class ChatServing(GenerationServing):
             return ""
         return content_text(last.content) or ""
 
-    def choice_parts(self, gen: Generation, delta: ChoiceDelta
+    def choice_parts(self, ctx: ServeContext, delta: ChoiceDelta
                      ) -> tuple[str, ChatCompletionLogProbs | None, list[int] | None]:
         """Content, logprobs and token ids of a delta (or of a whole merged choice)."""
-        request: ChatCompletionRequest = gen.request
+        request: ChatCompletionRequest = ctx.request
         logprobs = None
         if request.logprobs and request.top_logprobs is not None:
             num_top = self.engine.vocab_size if request.top_logprobs == -1 else request.top_logprobs
@@ -116,15 +123,14 @@ class ChatServing(GenerationServing):
 
     # stage 6 -------------------------------------------------------------------------------
 
-    async def create(self, request: ChatCompletionRequest, meta: RequestMeta
-                     ) -> ChatCompletionResponse:
-        gen = await self.prepare_off_loop(request, meta)
-        deltas = await self.collect(gen)
+    async def build_response(self, ctx: ServeContext[ChatCompletionRequest]
+                             ) -> ChatCompletionResponse:
+        request, deltas = ctx.request, ctx.final_res_batch
         role, echo = self.response_role(request), self.echo_text(request)
         choices, reasoning_tokens = [], 0
-        prompt = gen.prompts[0]
+        prompt = ctx.engine_prompts[0]
         for delta in deltas:
-            text, logprobs, token_ids = self.choice_parts(gen, delta)
+            text, logprobs, token_ids = self.choice_parts(ctx, delta)
             parser = self.tools.choice_parser(request, prompt.text)
             message, called, _ = chat_message(parser, role, echo, text, request)
             reasoning_tokens += self.tools.reasoning_tokens(parser, delta.token_ids, delta.text)
@@ -133,36 +139,36 @@ class ChatServing(GenerationServing):
                 finish_reason=parser.finish_reason(delta.finish_reason or "stop", called),
                 stop_reason=delta.stop_reason, token_ids=token_ids))
         usage = self.add_prompt_tokens_details(
-            usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)), gen)
+            usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)), ctx)
         if self.tools.counts_reasoning:
             usage.completion_tokens_details = {"reasoning_tokens": reasoning_tokens}
         return ChatCompletionResponse(
-            id=gen.request_id, created=gen.created, model=gen.model_name, choices=choices,
+            id=ctx.request_id, created=ctx.created, model=ctx.model_name, choices=choices,
             usage=usage,
-            prompt_logprobs=prompt_logprobs_json(gen.prompt_logprobs.get(0)),
+            prompt_logprobs=prompt_logprobs_json(ctx.prompt_logprobs.get(0)),
             prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
             prompt_text=prompt.text if request.return_prompt_text else None,
             system_fingerprint=self.system_fingerprint)
 
     async def create_stream(self, request: ChatCompletionRequest, meta: RequestMeta
                             ) -> AsyncIterator[str]:
-        gen = await self.prepare_off_loop(request, meta)
-        await self.prime(gen)
-        return self._stream(gen)
+        ctx = await self.prepare_off_loop(request, meta)
+        await self.prime(ctx)
+        return self._stream(ctx)
 
-    def _chunk(self, gen: Generation, choices: list[ChatCompletionResponseStreamChoice],
+    def _chunk(self, ctx: ServeContext, choices: list[ChatCompletionResponseStreamChoice],
                **fields: Any) -> ChatCompletionStreamResponse:
-        return ChatCompletionStreamResponse(id=gen.request_id, object="chat.completion.chunk",
-                                            created=gen.created, model=gen.model_name,
+        return ChatCompletionStreamResponse(id=ctx.request_id, object="chat.completion.chunk",
+                                            created=ctx.created, model=ctx.model_name,
                                             choices=choices, **fields)
 
-    def _opening(self, gen: Generation, continuous: bool) -> list[str]:
+    def _opening(self, ctx: ServeContext, continuous: bool) -> list[str]:
         """The role chunk of every choice, then the echoed content if any."""
-        request: ChatCompletionRequest = gen.request
-        prompt = gen.prompts[0]
+        request: ChatCompletionRequest = ctx.request
+        prompt = ctx.engine_prompts[0]
         events = []
-        for i in range(gen.n):
-            chunk = self._chunk(gen, [ChatCompletionResponseStreamChoice(
+        for i in range(ctx.n):
+            chunk = self._chunk(ctx, [ChatCompletionResponseStreamChoice(
                 index=i, delta=DeltaMessage(role=self.response_role(request), content=""),
                 logprobs=None, finish_reason=None)],
                 prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
@@ -171,28 +177,28 @@ class ChatServing(GenerationServing):
                 chunk.usage = usage_info(len(prompt.token_ids), 0)
             events.append(chunk_json(chunk))
         echo = self.echo_text(request)
-        for i in range(gen.n if echo else 0):
-            events.append(chunk_json(self._chunk(gen, [ChatCompletionResponseStreamChoice(
+        for i in range(ctx.n if echo else 0):
+            events.append(chunk_json(self._chunk(ctx, [ChatCompletionResponseStreamChoice(
                 index=i, delta=DeltaMessage(content=echo), logprobs=None, finish_reason=None)])))
         return events
 
-    async def _stream(self, gen: Generation) -> AsyncIterator[str]:
-        request: ChatCompletionRequest = gen.request
+    async def _stream(self, ctx: ServeContext) -> AsyncIterator[str]:
+        request: ChatCompletionRequest = ctx.request
         include_usage, continuous = usage_options(request.stream_options,
                                                   self.config.enable_force_include_usage)
-        num_prompt = len(gen.prompts[0].token_ids)
-        merged = {i: ChoiceDelta(index=i) for i in range(gen.n)}
-        parsers = {i: self.tools.choice_parser(request, gen.prompts[0].text) for i in merged}
-        for event in self._opening(gen, continuous):  # prime() saw the first output
+        num_prompt = len(ctx.engine_prompts[0].token_ids)
+        merged = {i: ChoiceDelta(index=i) for i in range(ctx.n)}
+        parsers = {i: self.tools.choice_parser(request, ctx.engine_prompts[0].text) for i in merged}
+        for event in self._opening(ctx, continuous):  # prime() saw the first output
             yield event
         try:
-            async with aclosing(self.stream_deltas(gen)) as deltas:
+            async with aclosing(self.stream_deltas(ctx)) as deltas:
                 async for delta in deltas:
                     so_far = merged[delta.index]
                     if not (delta.text or delta.token_ids or delta.finish_reason or so_far.token_ids):
                         continue  # nothing generated yet (a prefill step)
                     so_far.extend(delta)
-                    text, logprobs, token_ids = self.choice_parts(gen, delta)
+                    text, logprobs, token_ids = self.choice_parts(ctx, delta)
                     message, finish_reason = DeltaMessage(content=text), delta.finish_reason
                     parser = parsers[delta.index]
                     if parser.active:  # reasoning / tool calls out of the text so far
@@ -205,7 +211,7 @@ class ChatServing(GenerationServing):
                         finish_reason=finish_reason, token_ids=token_ids)
                     if delta.finish_reason is not None:
                         choice.stop_reason = delta.stop_reason
-                    chunk = self._chunk(gen, [choice])
+                    chunk = self._chunk(ctx, [choice])
                     if continuous:
                         chunk.usage = usage_info(num_prompt, len(so_far.token_ids))
                     if delta.finish_reason is not None and not include_usage:
@@ -214,14 +220,14 @@ class ChatServing(GenerationServing):
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
             yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
             return
-        choices = list(merged.values())
-        self.finished(gen, choices)
+        choices = ctx.final_res_batch = list(merged.values())
+        self.finished(ctx, None)
         if include_usage:
             usage = self.add_prompt_tokens_details(
-                usage_info(num_prompt, sum(len(c.token_ids) for c in choices)), gen)
+                usage_info(num_prompt, sum(len(c.token_ids) for c in choices)), ctx)
             if self.tools.counts_reasoning:
                 usage.completion_tokens_details = {"reasoning_tokens": sum(
                     self.tools.reasoning_tokens(parsers[c.index], c.token_ids, c.text)
                     for c in choices)}
-            yield usage_chunk_json(self._chunk(gen, [], usage=usage,
+            yield usage_chunk_json(self._chunk(ctx, [], usage=usage,
                                                system_fingerprint=self.system_fingerprint))

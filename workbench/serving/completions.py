@@ -1,6 +1,7 @@
 """`/v1/completions`: prompts (text, ids, or lists of either) -> text completions.
 
-Stages 1-5 come from `GenerationServing`; this module supplies the hooks and stage 6. One
+The pipeline comes from `OpenAIServing` and `GenerationServing`; this module supplies the
+request's hooks and stage 6. One
 function, `completion_choice`, builds a choice from a `ChoiceDelta`: the non-streaming path
 calls it once per choice with the merged deltas, the streaming path once per delta.
 """
@@ -14,8 +15,10 @@ from typing import Any
 
 from workbench.sampling_params import SamplingParams
 from workbench.serving import unsupported
-from workbench.serving.base import Generation, GenerationServing, RequestMeta
+from workbench.serving.base import RequestMeta
+from workbench.serving.context import ServeContext
 from workbench.serving.errors import error_response
+from workbench.serving.generation import GenerationServing
 from workbench.serving.logprobs import completion_logprobs, prompt_logprobs_json
 from workbench.serving.prompt_embeds import embeds_prompts
 from workbench.serving.prompts import EnginePrompt
@@ -44,10 +47,14 @@ class CompletionServing(GenerationServing):
     id_prefix = "cmpl"
     supports_lora = True
 
-    def validate(self, request: CompletionRequest) -> None:
-        unsupported.check_completion(request, enable_prompt_embeds=self.config.enable_prompt_embeds)
+    def validate(self, ctx: ServeContext[CompletionRequest]) -> None:
+        unsupported.check_completion(ctx.request,
+                                     enable_prompt_embeds=self.config.enable_prompt_embeds)
 
-    def preprocess(self, request: CompletionRequest) -> list[EnginePrompt]:
+    def preprocess(self, ctx: ServeContext[CompletionRequest]) -> None:
+        ctx.engine_prompts = self.prompts_of(ctx.request)
+
+    def prompts_of(self, request: CompletionRequest) -> list[EnginePrompt]:
         """Embedding prompts first, then text / token prompts (as the reference orders them)."""
         prompts = []
         if request.prompt_embeds is not None:
@@ -73,29 +80,28 @@ class CompletionServing(GenerationServing):
 
     # stage 6 -------------------------------------------------------------------------------
 
-    async def create(self, request: CompletionRequest, meta: RequestMeta) -> CompletionResponse:
-        gen = await self.prepare_off_loop(request, meta)
-        choices = await self.collect(gen)
-        built = [self.completion_choice(gen, c, ChoiceCursor(), final=True) for c in choices]
+    async def build_response(self, ctx: ServeContext[CompletionRequest]) -> CompletionResponse:
+        choices = ctx.final_res_batch
+        built = [self.completion_choice(ctx, c, ChoiceCursor(), final=True) for c in choices]
         return CompletionResponse(
-            id=gen.request_id, created=gen.created, model=gen.model_name,
+            id=ctx.request_id, created=ctx.created, model=ctx.model_name,
             choices=[CompletionResponseChoice(**fields) for fields in built],
-            usage=self.usage(gen, choices), system_fingerprint=self.system_fingerprint)
+            usage=self.usage(ctx, choices), system_fingerprint=self.system_fingerprint)
 
     async def create_stream(self, request: CompletionRequest, meta: RequestMeta
                             ) -> AsyncIterator[str]:
-        gen = await self.prepare_off_loop(request, meta)
-        await self.prime(gen)
-        return self._stream(gen)
+        ctx = await self.prepare_off_loop(request, meta)
+        await self.prime(ctx)
+        return self._stream(ctx)
 
-    async def _stream(self, gen: Generation) -> AsyncIterator[str]:
-        request: CompletionRequest = gen.request
+    async def _stream(self, ctx: ServeContext) -> AsyncIterator[str]:
+        request: CompletionRequest = ctx.request
         include_usage, continuous = usage_options(request.stream_options,
                                                   self.config.enable_force_include_usage)
-        cursors = {i: ChoiceCursor() for i in range(len(gen.prompts) * gen.n)}
+        cursors = {i: ChoiceCursor() for i in range(len(ctx.engine_prompts) * ctx.n)}
         merged = {i: ChoiceDelta(index=i) for i in cursors}
         try:
-            async with aclosing(self.stream_deltas(gen)) as deltas:
+            async with aclosing(self.stream_deltas(ctx)) as deltas:
                 async for delta in deltas:
                     cursor = cursors[delta.index]
                     merged[delta.index].extend(delta)
@@ -103,11 +109,11 @@ class CompletionServing(GenerationServing):
                             or cursor.num_tokens or request.echo):
                         continue  # nothing generated yet (a prefill step)
                     chunk = CompletionStreamResponse(
-                        id=gen.request_id, object="text_completion", created=gen.created,
-                        model=gen.model_name, choices=[CompletionResponseStreamChoice(
-                            **self.completion_choice(gen, delta, cursor, final=False))])
+                        id=ctx.request_id, object="text_completion", created=ctx.created,
+                        model=ctx.model_name, choices=[CompletionResponseStreamChoice(
+                            **self.completion_choice(ctx, delta, cursor, final=False))])
                     if continuous:
-                        prompt_len = len(gen.prompts[delta.index // gen.n].token_ids)
+                        prompt_len = len(ctx.engine_prompts[delta.index // ctx.n].token_ids)
                         chunk.usage = usage_info(prompt_len, cursor.num_tokens)
                     if delta.finish_reason is not None and not include_usage:
                         chunk.system_fingerprint = self.system_fingerprint  # the last word
@@ -115,19 +121,19 @@ class CompletionServing(GenerationServing):
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
             yield error_json(error_response(exc, log_stack=self.config.log_error_stack))
             return
-        choices = list(merged.values())
-        self.finished(gen, choices)
+        choices = ctx.final_res_batch = list(merged.values())
+        self.finished(ctx, None)
         if include_usage:
             yield usage_chunk_json(CompletionStreamResponse(
-                id=gen.request_id, created=gen.created, model=gen.model_name, choices=[],
-                usage=self.usage(gen, choices), system_fingerprint=self.system_fingerprint))
+                id=ctx.request_id, created=ctx.created, model=ctx.model_name, choices=[],
+                usage=self.usage(ctx, choices), system_fingerprint=self.system_fingerprint))
 
-    def completion_choice(self, gen: Generation, delta: ChoiceDelta, cursor: ChoiceCursor, *,
+    def completion_choice(self, ctx: ServeContext, delta: ChoiceDelta, cursor: ChoiceCursor, *,
                           final: bool) -> dict[str, Any]:
         """The fields of one choice (or one streamed piece of it) from a delta."""
-        request: CompletionRequest = gen.request
-        prompt_index = delta.index // gen.n
-        prompt = gen.prompts[prompt_index]
+        request: CompletionRequest = ctx.request
+        prompt_index = delta.index // ctx.n
+        prompt = ctx.engine_prompts[prompt_index]
         echo_only = request.echo and request.max_tokens == 0
         text, token_ids, logprobs = delta.text, delta.token_ids, delta.logprobs
         if echo_only:  # the one token generated for the engine's sake is dropped
@@ -138,7 +144,7 @@ class CompletionServing(GenerationServing):
             cursor.opened = True
             prompt_ids = prompt.token_ids if prompt.embeds is None else None  # no ids to show
             if request.echo:
-                prompt_lps = gen.prompt_logprobs.get(prompt_index)
+                prompt_lps = ctx.prompt_logprobs.get(prompt_index)
                 text = self.prompts.prompt_text(prompt) + text
                 token_ids = prompt.token_ids + token_ids
                 if request.logprobs is not None:
@@ -159,11 +165,11 @@ class CompletionServing(GenerationServing):
                                        if final else prompt_ids)
                   if request.return_token_ids else None}
         if final:
-            fields["prompt_logprobs"] = prompt_logprobs_json(gen.prompt_logprobs.get(prompt_index))
+            fields["prompt_logprobs"] = prompt_logprobs_json(ctx.prompt_logprobs.get(prompt_index))
         return fields
 
-    def usage(self, gen: Generation, choices: list[ChoiceDelta]) -> UsageInfo:
-        echo_only = gen.request.echo and gen.request.max_tokens == 0
+    def usage(self, ctx: ServeContext, choices: list[ChoiceDelta]) -> UsageInfo:
+        echo_only = ctx.request.echo and ctx.request.max_tokens == 0
         generated = 0 if echo_only else sum(len(c.token_ids) for c in choices)
-        return self.add_prompt_tokens_details(usage_info(gen.num_prompt_tokens, generated), gen)
+        return self.add_prompt_tokens_details(usage_info(ctx.num_prompt_tokens, generated), ctx)
 

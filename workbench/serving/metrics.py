@@ -7,10 +7,10 @@ KV-cache usage are read from `engine.stats()` at scrape time.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from workbench.engine.protocol import EngineClient
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -21,7 +21,7 @@ _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 class EngineStatsCollector:
     """Gauges read from the engine when Prometheus scrapes."""
 
-    def __init__(self, engine: Any, model_name: str):
+    def __init__(self, engine: EngineClient, model_name: str):
         self.engine = engine
         self.model_name = model_name
 
@@ -49,7 +49,7 @@ class EngineStatsCollector:
 class ServingMetrics:
     """The serving layer's metrics for one model name, registered in `registry`."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str, engine: Any | None = None):
+    def __init__(self, registry: CollectorRegistry, model_name: str, engine: EngineClient | None = None):
         self.registry = registry
         self.model_name = model_name
         labels = ["model_name"]

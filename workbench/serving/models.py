@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import uuid
 
-from workbench.serving.base import OpenAIServing
+from workbench.serving.base import EngineServing
 from workbench.serving.protocol.common import ModelCard, ModelList, ModelPermission
 
 
-class ModelsServing(OpenAIServing):
+class ModelsServing(EngineServing):
     def list_models(self) -> ModelList:
         # as vLLM, `root` echoes the --model argument; never the cache directory it resolved
         # to (paths of the server's disk do not belong in an answer)
-        model = getattr(getattr(self.engine, "config", None), "model", None)
+        model = self.engine.config.model
         root = model if isinstance(model, str) else self.model_name
         cards = [
             ModelCard(id=name, root=root, max_model_len=self.max_model_len,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from workbench.engine.prompt_embeds import PLACEHOLDER_TOKEN_ID, check_prompt_embeds
+from workbench.engine.protocol import EngineClient
 from workbench.errors import ValidationError
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer, context_length_message
 from workbench.serving.protocol.checks import MAX_COMPLETION_PROMPTS
@@ -103,11 +104,10 @@ def load_prompt_embeds(field: Any, *, hidden_size: int, max_rows: int) -> list[t
             for p in payloads]
 
 
-def embeds_prompts(engine: Any, prompts: PromptTokenizer, field: Any,
+def embeds_prompts(engine: EngineClient, prompts: PromptTokenizer, field: Any,
                    truncate_prompt_tokens: int | None) -> list[EnginePrompt]:
     """`prompt_embeds` -> engine prompts: truncated to the last N rows, context-length checked."""
-    core = getattr(engine, "engine", engine)  # an AsyncLLMEngine wraps the LLMEngine
-    hidden_size = core.model.config.hidden_size
+    hidden_size = engine.hidden_size
     keep = prompts.truncation_length(truncate_prompt_tokens)
     result = []
     for tensor in load_prompt_embeds(field, hidden_size=hidden_size,

@@ -1,7 +1,7 @@
 """`PipelineRecorder`: what the serving pipeline checked, decided and when, for one request.
 
-Every generation request gets one (`GenerationServing.prepare` makes it unless the caller
-passed its own in `RequestMeta.recorder`), so the checks it lists are the checks the server
+Every request through the serving pipeline gets one (`OpenAIServing.prepare` makes it unless
+the caller passed its own in `RequestMeta.recorder`), so the checks it lists are the checks the server
 ran, not a re-implementation. Each check is `passed`, `failed`, `coerced` (the server changed
 the value: temperature raised to 0.01, max_tokens clamped, a default taken from the model's
 generation_config) or `ignored` (accepted but without effect, or an unknown field). It also

@@ -6,7 +6,7 @@ completions; it reports the count and `max_model_len` but does not enforce it (a
 
 from __future__ import annotations
 
-from workbench.serving.base import OpenAIServing
+from workbench.serving.base import EngineServing
 from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.unsupported import refuse_unknown_fields
 from workbench.serving.protocol.tokenize import (
@@ -14,7 +14,7 @@ from workbench.serving.protocol.tokenize import (
 )
 
 
-class TokenizeServing(OpenAIServing):
+class TokenizeServing(EngineServing):
     supports_lora = True  # an adapter shares the base model's tokenizer
 
     def __init__(self, *args, **kwargs):

@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse, Response
 from workbench.http.cancellation import with_cancellation
 from workbench.http.errors import error_json, validate_json_request
 from workbench.http.routes import request_meta
-from workbench.serving.pooling.base import engine_attr
 from workbench.serving.protocol import ErrorResponse
 from workbench.serving.protocol.pooling import (
     ClassificationRequest, ClassificationResponse, EmbeddingRequest, EmbeddingResponse,

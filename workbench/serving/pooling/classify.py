@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.serving.pooling.base import PoolingContext, PoolingServing, engine_attr
+from workbench.serving.base import ServeContext
+from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common
 from workbench.serving.pooling.embeddings import pooling_usage
 from workbench.serving.protocol.pooling import ClassificationData, ClassificationResponse
@@ -22,23 +23,25 @@ class ClassifyServing(PoolingServing):
 
     @property
     def labels(self) -> list[str] | None:
-        labels = engine_attr(self.engine, "classifier_labels", None)
+        labels = self.engine.classifier_labels
         return list(labels) if labels else None
 
-    def validate(self, request: Any) -> None:
+    def validate(self, ctx: ServeContext) -> None:
+        super().validate(ctx)
+        request = ctx.request
         check_common(request)
 
-    def preprocess(self, ctx: PoolingContext) -> None:
+    def preprocess(self, ctx: ServeContext) -> None:
         ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
 
-    def pooling_params(self, ctx: PoolingContext) -> list[Any]:
+    def build_params(self, ctx: ServeContext) -> list[Any]:
         from workbench.pooling_params import PoolingParams
 
         self.check_task("classify")
         params = PoolingParams(task="classify", use_activation=ctx.request.use_activation)
         return [params] * len(ctx.engine_prompts)
 
-    async def build_response(self, ctx: PoolingContext) -> ClassificationResponse:
+    async def build_response(self, ctx: ServeContext) -> ClassificationResponse:
         labels = self.labels
         data = []
         for i, out in enumerate(ctx.final_res_batch):

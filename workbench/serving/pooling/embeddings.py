@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.serving.pooling.base import PoolingContext, PoolingServing
+from workbench.serving.base import ServeContext
+from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_encoding
 from workbench.serving.pooling.encoding import encode_outputs
 from workbench.serving.protocol.common import UsageInfo
 from workbench.serving.protocol.pooling import EmbeddingResponse, EmbeddingResponseData
 
 
-def pooling_usage(ctx: PoolingContext) -> UsageInfo:
+def pooling_usage(ctx: ServeContext) -> UsageInfo:
     tokens = ctx.num_prompt_tokens
     return UsageInfo(prompt_tokens=tokens, total_tokens=tokens, completion_tokens=0)
 
@@ -27,14 +28,16 @@ class EmbeddingServing(PoolingServing):
     id_prefix = "embd"
     operation = "embedding generation"
 
-    def validate(self, request: Any) -> None:
+    def validate(self, ctx: ServeContext) -> None:
+        super().validate(ctx)
+        request = ctx.request
         check_common(request)
         check_encoding(request)
 
-    def preprocess(self, ctx: PoolingContext) -> None:
+    def preprocess(self, ctx: ServeContext) -> None:
         ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
 
-    def pooling_params(self, ctx: PoolingContext) -> list[Any]:
+    def build_params(self, ctx: ServeContext) -> list[Any]:
         from workbench.pooling_params import PoolingParams
 
         self.check_task("embed")
@@ -42,7 +45,7 @@ class EmbeddingServing(PoolingServing):
                                use_activation=ctx.request.use_activation)
         return [params] * len(ctx.engine_prompts)
 
-    async def build_response(self, ctx: PoolingContext) -> EmbeddingResponse:
+    async def build_response(self, ctx: ServeContext) -> EmbeddingResponse:
         encoded = encode_outputs(ctx.request, ctx.final_res_batch)
         data = [EmbeddingResponseData(index=i, embedding=value) for i, value in enumerate(encoded)]
         return EmbeddingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,

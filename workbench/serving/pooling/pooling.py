@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.serving.pooling.base import PoolingContext, PoolingServing
+from workbench.serving.base import ServeContext
+from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_encoding
 from workbench.serving.pooling.embeddings import pooling_usage
 from workbench.serving.pooling.encoding import encode_outputs
@@ -25,14 +26,16 @@ class PoolingEndpointServing(PoolingServing):
         """The model's default task (the engine lists it first)."""
         return self.tasks[0] if self.tasks else "embed"
 
-    def validate(self, request: Any) -> None:
+    def validate(self, ctx: ServeContext) -> None:
+        super().validate(ctx)
+        request = ctx.request
         check_common(request)
         check_encoding(request)
 
-    def preprocess(self, ctx: PoolingContext) -> None:
+    def preprocess(self, ctx: ServeContext) -> None:
         ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
 
-    def pooling_params(self, ctx: PoolingContext) -> list[Any]:
+    def build_params(self, ctx: ServeContext) -> list[Any]:
         from workbench.pooling_params import PoolingParams
 
         request = ctx.request
@@ -42,7 +45,7 @@ class PoolingEndpointServing(PoolingServing):
                                use_activation=request.use_activation)
         return [params] * len(ctx.engine_prompts)
 
-    async def build_response(self, ctx: PoolingContext) -> PoolingResponse:
+    async def build_response(self, ctx: ServeContext) -> PoolingResponse:
         encoded = encode_outputs(ctx.request, ctx.final_res_batch)
         data = [PoolingResponseData(index=i, data=value) for i, value in enumerate(encoded)]
         return PoolingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,

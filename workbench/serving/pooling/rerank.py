@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.serving.pooling.base import PoolingContext
+from workbench.serving.base import ServeContext
 from workbench.serving.pooling.score import ScoreServing, pair_up
 from workbench.serving.protocol.pooling import (
     RerankDocument, RerankResponse, RerankResult, RerankUsage,
@@ -37,7 +37,7 @@ class RerankServing(ScoreServing):
         documents = [self.first_tokens(d, request.max_tokens_per_doc) for d in request.documents]
         return pair_up([query], documents, ("query", "documents"))
 
-    async def build_response(self, ctx: PoolingContext) -> RerankResponse:
+    async def build_response(self, ctx: ServeContext) -> RerankResponse:
         request = ctx.request
         scores = self.scores(ctx)
         results = [RerankResult(index=i, relevance_score=scores[i],

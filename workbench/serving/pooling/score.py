@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.errors import ValidationError
-from workbench.serving.pooling.base import PoolingContext, PoolingServing, engine_attr
+from workbench.serving.base import ServeContext
+from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_score_extras
 from workbench.serving.pooling.embeddings import pooling_usage
 from workbench.serving.prompts import EnginePrompt
@@ -55,9 +56,11 @@ class ScoreServing(PoolingServing):
     @property
     def bi_encoder(self) -> bool:
         """Cosine of embeddings on an embedding model; label tokens on a generative one."""
-        return bool(engine_attr(self.engine, "is_pooling_model", False)) and "embed" in self.tasks
+        return self.engine.is_pooling_model and "embed" in self.tasks
 
-    def validate(self, request: Any) -> None:
+    def validate(self, ctx: ServeContext) -> None:
+        super().validate(ctx)
+        request = ctx.request
         check_common(request)
         check_score_extras(request)
         if request.instruction is not None and self.bi_encoder:
@@ -78,10 +81,10 @@ class ScoreServing(PoolingServing):
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text if len(ids) <= limit else self.tokenizer.decode(ids[:limit])
 
-    def preprocess(self, ctx: PoolingContext) -> None:
+    def preprocess(self, ctx: ServeContext) -> None:
         ctx.engine_prompts = self.pair_prompts(ctx, self.pairs(ctx.request))
 
-    def pair_prompts(self, ctx: PoolingContext, pairs: list[tuple[str, str]]
+    def pair_prompts(self, ctx: ServeContext, pairs: list[tuple[str, str]]
                      ) -> list[EnginePrompt]:
         """Bi-encoder: [query 0, document 0, query 1, ...]; label tokens: one prompt a pair."""
         request = ctx.request
@@ -101,7 +104,7 @@ class ScoreServing(PoolingServing):
                                 instruction=instruction or JUDGEMENT_INSTRUCTION)
         return self.pooling_prompts.from_text(text, add_special_tokens=False, **kwargs)
 
-    def pooling_params(self, ctx: PoolingContext) -> list[Any]:
+    def build_params(self, ctx: ServeContext) -> list[Any]:
         from workbench.pooling_params import PoolingParams
 
         task = "embed" if self.bi_encoder else "score"
@@ -109,14 +112,14 @@ class ScoreServing(PoolingServing):
         params = PoolingParams(task=task, use_activation=ctx.request.use_activation)
         return [params] * len(ctx.engine_prompts)
 
-    def scores(self, ctx: PoolingContext) -> list[float]:
+    def scores(self, ctx: ServeContext) -> list[float]:
         """One score per pair, in pair order."""
         outs = [out.outputs.data for out in ctx.final_res_batch]
         if self.bi_encoder:
             return [cosine(outs[2 * i], outs[2 * i + 1]) for i in range(len(outs) // 2)]
         return [float(data.detach().float().reshape(-1)[0]) for data in outs]
 
-    async def build_response(self, ctx: PoolingContext) -> ScoreResponse:
+    async def build_response(self, ctx: ServeContext) -> ScoreResponse:
         data = [ScoreResponseData(index=i, score=s) for i, s in enumerate(self.scores(ctx))]
         return ScoreResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                              data=data, usage=pooling_usage(ctx))

@@ -14,6 +14,7 @@ from typing import Any
 
 from workbench.errors import ValidationError
 from workbench.serving.protocol.responses import ResponsesRequest
+from workbench.serving.responses.toolset import ToolSet, forced_name
 
 logger = logging.getLogger("workbench.serving")
 NOT_YET = "is not supported by this server yet"
@@ -132,3 +133,28 @@ def wants_logprobs(request: ResponsesRequest, *, parsed: bool) -> bool:
         _refuse(f"include=['{OUTPUT_LOGPROBS}'] {NOT_YET} with tools or a reasoning parser "
                 "(their text does not map to the output tokens one to one).", "include")
     return True
+
+
+def check_tool_choice(request: ResponsesRequest, tools: ToolSet, *, auto_tools: bool,
+                      tool_parser_name: str | None) -> None:
+    """The reference's tool-choice rules: `auto` needs --enable-auto-tool-choice and a
+    parser; `required` and named choices need a parser (for the rounds after the first)."""
+    choice = request.tool_choice
+    if isinstance(choice, dict):
+        name = forced_name(choice)
+        if name is None or not (tools.is_builtin(name) or any(
+                t["function"]["name"] == name for t in tools.functions)):
+            raise ValidationError("The tool specified in `tool_choice` does not match any of "
+                                  "the specified `tools`", parameter="tool_choice")
+    elif choice not in ("none", "auto", "required"):
+        raise ValidationError(
+            f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
+            "\"auto\" or \"required\" are supported.", parameter="tool_choice")
+    if not tools or choice == "none":
+        return
+    if choice == "auto" and not (auto_tools and tool_parser_name):
+        raise ValidationError('"auto" tool choice requires --enable-auto-tool-choice and '
+                              "--tool-call-parser to be set", parameter="tool_choice")
+    if tool_parser_name is None:
+        raise ValidationError('tool_choice="required" requires --tool-call-parser to be set',
+                              parameter="tool_choice")

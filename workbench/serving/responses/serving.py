@@ -1,8 +1,11 @@
 """`ResponsesServing`: `POST /v1/responses`, retrieval and cancel, on the serving pipeline.
 
-    check model, headers -> the request's checks -> the previous response (404 if unknown)
-    -> conversation = stored history + input -> tools (function + built-in) -> first prompt
-    -> `ToolLoop` (rounds of generate / built-in tools) -> the response, stored when asked
+The pipeline's stages (`base.OpenAIServing`), with the hooks of a response:
+
+    check model, headers -> validate: the request's checks -> preprocess: the previous
+    response (404 if unknown), conversation = stored history + input, tools (function +
+    built-in), the claimed id, the first prompt -> prepare generators: the `ToolLoop` (rounds
+    of generate / built-in tools) -> collect -> the response, stored when asked
 
 `create` returns the `ResponsesResponse` (with `background`, at once as `queued`, the loop then
 running as a task until the stored response is `completed`, `failed` or `cancelled`);
@@ -23,7 +26,8 @@ from http import HTTPStatus
 from typing import Any
 
 from workbench.errors import ValidationError
-from workbench.serving.base import GenerationServing, RequestMeta
+from workbench.engine.protocol import EngineClient
+from workbench.serving.base import OpenAIServing, RequestMeta, ServeContext
 from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.errors import ServingError, error_response, make_error
 from workbench.serving.protocol.responses import (
@@ -32,7 +36,7 @@ from workbench.serving.protocol.responses import (
 )
 from workbench.serving.responses import checks
 from workbench.serving.responses.items import conversation
-from workbench.serving.responses.loop import ToolLoop, ToolSet, forced_name, sampling_params
+from workbench.serving.responses.loop import ToolLoop, ToolSet, sampling_params
 from workbench.serving.responses.store import ResponseStore
 from workbench.serving.unsupported import refuse_unknown_fields
 from workbench.tools.base import ToolServer, default_tool_server
@@ -42,11 +46,11 @@ def not_found(response_id: str) -> ServingError:
                                    "invalid_request_error", HTTPStatus.NOT_FOUND, "response_id"))
 
 
-class ResponsesServing(GenerationServing):
+class ResponsesServing(OpenAIServing):
     id_prefix = "resp"
     supports_lora = True  # a served adapter's name runs every round with it, as vLLM
 
-    def __init__(self, engine: Any, config: Any = None, metrics: Any = None, *,
+    def __init__(self, engine: EngineClient, config: Any = None, metrics: Any = None, *,
                  tool_server: ToolServer | None = None, store: ResponseStore | None = None):
         super().__init__(engine, config, metrics)
         self.renderer = ChatRenderer(
@@ -60,17 +64,26 @@ class ResponsesServing(GenerationServing):
         self.reasoning_parser_name = getattr(self.config, "reasoning_parser", None)
         self._background: dict[str, asyncio.Task] = {}  # running background responses
         self._running: set[str] = set()  # ids of responses whose loop is alive
-        self._claims = threading.Lock()  # `start` runs in the preprocessing pool's threads
+        self._claims = threading.Lock()  # `preprocess` runs in the preprocessing pool's threads
 
-    # -- stages -------------------------------------------------------------------------------
-    def start(self, request: ResponsesRequest, meta: RequestMeta) -> tuple[ToolLoop, Any]:
-        """Every check, then the loop and its first prompt; raises to answer with an error."""
-        self.check_model(request.model)
-        self.check_headers(meta)
-        if hasattr(self.engine, "check_health"):  # a dead engine: 500 before any stream starts
-            self.engine.check_health()
-        refuse_unknown_fields(request)
-        checks.check_request(request, store_enabled=self.store.enabled)
+    # -- the pipeline's hooks -------------------------------------------------------------
+    def context(self, request: ResponsesRequest, meta: RequestMeta | None = None
+                ) -> ServeContext[ResponsesRequest]:
+        """`resp_<id>`: the client's id (a `resp_` one as it is), else a uuid."""
+        ctx = super().context(request, meta)
+        base = self.base_request_id(ctx.meta, request.request_id)
+        ctx.request_id = base if base.startswith("resp_") else f"resp_{base}"
+        return ctx
+
+    def validate(self, ctx: ServeContext[ResponsesRequest]) -> None:
+        self.engine.check_health()  # a dead engine: 500 before any stream starts
+        refuse_unknown_fields(ctx.request)
+        checks.check_request(ctx.request, store_enabled=self.store.enabled)
+
+    def preprocess(self, ctx: ServeContext[ResponsesRequest]) -> None:
+        """The conversation (stored history + input), its tools, the claimed response id,
+        the `ToolLoop` and its first prompt (`ctx.loop`, `ctx.engine_prompts`)."""
+        request = ctx.request
         history = []
         if request.previous_response_id is not None:
             previous = self.store.get(request.previous_response_id)
@@ -78,11 +91,12 @@ class ResponsesServing(GenerationServing):
                 raise not_found(request.previous_response_id)
             history = previous.conversation
         tools = ToolSet.build(request.tools, self.tool_server)
-        self.check_tool_choice(request, tools)
+        checks.check_tool_choice(request, tools, auto_tools=self.auto_tools,
+                                 tool_parser_name=self.tool_parser_name)
         sampling_params(request, 1, self.defaults).verify(self.engine.vocab_size,
                                                            self.engine.config.max_logprobs)
-        header_priority = meta.int_header("x-vllm-priority")
-        response_id = self.claim_id(self.response_id(request, meta))
+        header_priority = ctx.meta.int_header("x-vllm-priority")
+        response_id = self.claim_id(ctx.request_id)
         try:
             loop = ToolLoop(self, request, response_id, conversation(request.input, history),
                             tools, request.priority if header_priority is None else header_priority)
@@ -90,24 +104,36 @@ class ResponsesServing(GenerationServing):
             self._running.discard(response_id)
             raise
         weakref.finalize(loop, self._running.discard, response_id)  # released with its loop
-        loop.headers = meta.headers  # trace context, for the span (`tracing.py`)
+        ctx.loop = loop
         prompt = loop.first_prompt()
         if loop.constraint is not None:
             self.check_grammar(loop, prompt)
-        return loop, prompt
+        ctx.engine_prompts = [prompt]
+
+    def build_params(self, ctx: ServeContext[ResponsesRequest]) -> list[Any]:
+        """The first round's parameters (checked in `preprocess`, before the id is claimed);
+        later rounds make their own (`ToolLoop`)."""
+        return [sampling_params(ctx.request, 1, self.defaults)]
+
+    def prepare_generators(self, ctx: ServeContext[ResponsesRequest]) -> None:
+        """The tool loop's rounds from the first prompt: lists of stream events. The response's
+        clock starts here, once the request is checked."""
+        ctx.started, ctx.created = time.perf_counter(), int(time.time())
+        ctx.result_generator = ctx.loop.run(ctx.engine_prompts[0])
+
+    async def collect(self, ctx: ServeContext[ResponsesRequest]) -> None:
+        async for _ in ctx.result_generator:
+            pass
+
+    async def build_response(self, ctx: ServeContext[ResponsesRequest]) -> ResponsesResponse:
+        return self.build(ctx.loop, ctx.created)
 
     def check_grammar(self, loop: ToolLoop, prompt: Any) -> None:
         """The engine's input checks on the first round, without queueing anything: a schema
         the backend can't take is a 400 before a stream starts (as chat's `prime`)."""
-        inputs = getattr(getattr(self.engine, "engine", self.engine), "inputs", None)
-        if inputs is not None:
-            params = sampling_params(loop.request, 1, self.defaults)
-            params.structured_outputs = loop.constraint
-            inputs.process(f"{loop.response_id}_check", prompt.as_engine_input(), params)
-
-    def response_id(self, request: ResponsesRequest, meta: RequestMeta) -> str:
-        base = self.base_request_id(meta, request.request_id)
-        return base if base.startswith("resp_") else f"resp_{base}"
+        params = sampling_params(loop.request, 1, self.defaults)
+        params.structured_outputs = loop.constraint
+        self.engine.check_inputs(f"{loop.response_id}_check", prompt.as_engine_input(), params)
 
     def claim_id(self, response_id: str) -> str:
         """A client-chosen id (`request_id`, `X-Request-Id`) names one response: an id that is
@@ -119,66 +145,39 @@ class ResponsesServing(GenerationServing):
             self._running.add(response_id)
         return response_id
 
-    def check_tool_choice(self, request: ResponsesRequest, tools: ToolSet) -> None:
-        """The reference's tool-choice rules: `auto` needs --enable-auto-tool-choice and a
-        parser; `required` and named choices need a parser (for the rounds after the first)."""
-        choice = request.tool_choice
-        if isinstance(choice, dict):
-            name = forced_name(choice)
-            if name is None or not (tools.is_builtin(name) or any(
-                    t["function"]["name"] == name for t in tools.functions)):
-                raise ValidationError("The tool specified in `tool_choice` does not match any of "
-                                      "the specified `tools`", parameter="tool_choice")
-        elif choice not in ("none", "auto", "required"):
-            raise ValidationError(
-                f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
-                "\"auto\" or \"required\" are supported.", parameter="tool_choice")
-        if not tools or choice == "none":
-            return
-        if choice == "auto" and not (self.auto_tools and self.tool_parser_name):
-            raise ValidationError('"auto" tool choice requires --enable-auto-tool-choice and '
-                                  "--tool-call-parser to be set", parameter="tool_choice")
-        if self.tool_parser_name is None:
-            raise ValidationError('tool_choice="required" requires --tool-call-parser to be set',
-                                  parameter="tool_choice")
-
     def engine_stream(self, prompt: Any, params: Any, request_id: str, priority: int,
                       lora_request: Any = None):
         """One round's engine request, aborted if its consumer goes away (see `base.py`);
         logged with `--enable-log-requests` under its sub-request id."""
         if self.request_logger is not None:
             self.request_logger.log_inputs(request_id, prompt.text, prompt.token_ids, params)
-        return self._engine_stream(prompt, params, request_id, priority, lora_request)
+        return super().engine_stream(prompt, params, request_id, priority, lora_request)
 
     # -- responses ----------------------------------------------------------------------------
-    async def create(self, request: ResponsesRequest, meta: RequestMeta) -> ResponsesResponse:
+    async def create(self, request: ResponsesRequest, meta: RequestMeta | None = None
+                     ) -> ResponsesResponse:
         if request.background:
             return await self.start_background(request, meta)
-        response, _ = await self.run(request, meta)
-        return response
+        return await super().create(request, meta)
 
     async def run(self, request: ResponsesRequest, meta: RequestMeta
                   ) -> tuple[ResponsesResponse, ToolLoop]:
         """The response and the loop that made it (its rounds: `ToolLoopTrace.from_loop`)."""
-        loop, prompt = await self.cpu.run(self.start, request, meta)  # render, tokenize
-        started, created = time.perf_counter(), int(time.time())
-        async for _ in loop.run(prompt):
-            pass
-        return self.finish(loop, created, started), loop
+        ctx = await self.prepare_off_loop(request, meta)  # render, tokenize off the loop
+        return await self.complete(ctx), ctx.loop
 
     async def create_stream(self, request: ResponsesRequest, meta: RequestMeta
                             ) -> AsyncIterator[dict[str, Any]]:
-        loop, prompt = await self.cpu.run(self.start, request, meta)
-        return self._stream(loop, prompt)
+        return self._stream(await self.prepare_off_loop(request, meta))
 
-    async def _stream(self, loop: ToolLoop, prompt: Any) -> AsyncIterator[dict[str, Any]]:
-        started, created = time.perf_counter(), int(time.time())
+    async def _stream(self, ctx: ServeContext[ResponsesRequest]
+                      ) -> AsyncIterator[dict[str, Any]]:
         numbers = itertools.count()
-        opening = self.build(loop, created, status="in_progress").model_dump(mode="json")
+        opening = self.build(ctx.loop, ctx.created, status="in_progress").model_dump(mode="json")
         for kind in ("response.created", "response.in_progress"):
             yield {"type": kind, "sequence_number": next(numbers), "response": opening}
         try:
-            async for events in loop.run(prompt):
+            async for events in ctx.result_generator:
                 for event in events:
                     yield {**event, "sequence_number": next(numbers)}
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
@@ -186,21 +185,22 @@ class ResponsesServing(GenerationServing):
             yield {"type": "error", "sequence_number": next(numbers), "code": str(error.code),
                    "message": error.message, "param": error.param}
             return
-        final = self.finish(loop, created, started).model_dump(mode="json")
-        yield {"type": "response.completed", "sequence_number": next(numbers), "response": final}
+        response = await self.build_response(ctx)
+        self.finished(ctx, response)
+        yield {"type": "response.completed", "sequence_number": next(numbers),
+               "response": response.model_dump(mode="json")}
 
-    def finish(self, loop: ToolLoop, created: int, started: float) -> ResponsesResponse:
-        response = self.build(loop, created)
+    def finished(self, ctx: ServeContext[ResponsesRequest], response: ResponsesResponse) -> None:
+        """Stored when asked; metrics and the span, once per response."""
+        loop, elapsed = ctx.loop, time.perf_counter() - ctx.started
         if response.store:
             self.store.put(response, loop.conversation)
         if self.metrics is not None:
-            self.metrics.finished(time.perf_counter() - started, response.usage.input_tokens,
+            self.metrics.finished(elapsed, response.usage.input_tokens,
                                   response.usage.output_tokens,
                                   [loop.rounds[-1].finish_reason] if loop.rounds else [])
         if self.tracer is not None:
-            self.tracer.record_response(response, loop, time.perf_counter() - started,
-                                        getattr(loop, "headers", {}))
-        return response
+            self.tracer.record_response(response, loop, elapsed, ctx.headers)
 
     def build(self, loop: ToolLoop, created: int, status: str | None = None) -> ResponsesResponse:
         request = loop.request
@@ -268,34 +268,34 @@ class ResponsesServing(GenerationServing):
         return cancelled
 
     # -- background responses -------------------------------------------------------------------
-    async def start_background(self, request: ResponsesRequest, meta: RequestMeta
+    async def start_background(self, request: ResponsesRequest, meta: RequestMeta | None
                                ) -> ResponsesResponse:
         """`background=true`: stored as `queued` and answered at once; the loop runs as a task
         of this event loop, and the stored response becomes `completed` (or `failed`)."""
         if request.stream:
             raise ValidationError(f"`background` with `stream` {checks.NOT_YET}.",
                                   parameter="background")
-        loop, prompt = await self.cpu.run(self.start, request, meta)
-        created = int(time.time())
-        queued = self.build(loop, created, status="queued")
+        ctx = await self.prepare_off_loop(request, meta)
+        loop = ctx.loop
+        queued = self.build(loop, ctx.created, status="queued")
         self.store.put(queued, loop.input_messages)
-        task = asyncio.get_running_loop().create_task(self._background_run(loop, prompt, created))
+        task = asyncio.get_running_loop().create_task(self._background_run(ctx))
         self._background[loop.response_id] = task
         task.add_done_callback(lambda _: self._background.pop(loop.response_id, None))
         return queued
 
-    async def _background_run(self, loop: ToolLoop, prompt: Any, created: int) -> None:
-        started = time.perf_counter()
-        self.store.put(self.build(loop, created, status="in_progress"), loop.input_messages)
+    async def _background_run(self, ctx: ServeContext[ResponsesRequest]) -> None:
+        loop = ctx.loop
+        ctx.started = time.perf_counter()
+        self.store.put(self.build(loop, ctx.created, status="in_progress"), loop.input_messages)
         try:
-            async for _ in loop.run(prompt):
-                pass
+            await self.collect(ctx)
         except asyncio.CancelledError:
             raise  # `cancel` stored the cancelled response
         except Exception as exc:  # noqa: BLE001 - a background failure is stored, not raised
             error = error_response(exc).error
-            failed = self.build(loop, created, status="failed").model_copy(
+            failed = self.build(loop, ctx.created, status="failed").model_copy(
                 update={"error": {"code": str(error.code), "message": error.message}})
             self.store.put(failed, loop.input_messages)
             return
-        self.finish(loop, created, started)
+        self.finished(ctx, await self.build_response(ctx))
