@@ -2,7 +2,9 @@
 
 The server runs the shipped Hermes-style tools template (`workbench/serving/
 chat_templates/smollm2_tools.jinja`) with `--enable-auto-tool-choice --tool-call-parser hermes
---reasoning-parser qwen3`. `required` and named choices are enforced by constrained decoding,
+--reasoning-parser qwen3 --default-chat-template-kwargs '{"enable_thinking": false}'`: as in
+vLLM 0.32, qwen3 reads all output as reasoning unless thinking is off, and SmolLM2 is no
+thinking model; the reasoning tests turn it on per request. `required` and named choices are enforced by constrained decoding,
 so even the 135M model returns valid calls. For `auto` the model is shown one earlier call
 (few-shot) and `<tool_response>` is made unlikely with `logit_bias`, so it writes a real
 `<tool_call>` of its own.
@@ -41,6 +43,7 @@ FEW_SHOT = [
     {"role": "assistant", "content": "It is 22 C and sunny in Paris."},
     *ROME,
 ]
+THINKING = {"enable_thinking": True}  # the server's default is off
 NOT_A_RESPONSE = {"7639": -100}  # the token "response" of "<tool_response>"
 
 
@@ -51,7 +54,8 @@ def tools_server(llm):
 
     handle = serve_in_kernel(llm, port=0, chat_template=TOOLS_TEMPLATE.read_text(),
                              enable_auto_tool_choice=True, tool_call_parser="hermes",
-                             reasoning_parser="qwen3")
+                             reasoning_parser="qwen3",
+                             default_chat_template_kwargs={"enable_thinking": False})
     yield handle
     handle.stop()
 
@@ -153,7 +157,8 @@ def test_reasoning_opened_by_the_prompt_is_returned_as_reasoning(tc):
     messages = [{"role": "user", "content": "Is 7 a prime number?"},
                 {"role": "assistant", "content": "<think>\n"}]
     kwargs = dict(model=MODEL, messages=messages, temperature=0, max_tokens=12,
-                  extra_body={"continue_final_message": True, "add_generation_prompt": False})
+                  extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                              "chat_template_kwargs": THINKING})
     r = tc.chat.completions.create(**kwargs)
     message = r.choices[0].message
     assert message.reasoning and message.content is None
@@ -174,7 +179,8 @@ def test_thinking_token_budget_ends_the_reasoning_by_force(tc, llm):
                 {"role": "assistant", "content": "<think>\n"}]
     kwargs = dict(model=MODEL, messages=messages, temperature=0, max_tokens=16,
                   extra_body={"continue_final_message": True, "add_generation_prompt": False,
-                              "thinking_token_budget": 5, "return_token_ids": True})
+                              "thinking_token_budget": 5, "return_token_ids": True,
+                              "chat_template_kwargs": THINKING})
     r = tc.chat.completions.create(**kwargs)
     choice = r.choices[0]
     end = llm.get_tokenizer().encode("</think>", add_special_tokens=False)  # `</`, `think`, `>`
@@ -214,10 +220,18 @@ def test_a_server_without_reasoning_parser_refuses_a_budget(client):
                                        max_tokens=2, extra_body={"thinking_token_budget": 3})
 
 
-def test_without_reasoning_the_usage_has_no_reasoning_tokens_counted(tc):
+def test_without_thinking_the_usage_has_no_reasoning_tokens_counted(tc):
     r = tc.chat.completions.create(model=MODEL, messages=ROME, temperature=0, max_tokens=5)
     assert r.choices[0].message.reasoning is None
     assert r.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_with_thinking_qwen3_reads_an_untagged_output_as_reasoning(tc):
+    """vLLM 0.32's qwen3: thinking on, the output is reasoning from its first token."""
+    r = tc.chat.completions.create(model=MODEL, messages=ROME, temperature=0, max_tokens=5,
+                                   extra_body={"chat_template_kwargs": THINKING})
+    assert r.choices[0].message.content is None and r.choices[0].message.reasoning
+    assert r.usage.completion_tokens_details.reasoning_tokens == 5
 
 
 @pytest.mark.parametrize("kwargs,message", [

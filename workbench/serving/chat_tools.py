@@ -156,6 +156,7 @@ class ChatTools:
             if config.tool_call_parser else None
         self.reasoning_parser = get_reasoning_parser(config.reasoning_parser) \
             if config.reasoning_parser else None
+        self.default_template_kwargs = dict(config.default_chat_template_kwargs)
 
     def check(self, request: Any) -> None:
         """Validate stage: `tool_choice` against the server's parsers (the reference's
@@ -245,10 +246,11 @@ class ChatTools:
                             first_call_only=request.parallel_tool_calls is False)
 
     def new_reasoning(self, request: Any, prompt_text: str | None) -> ReasoningParser:
-        """The server's reasoning parser for one output of `request` (its `enable_thinking`
-        read, the prompt's open `<think>` noticed)."""
-        reasoning = self.reasoning_parser(self.tokenizer,
-                                          getattr(request, "chat_template_kwargs", None))
+        """The server's reasoning parser for one output of `request`: it reads the template
+        kwargs in effect (`--default-chat-template-kwargs`, then the request's), as vLLM."""
+        kwargs = {**self.default_template_kwargs,
+                  **(getattr(request, "chat_template_kwargs", None) or {})}
+        reasoning = self.reasoning_parser(self.tokenizer, kwargs)
         reasoning.adjust_initial_state_from_prompt(prompt_text or "")
         return reasoning
 

@@ -95,6 +95,9 @@ class ToolLoop:
         self.tools = tools
         self.priority = priority
         self.lora_request = serving.lora_request_for(request)  # a served adapter's name
+        # what the reasoning parser reads (`enable_thinking`): server defaults, then the request's
+        self.template_kwargs = {**serving.config.default_chat_template_kwargs,
+                                **(request.chat_template_kwargs or {})}
         self.builder = OutputBuilder()
         self.rounds: list[ToolRound] = []
         self.status = "in_progress"
@@ -214,7 +217,7 @@ class ToolLoop:
         parser = TurnParser(self.serving.tokenizer, tool_parser=tool_parser,
                             reasoning_parser=self.serving.reasoning_parser_name,
                             tool_request=self.tool_request, prompt_text=prompt.text,
-                            chat_template_kwargs=self.request.chat_template_kwargs)
+                            chat_template_kwargs=self.template_kwargs)
         async for output in self.serving.engine_stream(prompt, params, record.request_id,
                                                        record.priority, self.lora_request):
             for out in output.outputs:
@@ -251,8 +254,7 @@ class ToolLoop:
             return None
         from workbench.serving.reasoning import get_reasoning_parser
 
-        reasoning = get_reasoning_parser(name)(self.serving.tokenizer,
-                                               self.request.chat_template_kwargs)
+        reasoning = get_reasoning_parser(name)(self.serving.tokenizer, self.template_kwargs)
         reasoning.adjust_initial_state_from_prompt(prompt_text or "")
         return (reasoning.end_token_ids or None) if reasoning.reasons_from_start else None
 
