@@ -212,7 +212,7 @@ def _with_loras(server: Any, args: argparse.Namespace) -> Any:
     """The ServerConfig with the served adapters of the LoRA flags (checked here)."""
     from dataclasses import replace
 
-    from workbench.lora.serving import parse_lora_module, runtime_updating_allowed
+    from workbench.serving.lora import parse_lora_module, runtime_updating_allowed
 
     if not args.enable_lora:
         return server

@@ -191,9 +191,9 @@ class Workbench:
 
     def compare_lora(self, prompt: Any = None, adapter: Any = None, **kwargs: Any) -> Any:
         """The same greedy request on the base model and on a LoRA adapter, side by side:
-        a `LoRAComparison` with both results and a `LogprobDiff` (`workbench.lora.compare`);
+        a `LoRAComparison` with both results and a `LogprobDiff` (`workbench.inspect.lora_compare`);
         `messages=[...]` for chat, `max_tokens`, `top_logprobs`, other body fields."""
-        from workbench.lora.compare import compare_lora
+        from workbench.inspect.lora_compare import compare_lora
 
         return compare_lora(self, prompt, adapter, **kwargs)
 

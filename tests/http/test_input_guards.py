@@ -82,14 +82,14 @@ def test_detokenize_refuses_an_id_outside_the_vocabulary(http, tiny_server):
 
 @pytest.mark.parametrize("name", ["good\nINFO forged log line", "x" * 100_000, ""])
 def test_lora_names_are_checked(name):
-    from workbench.lora.serving import valid_lora_name
+    from workbench.serving.lora import valid_lora_name
 
     assert not valid_lora_name(name)
     assert valid_lora_name("pirate-v2.1")
 
 
 def test_runtime_load_refuses_a_forged_name(tmp_path):
-    from workbench.lora.serving import ServedAdapters
+    from workbench.serving.lora import ServedAdapters
     from workbench.serving.errors import ServingError
 
     adapters = ServedAdapters(engine=None, base_model_names=["base"], allow_runtime=True,

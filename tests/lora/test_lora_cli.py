@@ -7,7 +7,7 @@ import json
 import pytest
 
 from workbench import cli
-from workbench.lora.serving import LoRAModulePath, parse_lora_module
+from workbench.serving.lora import LoRAModulePath, parse_lora_module
 
 
 def serve_configs(monkeypatch, *argv):

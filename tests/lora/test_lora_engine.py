@@ -185,7 +185,7 @@ def test_bf16_fused_projections_equal_unfused(adapters):
     """In bfloat16 the engine fuses q/k/v and gate/up (engine/fusion.py): each part's delta is
     added to its own columns, bit-identical to the unfused projections with theirs."""
     from workbench.engine.fusion import fuse_projections
-    from workbench.lora.manager import LoRAManager
+    from workbench.engine.lora_manager import LoRAManager
 
     fused, plain = fresh_tiny("llama", "bfloat16"), fresh_tiny("llama", "bfloat16")
     assert fuse_projections(fused.model, kernel="torch") == 4

@@ -114,7 +114,7 @@ def test_default_adapter_needs_exactly_one_match(setup):
     assert adapters.adapter_for(None, {"text"}).lora_name == "text"
     assert adapters.adapter_for(None, {"image"}) is None
     assert adapters.adapter_for(None, {"text", "a"}) is None  # two adapters match: none
-    from workbench.lora.serving import message_content_types
+    from workbench.serving.lora import message_content_types
 
     assert message_content_types([{"content": [{"type": "image_url"}, {"type": "text"}]},
                                   {"content": "plain"}]) == {"image", "text"}

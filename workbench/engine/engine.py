@@ -70,7 +70,7 @@ def _seed_for(seed: int, index: int) -> int:
 class LLMEngine:
     """Continuous-batching engine over one causal LM (see the module docstring)."""
 
-    lora = None  # a `workbench.lora.LoRAManager` with `enable_lora`
+    lora = None  # a `workbench.engine.lora_manager.LoRAManager` with `enable_lora`
 
     def __init__(self, config: EngineConfig, loaded: Any = None):
         from workbench.models import load_model
@@ -134,7 +134,7 @@ class LLMEngine:
                                    config.scheduling_policy)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, config.kernel)
         if config.enable_lora:  # adapters per request: LoRA layers with resident slots
-            from workbench.lora.manager import LoRAManager
+            from workbench.engine.lora_manager import LoRAManager
 
             self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)

@@ -1,6 +1,6 @@
 """`EngineClient`: everything the serving layer asks of an engine (vLLM's `vllm/engine/protocol.py`).
 
-The OpenAI servings (`workbench.serving`), the adapter registry (`workbench.lora.serving`),
+The OpenAI servings (`workbench.serving`), the adapter registry (`workbench.serving.lora`),
 the soak driver and the `Workbench` facade talk to an engine only through this protocol, so
 they never reach into the `LLMEngine` behind it. `AsyncLLMEngine` implements it; a test's
 fake engine implements the members its tests use. It is `runtime_checkable`: `isinstance`

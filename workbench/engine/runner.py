@@ -50,7 +50,7 @@ class ModelRunner:
 
     @property
     def lora(self):
-        """A `workbench.lora.LoRAManager` when the engine serves adapters, else None."""
+        """A `workbench.engine.lora_manager.LoRAManager` when the engine serves adapters, else None."""
         return self._lora
 
     @lora.setter

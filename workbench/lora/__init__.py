@@ -1,13 +1,13 @@
-"""LoRA adapters: per-request PEFT adapters on the engine, and their serving rules.
+"""LoRA adapters as data and layers, below the engine (they import nothing of it):
 
 - `request.py`   `LoRARequest` (vLLM's names), torch-free
 - `adapter.py`   PEFT directory -> checked weights (`load_adapter`, `LoRALoadError`)
 - `layers.py`    `LoRALinear`: per-row adapter deltas in a mixed batch, fused projections too
-- `manager.py`   `LoRAManager`: loaded adapters (LRU) and `max_loras` resident slots (LRU)
 - `resolver.py`  `LoRAResolver` and the local-directory `FilesystemResolver`
-- `serving.py`   `ServedAdapters`: names -> adapters for the server (static, runtime, resolved,
-                 default per content type), load / unload with the reference's messages
-- `compare.py`   `compare_lora`: base vs adapter on one prompt, with a `LogprobTable` diff
+
+Who uses them, one layer up each: the engine's `engine/lora_manager.py` (`LoRAManager`,
+`attach`), the server's `serving/lora.py` (`ServedAdapters`), and `inspect/lora_compare.py`
+(`compare_lora`).
 """
 
 from __future__ import annotations
@@ -17,15 +17,11 @@ import importlib
 from workbench.lora.request import LoRARequest
 
 _LAZY = {
-    "LoRAManager": "workbench.lora.manager",
     "LoRALoadError": "workbench.lora.adapter",
     "LoRANotFoundError": "workbench.lora.adapter",
     "load_adapter": "workbench.lora.adapter",
     "LoRAResolver": "workbench.lora.resolver",
     "FilesystemResolver": "workbench.lora.resolver",
-    "ServedAdapters": "workbench.lora.serving",
-    "compare_lora": "workbench.lora.compare",
-    "LoRAComparison": "workbench.lora.compare",
 }
 
 __all__ = ["LoRARequest", *_LAZY]

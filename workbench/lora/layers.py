@@ -1,8 +1,7 @@
 """The LoRA layer: a wrapper around a model's projection that adds each token row's adapter.
 
-`attach(model, state)` wraps every adaptable projection of every decoder layer (q/k/v/o and
-gate/up/down) in a `LoRALinear` and returns the table `module name -> (wrapper, part)` that
-adapters are loaded through. A wrapper computes the base projection unchanged, then, for each
+The engine's `lora_manager.attach` wraps every adaptable projection (`TARGETS`) in a
+`LoRALinear`. A wrapper computes the base projection unchanged, then, for each
 resident adapter slot that rows of the current step use, adds `x @ A^T @ B^T * scaling` to
 those rows only (the step's ragged batch mixes adapters and the base model; base rows are
 untouched, nothing is merged into the weights, nothing is re-batched).
@@ -94,36 +93,3 @@ class LoRALinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, parts={self.sizes}"
-
-
-def attach(model: nn.Module, state: LoRAState) -> dict[str, tuple[LoRALinear, int]]:
-    """Wraps the adaptable projections of `model` (idempotent: wrappers found are reset to
-    `state`); returns `module name -> (wrapper, part index)` using PEFT's module names."""
-    from workbench.engine.fusion import FastLinear, FusedPart
-
-    table: dict[str, tuple[LoRALinear, int]] = {}
-    for i, layer in enumerate(model.model.layers):
-        for owner_name, names in TARGETS:
-            owner = getattr(layer, owner_name, None)
-            if owner is None:
-                continue
-            for name in names:
-                module = getattr(owner, name, None)
-                full = f"model.layers.{i}.{owner_name}.{name}"
-                if isinstance(module, FusedPart):
-                    group = module.group
-                    if isinstance(group.linear, LoRALinear):
-                        if group.linear.state is not state:
-                            group.linear.reset(state)
-                    else:
-                        group.linear = LoRALinear(group.linear, module.in_features,
-                                                  group.sizes, state)
-                    table[full] = (group.linear, module.index)
-                elif isinstance(module, LoRALinear):
-                    module.reset(state)
-                    table[full] = (module, 0)
-                elif isinstance(module, (nn.Linear, FastLinear)):
-                    wrapper = LoRALinear(module, module.in_features, [module.out_features], state)
-                    setattr(owner, name, wrapper)
-                    table[full] = (wrapper, 0)
-    return table

@@ -17,7 +17,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
 
+from workbench.errors import ValidationError
 from workbench.lora.request import LoRARequest
+from workbench.security import safe_join
 
 
 class LoRAResolver(ABC):
@@ -32,9 +34,6 @@ class LoRAResolver(ABC):
 def safe_child(directory: str | os.PathLike, name: str) -> Path | None:
     """`directory/name` if `name` is one plain path component and the result, symlinks
     resolved, stays inside `directory`; else None."""
-    from workbench.errors import ValidationError
-    from workbench.security import safe_join
-
     if not name or name in (".", "..") or "/" in name or "\\" in name or os.path.isabs(name):
         return None
     root = Path(directory).expanduser()

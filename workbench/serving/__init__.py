@@ -18,6 +18,7 @@ from workbench.serving.chat import ChatServing
 from workbench.serving.completions import CompletionServing
 from workbench.serving.config import ServerConfig
 from workbench.serving.errors import ServingError, error_response
+from workbench.serving.lora import ServedAdapters
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
 from workbench.serving.offload import CpuPool
@@ -47,8 +48,6 @@ class Servings:
     def __post_init__(self) -> None:
         """One `ServedAdapters` (LoRA adapter names) shared by every endpoint; a server's
         static adapters load here, so a bad one stops the start."""
-        from workbench.lora.serving import ServedAdapters
-
         self.adapters = ServedAdapters.from_config(self.completions.engine,
                                                    self.completions.config)
         self.cpu = CpuPool()  # one preprocessing pool per server (`offload.py`)

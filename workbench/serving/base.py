@@ -83,7 +83,7 @@ class EngineServing:
         self.system_fingerprint = fingerprint(engine)
         self.cpu = CpuPool()  # tokenizing and rendering off the loop; `Servings` shares one
 
-    adapters = None  # `workbench.lora.serving.ServedAdapters`, shared by a server's endpoints
+    adapters = None  # `workbench.serving.lora.ServedAdapters`, shared by a server's endpoints
     tracer = None  # `tracing.RequestTracer` with --otlp-traces-endpoint, shared likewise
     supports_lora = False  # endpoints that run a request's adapter set this
 

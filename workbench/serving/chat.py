@@ -23,6 +23,7 @@ from workbench.serving.chat_tools import ChatTools, chat_message, stream_parts
 from workbench.serving.errors import error_response
 from workbench.serving.generation import GenerationServing
 from workbench.serving.logprobs import chat_logprobs, prompt_logprobs_json
+from workbench.serving.lora import message_content_types
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import (
     ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
@@ -41,8 +42,6 @@ class ChatServing(GenerationServing):
 
     def content_types(self, request: ChatCompletionRequest) -> set[str]:
         """Its content parts' types: a default adapter named like exactly one applies."""
-        from workbench.lora.serving import message_content_types
-
         return message_content_types(request.messages)
 
     def __init__(self, *args: Any, **kwargs: Any):

@@ -44,7 +44,7 @@ class ServerConfig:
     request_timeout: float | None = None  # seconds; a request running longer is aborted (504)
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
     otlp_traces_endpoint: str | None = None  # OpenTelemetry spans over OTLP (serving/tracing.py)
-    # LoRA adapters served by name (workbench.lora.serving; the engine needs enable_lora)
+    # LoRA adapters served by name (workbench.serving.lora; the engine needs enable_lora)
     lora_modules: tuple[Any, ...] = ()  # "name=path", JSON text, dicts or LoRAModulePath
     default_mm_loras: dict[str, str] = field(default_factory=dict)  # content type -> path
     lora_resolver_dirs: tuple[str, ...] = ()  # directories resolved adapters may come from

@@ -3,7 +3,7 @@
 Registered only when runtime LoRA updating is on (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, or the
 `WORKBENCH_` alias, or `ServerConfig(allow_runtime_lora_updating=True)`), as the reference:
 success is a plain-text 200 ("Success: LoRA adapter 'X' added successfully."), failures the
-error envelope with the reference's messages (`workbench.lora.serving.ServedAdapters`).
+error envelope with the reference's messages (`workbench.serving.lora.ServedAdapters`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """`LoRAManager`: the engine's adapters — loaded ones in memory, `max_loras` resident slots.
 
+- `attach(model, state)` wraps every adaptable projection of every decoder layer (q/k/v/o and
+  gate/up/down, fused or not, `fusion.py`) in a `workbench.lora.layers.LoRALinear` and returns
+  the table `module name -> (wrapper, part)` that adapters are loaded through.
+
 - `add(request)` loads and checks an adapter (`adapter.load_adapter`) into the memory cache
   (at most `max_cpu_loras`, least recently used dropped first; a dropped adapter is read from
   its path again when next needed). Errors are `LoRALoadError`s, raised to the caller.
 - Each step, `begin_step(scheduled)` makes every adapter the step uses resident in one of the
-  `max_loras` slots of the layer wrappers (`layers.py`), evicting the least recently used slot
+  `max_loras` slots of the layer wrappers (`workbench/lora/layers.py`), evicting the least recently used slot
   the step does not need, and tells the wrappers which token rows use which slot;
   `end_step()` clears that. The scheduler never schedules more distinct adapters in one step
   than there are slots (`Scheduler.max_loras`), as vLLM's.
@@ -18,10 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
+from workbench.engine.fusion import FastLinear, FusedPart
 from workbench.errors import ValidationError
 from workbench.lora.adapter import LoRAAdapter, load_adapter
-from workbench.lora.layers import LoRABatch, LoRALinear, LoRAState, attach
+from workbench.lora.layers import TARGETS, LoRABatch, LoRALinear, LoRAState
 from workbench.lora.request import LoRARequest
 
 
@@ -175,3 +181,34 @@ class LoRAManager:
             for name, (a, b) in adapter.weights.items():
                 wrapper, part = self.modules[name]
                 wrapper.set_slot(slot, part, (a, b, adapter.scaling))
+
+
+def attach(model: nn.Module, state: LoRAState) -> dict[str, tuple[LoRALinear, int]]:
+    """Wraps the adaptable projections of `model` (idempotent: wrappers found are reset to
+    `state`); returns `module name -> (wrapper, part index)` using PEFT's module names."""
+    table: dict[str, tuple[LoRALinear, int]] = {}
+    for i, layer in enumerate(model.model.layers):
+        for owner_name, names in TARGETS:
+            owner = getattr(layer, owner_name, None)
+            if owner is None:
+                continue
+            for name in names:
+                module = getattr(owner, name, None)
+                full = f"model.layers.{i}.{owner_name}.{name}"
+                if isinstance(module, FusedPart):
+                    group = module.group
+                    if isinstance(group.linear, LoRALinear):
+                        if group.linear.state is not state:
+                            group.linear.reset(state)
+                    else:
+                        group.linear = LoRALinear(group.linear, module.in_features,
+                                                  group.sizes, state)
+                    table[full] = (group.linear, module.index)
+                elif isinstance(module, LoRALinear):
+                    module.reset(state)
+                    table[full] = (module, 0)
+                elif isinstance(module, (nn.Linear, FastLinear)):
+                    wrapper = LoRALinear(module, module.in_features, [module.out_features], state)
+                    setattr(owner, name, wrapper)
+                    table[full] = (wrapper, 0)
+    return table

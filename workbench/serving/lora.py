@@ -32,9 +32,10 @@ from typing import Any
 
 from workbench.engine.protocol import EngineClient
 from workbench.errors import ValidationError
-from workbench.security import is_within
 from workbench.lora.request import LoRARequest
 from workbench.lora.resolver import FilesystemResolver, LoRAResolver
+from workbench.security import is_within
+from workbench.serving.errors import ServingError, make_error
 
 logger = logging.getLogger("workbench.lora")
 
@@ -88,8 +89,6 @@ def parse_lora_module(value: Any) -> LoRAModulePath:
 
 def _error(message: str, err_type: str = "InvalidUserInput",
            status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> Exception:
-    from workbench.serving.errors import ServingError, make_error
-
     return ServingError(make_error(message, err_type, status))
 
 
