@@ -17,15 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
-from workbench.errors import ValidationError
+from workbench.errors import refuse
 
 POOLING_TASKS = ("embed", "classify", "score", "encode")
-
-
-def _fail(message: str, parameter: str, value: Any) -> None:
-    raise ValidationError(message, parameter=parameter, value=value)
 
 
 @dataclass
@@ -44,20 +39,20 @@ class PoolingParams:
 
     def __post_init__(self) -> None:
         if self.task is not None and self.task not in POOLING_TASKS:
-            _fail(f"Unsupported task: {self.task!r} Supported tasks: {POOLING_TASKS}",
+            refuse(f"Unsupported task: {self.task!r} Supported tasks: {POOLING_TASKS}",
                   "task", self.task)
         if self.dimensions is not None and (
                 isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int)):
-            _fail(f"dimensions must be an integer, got {self.dimensions!r}.",
+            refuse(f"dimensions must be an integer, got {self.dimensions!r}.",
                   "dimensions", self.dimensions)
         if self.truncate_prompt_tokens is not None and (
                 self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1):
-            _fail(f"truncate_prompt_tokens must be >= 1 or -1, got {self.truncate_prompt_tokens}",
+            refuse(f"truncate_prompt_tokens must be >= 1 or -1, got {self.truncate_prompt_tokens}",
                   "truncate_prompt_tokens", self.truncate_prompt_tokens)
         for name in ("normalize", "use_activation"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
-                _fail(f"{name} must be a boolean, got {value!r}.", name, value)
+                refuse(f"{name} must be a boolean, got {value!r}.", name, value)
 
     def clone(self) -> "PoolingParams":
         return dataclasses.replace(self)  # every field is immutable
@@ -72,19 +67,19 @@ class PoolingParams:
         p = self.clone()
         p.task = p.task or supported_tasks[0]
         if p.task not in supported_tasks:
-            _fail(f"Unsupported task: {p.task!r} Supported tasks: {supported_tasks}", "task", p.task)
+            refuse(f"Unsupported task: {p.task!r} Supported tasks: {supported_tasks}", "task", p.task)
         if p.dimensions is not None:
             if p.task != "embed":
-                _fail(f"dimensions only applies to the embed task, not {p.task!r}.",
+                refuse(f"dimensions only applies to the embed task, not {p.task!r}.",
                       "dimensions", p.dimensions)
             if p.dimensions != hidden_size:
-                _fail(f"Model '{model_name}' does not support Matryoshka embeddings; dimensions "
+                refuse(f"Model '{model_name}' does not support Matryoshka embeddings; dimensions "
                       f"must be unset (received dimensions={p.dimensions}).",
                       "dimensions", p.dimensions)
         if p.task in ("embed", "encode"):
             if (p.normalize is not None and p.use_activation is not None
                     and p.normalize != p.use_activation):
-                _fail("normalize and use_activation disagree; for embeddings use_activation is "
+                refuse("normalize and use_activation disagree; for embeddings use_activation is "
                       "the normalization, set only one of them.", "use_activation",
                       p.use_activation)
             chosen = p.normalize if p.normalize is not None else p.use_activation
@@ -92,7 +87,7 @@ class PoolingParams:
             p.normalize = p.use_activation = default if chosen is None else chosen
         else:
             if p.normalize is not None:
-                _fail(f"normalize only applies to the embed and encode tasks, not {p.task!r}; "
+                refuse(f"normalize only applies to the embed and encode tasks, not {p.task!r}; "
                       "use use_activation.", "normalize", p.normalize)
             p.use_activation = True if p.use_activation is None else p.use_activation
         return p

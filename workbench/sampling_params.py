@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.errors import ValidationError
+from workbench.errors import refuse
 
 MAX_N_SEQUENCES = 16384
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's limit on `logprob_token_ids`
@@ -38,10 +38,6 @@ def _is_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _fail(message: str, parameter: str, value: Any) -> None:
-    raise ValidationError(message, parameter=parameter, value=value)
 
 
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -99,36 +95,36 @@ class StructuredOutputsParams:
         given = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
         p = self.parameter
         if len(given) > 1:
-            _fail("You can only use one kind of constraints for structured outputs "
+            refuse("You can only use one kind of constraints for structured outputs "
                   "('json', 'regex' or 'choice').", p, given)
         if not given:
-            _fail("You must use one kind of structured outputs constraint but none are "
+            refuse("You must use one kind of structured outputs constraint but none are "
                   f"specified (one of {', '.join(_CONSTRAINTS)}).", p, None)
         if self.json is not None:
             self._check_json()
         if self.regex is not None:
             if not isinstance(self.regex, str) or not self.regex:
-                _fail("structured_outputs.regex must be a non-empty string.", p, self.regex)
+                refuse("structured_outputs.regex must be a non-empty string.", p, self.regex)
             if "\x00" in self.regex:
-                _fail("structured_outputs.regex must not contain NUL characters.", p, self.regex)
+                refuse("structured_outputs.regex must not contain NUL characters.", p, self.regex)
         if self.choice is not None:
             if not isinstance(self.choice, list) or not self.choice or not all(
                     isinstance(c, str) for c in self.choice):
-                _fail("structured_outputs.choice must be a non-empty list of strings.", p,
+                refuse("structured_outputs.choice must be a non-empty list of strings.", p,
                       self.choice)
         if self.grammar is not None and (not isinstance(self.grammar, str)
                                          or not self.grammar.strip()):
-            _fail("structured_outputs.grammar must be a non-empty string.", p, self.grammar)
+            refuse("structured_outputs.grammar must be a non-empty string.", p, self.grammar)
         if self.json_object is not None and self.json_object is not True:
-            _fail("structured_outputs.json_object must be true when given.", p, self.json_object)
+            refuse("structured_outputs.json_object must be true when given.", p, self.json_object)
         if self.structural_tag is not None:
-            _fail("structural_tag is not supported: the structured-output backend here "
+            refuse("structural_tag is not supported: the structured-output backend here "
                   "(llguidance) takes json, regex, choice, grammar or json_object.", p,
                   "structural_tag")
         if self.after_token_ids is not None and (
                 not self.after_token_ids
                 or not all(isinstance(t, int) and t >= 0 for t in self.after_token_ids)):
-            _fail("structured_outputs.after_token_ids must be a non-empty list of token ids.",
+            refuse("structured_outputs.after_token_ids must be a non-empty list of token ids.",
                   p, self.after_token_ids)
 
     def _check_json(self) -> None:
@@ -137,15 +133,15 @@ class StructuredOutputsParams:
         p, schema = self.parameter, self.json
         if isinstance(schema, str):
             if not schema.strip():
-                _fail("The JSON schema must not be empty.", p, schema)
+                refuse("The JSON schema must not be empty.", p, schema)
             try:
                 schema = _json.loads(schema)
             except ValueError as exc:
-                _fail(f"The JSON schema is not valid JSON: {exc}.", p, self.json)
+                refuse(f"The JSON schema is not valid JSON: {exc}.", p, self.json)
         if not isinstance(schema, (dict, bool)):
-            _fail(f"The JSON schema must be an object, got {type(schema).__name__}.", p, schema)
+            refuse(f"The JSON schema must be an object, got {type(schema).__name__}.", p, schema)
         if _json_depth(schema) > MAX_JSON_SCHEMA_DEPTH:
-            _fail("The JSON schema is nested too deeply: objects and arrays may nest at most "
+            refuse("The JSON schema is nested too deeply: objects and arrays may nest at most "
                   f"{MAX_JSON_SCHEMA_DEPTH} levels", p, None)
 
     @property
@@ -236,7 +232,7 @@ class SamplingParams:
                 continue
             parsed[token_id] = min(100.0, max(-100.0, float(value)))
         if bad:
-            _fail(
+            refuse(
                 f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad}",
                 "logit_bias", bad,
             )
@@ -244,86 +240,86 @@ class SamplingParams:
 
     def _verify_args(self) -> None:
         if not isinstance(self.n, int) or isinstance(self.n, bool):
-            _fail(f"n must be an int, but is of type {type(self.n).__name__}", "n", self.n)
+            refuse(f"n must be an int, but is of type {type(self.n).__name__}", "n", self.n)
         if self.n < 1:
-            _fail(f"n must be at least 1, got {self.n}.", "n", self.n)
+            refuse(f"n must be at least 1, got {self.n}.", "n", self.n)
         if self.n > MAX_N_SEQUENCES:
-            _fail(
+            refuse(
                 f"n must be at most {MAX_N_SEQUENCES}, got {self.n}. To increase this limit, "
                 "set the VLLM_MAX_N_SEQUENCES environment variable.", "n", self.n,
             )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not (-2.0 <= value <= 2.0):
-                _fail(f"{name} must be in [-2, 2], got {value}.", name, value)
+                refuse(f"{name} must be in [-2, 2], got {value}.", name, value)
         if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
-            _fail(
+            refuse(
                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.",
                 "repetition_penalty", self.repetition_penalty,
             )
         if not math.isfinite(self.temperature) or self.temperature < 0.0:
-            _fail(
+            refuse(
                 f"temperature must be non-negative, got {self.temperature}.",
                 "temperature", self.temperature,
             )
         if not (0.0 < self.top_p <= 1.0):
-            _fail(f"top_p must be in (0, 1], got {self.top_p}.", "top_p", self.top_p)
+            refuse(f"top_p must be in (0, 1], got {self.top_p}.", "top_p", self.top_p)
         if self.top_k == -1:
             self.top_k = 0
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            _fail(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.", "top_k", self.top_k)
+            refuse(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.", "top_k", self.top_k)
         if not (0.0 <= self.min_p <= 1.0):
-            _fail(f"min_p must be in [0, 1], got {self.min_p}.", "min_p", self.min_p)
+            refuse(f"min_p must be in [0, 1], got {self.min_p}.", "min_p", self.min_p)
         if self.max_tokens is not None and self.max_tokens < 1:
-            _fail(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens", self.max_tokens)
+            refuse(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens", self.max_tokens)
         if self.min_tokens < 0:
-            _fail(
+            refuse(
                 f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.",
                 "min_tokens", self.min_tokens,
             )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            _fail(
+            refuse(
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}.", "min_tokens", self.min_tokens,
             )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and value < -1:
-                _fail(f"{name} must be non-negative or -1, got {value}.", name, value)
+                refuse(f"{name} must be non-negative or -1, got {value}.", name, value)
         if self.logprob_token_ids is not None and len(self.logprob_token_ids) > MAX_LOGPROB_TOKEN_IDS:
-            _fail(
+            refuse(
                 f"Requested logprob_token_ids of length {len(self.logprob_token_ids)}, which is "
                 f"greater than max allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids",
                 len(self.logprob_token_ids),
             )
         if self.thinking_token_budget is not None:
             if self.thinking_token_budget < -1:
-                _fail(f"thinking_token_budget must be -1 (no limit) or >= 0, got "
+                refuse(f"thinking_token_budget must be -1 (no limit) or >= 0, got "
                       f"{self.thinking_token_budget}.", "thinking_token_budget",
                       self.thinking_token_budget)
             if self.thinking_token_budget >= 0 and not self.reasoning_end_token_ids:
-                _fail("thinking_token_budget needs reasoning_end_token_ids: the token ids that "
+                refuse("thinking_token_budget needs reasoning_end_token_ids: the token ids that "
                       "end the reasoning.", "thinking_token_budget", self.thinking_token_budget)
         if self.truncate_prompt_tokens is not None and (
             self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1
         ):
-            _fail(
+            refuse(
                 f"truncate_prompt_tokens must be >= 1 or -1, got {self.truncate_prompt_tokens}",
                 "truncate_prompt_tokens", self.truncate_prompt_tokens,
             )
         if any(not s for s in self.stop):
-            _fail("stop cannot contain an empty string.", "stop", self.stop)
+            refuse("stop cannot contain an empty string.", "stop", self.stop)
         for s in self.stop:  # a lone surrogate can never match decoded text, nor be logged
             if not _is_text(s):
-                _fail("stop strings must be valid Unicode text (a lone UTF-16 surrogate is "
+                refuse("stop strings must be valid Unicode text (a lone UTF-16 surrogate is "
                       "not).", "stop", s.encode("utf-8", "backslashreplace").decode())
         if any(not w for w in self.bad_words):
-            _fail(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}",
+            refuse(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}",
                   "bad_words", self.bad_words)
         if self.greedy and self.n > 1:
-            _fail(f"n must be 1 when using greedy sampling, got {self.n}.", "n", self.n)
+            refuse(f"n must be 1 when using greedy sampling, got {self.n}.", "n", self.n)
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
-            _fail("allowed_token_ids is not None and empty!", "allowed_token_ids", self.allowed_token_ids)
+            refuse("allowed_token_ids is not None and empty!", "allowed_token_ids", self.allowed_token_ids)
 
     def verify(self, vocab_size: int, max_logprobs: int) -> None:
         """Checks what depends on the model: vocabulary ids and the logprob cap (-1 = none)."""
@@ -332,7 +328,7 @@ class SamplingParams:
             requested = vocab_size if value == -1 else value
             if value is not None and max_logprobs != -1 and requested > max_logprobs:
                 kind = "sample" if name == "logprobs" else "prompt"
-                _fail(
+                refuse(
                     f"Requested {kind} logprobs of {requested}, which is greater than max "
                     f"allowed: {max_logprobs}", name, value,
                 )
@@ -345,14 +341,14 @@ class SamplingParams:
         ):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:
-                _fail(
+                refuse(
                     f"token_id(s) {bad} in {name} contain out-of-vocab token ids. "
                     f"Vocabulary size: {vocab_size}", name, bad,
                 )
         if self.allowed_token_ids is not None and any(
             not 0 <= t < vocab_size for t in self.allowed_token_ids
         ):
-            _fail("allowed_token_ids contains out-of-vocab token id!",
+            refuse("allowed_token_ids contains out-of-vocab token id!",
                   "allowed_token_ids", self.allowed_token_ids)
 
     @property
@@ -389,14 +385,14 @@ class BeamSearchParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.beam_width, int) or self.beam_width < 1:
-            _fail(f"beam_width must be at least 1, got {self.beam_width}.", "n", self.beam_width)
+            refuse(f"beam_width must be at least 1, got {self.beam_width}.", "n", self.beam_width)
         if self.beam_width > MAX_N_SEQUENCES:
-            _fail(f"n must be at most {MAX_N_SEQUENCES}, got {self.beam_width}.", "n", self.beam_width)
+            refuse(f"n must be at most {MAX_N_SEQUENCES}, got {self.beam_width}.", "n", self.beam_width)
         if self.max_tokens is None or self.max_tokens < 1:
-            _fail(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens", self.max_tokens)
+            refuse(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens", self.max_tokens)
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            _fail(f"temperature must be non-negative, got {self.temperature}.",
+            refuse(f"temperature must be non-negative, got {self.temperature}.",
                   "temperature", self.temperature)
         if not math.isfinite(self.length_penalty):
-            _fail(f"length_penalty must be finite, got {self.length_penalty}.",
+            refuse(f"length_penalty must be finite, got {self.length_penalty}.",
                   "length_penalty", self.length_penalty)

@@ -14,14 +14,12 @@ from typing import Any
 
 import torch
 
-from workbench.errors import ValidationError
+from workbench.errors import refuse
+
+PARAM = "prompt_embeds"  # the parameter every refusal here names
 
 EMBEDS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PLACEHOLDER_TOKEN_ID = 0  # stands for an embedded prompt position in `Sequence.token_ids`
-
-
-def _refuse(message: str, value: Any = None) -> None:
-    raise ValidationError(message, parameter="prompt_embeds", value=value)
 
 
 def check_prompt_embeds(embeds: Any, hidden_size: int) -> torch.Tensor:
@@ -33,24 +31,24 @@ def check_prompt_embeds(embeds: Any, hidden_size: int) -> torch.Tensor:
     torch.Size([3, 4])
     """
     if not isinstance(embeds, torch.Tensor):
-        _refuse(f"prompt_embeds must be a torch.Tensor, got {type(embeds).__name__}.",
+        refuse(f"prompt_embeds must be a torch.Tensor, got {type(embeds).__name__}.", PARAM,
                 type(embeds).__name__)
     if embeds.layout != torch.strided:
-        _refuse(f"prompt_embeds must be a dense tensor, got layout {embeds.layout}.",
+        refuse(f"prompt_embeds must be a dense tensor, got layout {embeds.layout}.", PARAM,
                 str(embeds.layout))
     if embeds.dtype not in EMBEDS_DTYPES:
-        _refuse(f"prompt_embeds must be float32, bfloat16 or float16, got {embeds.dtype}.",
+        refuse(f"prompt_embeds must be float32, bfloat16 or float16, got {embeds.dtype}.", PARAM,
                 str(embeds.dtype))
     if embeds.dim() == 3 and embeds.shape[0] == 1:
         embeds = embeds[0]
     if embeds.dim() != 2:
-        _refuse(f"prompt_embeds must have shape (num_tokens, hidden_size), got "
-                f"{tuple(embeds.shape)}.", list(embeds.shape))
+        refuse(f"prompt_embeds must have shape (num_tokens, hidden_size), got "
+                f"{tuple(embeds.shape)}.", PARAM, list(embeds.shape))
     if embeds.shape[1] != hidden_size:
-        _refuse(f"prompt_embeds has hidden size {embeds.shape[1]}, but the model's hidden size "
-                f"is {hidden_size}.", embeds.shape[1])
+        refuse(f"prompt_embeds has hidden size {embeds.shape[1]}, but the model's hidden size "
+                f"is {hidden_size}.", PARAM, embeds.shape[1])
     if embeds.shape[0] == 0:
-        _refuse("The decoder prompt cannot be empty", 0)
+        refuse("The decoder prompt cannot be empty", PARAM, 0)
     if not bool(torch.isfinite(embeds).all()):
-        _refuse("prompt_embeds contains NaN or infinite values.")
+        refuse("prompt_embeds contains NaN or infinite values.", PARAM)
     return embeds.detach().to("cpu").contiguous()

@@ -24,15 +24,13 @@ import torch
 
 from workbench.engine.prompt_embeds import PLACEHOLDER_TOKEN_ID, check_prompt_embeds
 from workbench.engine.protocol import EngineClient
-from workbench.errors import ValidationError
+from workbench.errors import refuse
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer, context_length_message
 from workbench.serving.protocol.checks import MAX_COMPLETION_PROMPTS
 
+PARAM = "prompt_embeds"  # the parameter every refusal here names
+
 FRAMING_BYTES = 64 * 1024  # the zip and pickle records around a tensor's data
-
-
-def _refuse(message: str, value: Any = None) -> None:
-    raise ValidationError(message, parameter="prompt_embeds", value=value)
 
 
 def payload_limits(hidden_size: int, max_rows: int) -> tuple[int, int]:
@@ -44,32 +42,32 @@ def payload_limits(hidden_size: int, max_rows: int) -> tuple[int, int]:
 def decode_prompt_embeds(payload: Any, *, hidden_size: int, max_rows: int) -> torch.Tensor:
     """One base64 payload -> a checked `[tokens, hidden_size]` tensor (see the module docstring)."""
     if not isinstance(payload, str):
-        _refuse(f"prompt_embeds must be a base64 string (or a list of them), got "
-                f"{type(payload).__name__}.", type(payload).__name__)
+        refuse(f"prompt_embeds must be a base64 string (or a list of them), got "
+                f"{type(payload).__name__}.", PARAM, type(payload).__name__)
     max_bytes, max_chars = payload_limits(hidden_size, max_rows)
     if len(payload) > max_chars:
-        _refuse(f"prompt_embeds payload has {len(payload)} base64 characters; at most "
-                f"{max_chars} are accepted ({max_rows} rows of {hidden_size} float32 values).",
+        refuse(f"prompt_embeds payload has {len(payload)} base64 characters; at most "
+                f"{max_chars} are accepted ({max_rows} rows of {hidden_size} float32 values).", PARAM,
                 len(payload))
     try:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        _refuse("prompt_embeds is not valid base64.")
+        refuse("prompt_embeds is not valid base64.", PARAM)
     _check_archive(raw, max_bytes)
     try:
         with torch.sparse.check_sparse_tensor_invariants():
             tensor = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - whatever the payload makes torch.load raise
-        _refuse("prompt_embeds could not be loaded as a tensor with torch.load(weights_only="
-                f"True) ({type(exc).__name__}).", type(exc).__name__)
+        refuse("prompt_embeds could not be loaded as a tensor with torch.load(weights_only="
+                f"True) ({type(exc).__name__}).", PARAM, type(exc).__name__)
     if isinstance(tensor, torch.Tensor):
         if tensor.numel() > max_rows * hidden_size:  # e.g. an expanded view: bound before use
             if tensor.dim() - (tensor.dim() == 3 and tensor.shape[0] == 1) == 2 \
                     and tensor.shape[-1] == hidden_size:  # [tokens, hidden]: too many tokens
-                _refuse(context_length_message(max_rows, tensor.numel() // hidden_size),
+                refuse(context_length_message(max_rows, tensor.numel() // hidden_size), PARAM,
                         list(tensor.shape))
-            _refuse(f"prompt_embeds has {tensor.numel()} values; at most {max_rows} rows of "
-                    f"{hidden_size} are accepted.", list(tensor.shape))
+            refuse(f"prompt_embeds has {tensor.numel()} values; at most {max_rows} rows of "
+                    f"{hidden_size} are accepted.", PARAM, list(tensor.shape))
         if tensor.layout != torch.strided:
             tensor = tensor.to_dense()  # invariants were checked at load
     return check_prompt_embeds(tensor, hidden_size)
@@ -79,27 +77,27 @@ def _check_archive(raw: bytes, max_bytes: int) -> None:
     """`torch.save`'s zip format, stored entries only, no more than `max_bytes` unpacked."""
     buffer = io.BytesIO(raw)
     if not zipfile.is_zipfile(buffer):
-        _refuse("prompt_embeds must be a tensor saved with torch.save (a zip archive).")
+        refuse("prompt_embeds must be a tensor saved with torch.save (a zip archive).", PARAM)
     try:
         with zipfile.ZipFile(buffer) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, ValueError, OSError, EOFError):
-        _refuse("prompt_embeds must be a tensor saved with torch.save (a zip archive).")
+        refuse("prompt_embeds must be a tensor saved with torch.save (a zip archive).", PARAM)
     if any(e.compress_type != zipfile.ZIP_STORED for e in entries):
-        _refuse("prompt_embeds archive has compressed entries; torch.save never writes them.")
+        refuse("prompt_embeds archive has compressed entries; torch.save never writes them.", PARAM)
     unpacked = sum(e.file_size for e in entries)
     if unpacked > max_bytes:
-        _refuse(f"prompt_embeds archive unpacks to {unpacked} bytes; at most {max_bytes} are "
-                "accepted.", unpacked)
+        refuse(f"prompt_embeds archive unpacks to {unpacked} bytes; at most {max_bytes} are "
+                "accepted.", PARAM, unpacked)
 
 
 def load_prompt_embeds(field: Any, *, hidden_size: int, max_rows: int) -> list[torch.Tensor]:
     """The request's `prompt_embeds` (one payload or a list) -> one tensor per prompt."""
     payloads = field if isinstance(field, list) else [field]
     if len(payloads) > MAX_COMPLETION_PROMPTS:
-        _refuse(f"prompt_embeds list length {len(payloads)} exceeds the maximum allowed count "
+        refuse(f"prompt_embeds list length {len(payloads)} exceeds the maximum allowed count "
                 f"of {MAX_COMPLETION_PROMPTS}. To increase this limit, set the "
-                "VLLM_MAX_COMPLETION_PROMPTS environment variable.", len(payloads))
+                "VLLM_MAX_COMPLETION_PROMPTS environment variable.", PARAM, len(payloads))
     return [decode_prompt_embeds(p, hidden_size=hidden_size, max_rows=max_rows)
             for p in payloads]
 

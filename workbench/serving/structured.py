@@ -13,15 +13,11 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from workbench.errors import ValidationError
+from workbench.errors import refuse
 from workbench.sampling_params import StructuredOutputsParams
 
 _FIELDS = {f.name for f in fields(StructuredOutputsParams)} - {"parameter"}
 _BOOLS = ("disable_any_whitespace", "disable_additional_properties")
-
-
-def _refuse(message: str, parameter: str, value: Any = None) -> None:
-    raise ValidationError(message, parameter=parameter, value=value)
 
 
 def from_response_format(response_format: dict[str, Any] | None) -> dict[str, Any]:
@@ -36,21 +32,21 @@ def from_response_format(response_format: dict[str, Any] | None) -> dict[str, An
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):  # missing: the protocol check already said so
-            _refuse("response_format.json_schema must be an object with `name` and `schema`.",
+            refuse("response_format.json_schema must be an object with `name` and `schema`.",
                     "response_format", spec)
         if not isinstance(spec.get("name"), str) or not spec["name"]:
-            _refuse("response_format.json_schema.name is required (a non-empty string).",
+            refuse("response_format.json_schema.name is required (a non-empty string).",
                     "response_format", spec.get("name"))
         schema = spec.get("schema", spec.get("json_schema"))
         if not isinstance(schema, (dict, str)):
-            _refuse("response_format.json_schema.schema must be a JSON schema object.",
+            refuse("response_format.json_schema.schema must be a JSON schema object.",
                     "response_format", schema)
         return {"json": schema}
     if kind == "structural_tag":
-        _refuse("response_format type 'structural_tag' is not supported: the structured-output "
+        refuse("response_format type 'structural_tag' is not supported: the structured-output "
                 "backend here (llguidance) takes json_schema, json_object or text.",
                 "response_format", kind)
-    _refuse(f"response_format type '{kind}' is not supported; use 'text', 'json_object' or "
+    refuse(f"response_format type '{kind}' is not supported; use 'text', 'json_object' or "
             "'json_schema'.", "response_format", kind)
     return {}
 
@@ -59,17 +55,17 @@ def _from_extras(structured: dict[str, Any] | None) -> dict[str, Any]:
     if not structured:
         return {}
     if not isinstance(structured, dict):
-        _refuse("structured_outputs must be an object.", "structured_outputs", structured)
+        refuse("structured_outputs must be an object.", "structured_outputs", structured)
     if "backend" in structured:
-        _refuse("structured_outputs.backend cannot be chosen per request: this server uses "
+        refuse("structured_outputs.backend cannot be chosen per request: this server uses "
                 "llguidance.", "structured_outputs", structured["backend"])
     unknown = sorted(set(structured) - _FIELDS)
     if unknown:
-        _refuse(f"structured_outputs has unknown field(s) {unknown}; it takes "
+        refuse(f"structured_outputs has unknown field(s) {unknown}; it takes "
                 f"{', '.join(sorted(_FIELDS))}.", "structured_outputs", unknown)
     for name in _BOOLS:
         if structured.get(name) is not None and not isinstance(structured[name], bool):
-            _refuse(f"structured_outputs.{name} must be a boolean.", "structured_outputs",
+            refuse(f"structured_outputs.{name} must be a boolean.", "structured_outputs",
                     structured[name])
     return {k: v for k, v in structured.items() if v is not None}
 
@@ -81,7 +77,7 @@ def structured_outputs_from_request(request: Any) -> StructuredOutputsParams | N
     if not extras and not override:
         return None
     if getattr(request, "use_beam_search", False):
-        _refuse("Structured outputs are not supported with beam search.",
+        refuse("Structured outputs are not supported with beam search.",
                 "response_format" if override else "structured_outputs")
     values = {**extras, **override}  # response_format wins over the same field
     return StructuredOutputsParams(

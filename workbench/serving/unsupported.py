@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.errors import ValidationError
+from workbench.errors import refuse
 
 import logging
 
@@ -90,10 +90,6 @@ _REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
             "guided_decoding_backend", "guided_whitespace_pattern")
 
 
-def _refuse(message: str, parameter: str, value: Any = None) -> None:
-    raise ValidationError(message, parameter=parameter, value=value)
-
-
 def _answer(message: str, parameter: str | None = None) -> None:
     """A refusal vLLM answers as a plain error response (no `(parameter=...)` suffix; its
     `param` only where vLLM names one)."""
@@ -107,20 +103,20 @@ def check_common(request: Any) -> None:
     for name in ("kv_transfer_params", "ec_transfer_params", "routed_experts_prompt_start",
                  "vllm_xargs", "repetition_detection", "stream_interval"):
         if getattr(request, name) is not None:
-            _refuse(f"`{name}` {_NOT_YET}.", name)
+            refuse(f"`{name}` {_NOT_YET}.", name)
     if request.watermarking:
-        _refuse(f"`watermarking` {_NOT_YET}.", "watermarking")
+        refuse(f"`watermarking` {_NOT_YET}.", "watermarking")
     if request.thinking_token_budget not in (None, -1) and request.use_beam_search:
-        _refuse("`thinking_token_budget` is not supported with beam search.",
+        refuse("`thinking_token_budget` is not supported with beam search.",
                 "thinking_token_budget")
     extra = request.model_extra or {}
     for name in _REMOVED:
         if extra.get(name) is not None:
-            _refuse(f"`{name}` was removed from the API (vLLM ignores it and returns "
+            refuse(f"`{name}` was removed from the API (vLLM ignores it and returns "
                     "unconstrained text); use `structured_outputs` or `response_format`.",
                     name)
     if extra.get("best_of") not in (None, 1):
-        _refuse("`best_of` was removed from the API and is not supported.", "best_of",
+        refuse("`best_of` was removed from the API and is not supported.", "best_of",
                 extra.get("best_of"))
     refuse_unknown_fields(request)
 
@@ -130,7 +126,7 @@ def refuse_unknown_fields(request: Any) -> None:
     so a typo such as `temprature` silently samples at the default)."""
     extra = sorted(name for name in (request.model_extra or {}) if name != "best_of")
     if extra:
-        _refuse(f"Unknown field `{extra[0]}`: it is not part of this endpoint's request body "
+        refuse(f"Unknown field `{extra[0]}`: it is not part of this endpoint's request body "
                 "(check its spelling). Unknown fields are refused rather than ignored.", extra[0])
     warn_no_effect(request)
 
@@ -138,26 +134,26 @@ def refuse_unknown_fields(request: Any) -> None:
 def check_completion(request: Any, *, enable_prompt_embeds: bool = False) -> None:
     """vLLM's completion-only checks, in its order, then the common refusals."""
     if request.thinking_token_budget not in (None, -1):
-        _refuse("`thinking_token_budget` applies to chat completions (the reasoning parser "
+        refuse("`thinking_token_budget` applies to chat completions (the reasoning parser "
                 "reads the chat prompt); it is not supported on /v1/completions.",
                 "thinking_token_budget")
     if request.echo and request.suffix is not None:
-        _refuse("Echo is unsupported with suffix.", "echo")
+        refuse("Echo is unsupported with suffix.", "echo")
     if request.echo and request.prompt_embeds is not None:
         _answer("Echo is unsupported with prompt embeds.")
     if request.prompt_logprobs is not None and request.prompt_embeds is not None:
         _answer("prompt_logprobs is not compatible with prompt embeds.")
     if request.prompt_embeds is not None and not enable_prompt_embeds:
-        _refuse("You must set `--enable-prompt-embeds` to input `prompt_embeds`.", "prompt_embeds")
+        refuse("You must set `--enable-prompt-embeds` to input `prompt_embeds`.", "prompt_embeds")
     if request.prompt_embeds is not None and request.use_beam_search:
-        _refuse("Beam search is not supported with prompt embeds.", "prompt_embeds")
+        refuse("Beam search is not supported with prompt embeds.", "prompt_embeds")
     if request.suffix is not None:
-        _refuse("suffix is only supported for models with FIM completion rendering", "suffix")
+        refuse("suffix is only supported for models with FIM completion rendering", "suffix")
     if request.use_beam_search and request.echo and request.logprobs is not None:
-        _refuse("`echo` with `logprobs` is not supported with beam search because beam search "
+        refuse("`echo` with `logprobs` is not supported with beam search because beam search "
                 "does not compute prompt logprobs.", "echo")
     if request.use_beam_search and request.stream:
-        _refuse("Streaming is not currently supported with beam search", "stream")
+        refuse("Streaming is not currently supported with beam search", "stream")
     check_common(request)
 
 
@@ -166,19 +162,19 @@ def check_chat(request: Any) -> None:
     depend on the server's parsers are in `chat_tools.ChatTools.check`."""
     for name in ("media_io_kwargs", "mm_processor_kwargs"):
         if getattr(request, name):
-            _refuse(f"`{name}` is not supported: the served model is text-only.", name)
+            refuse(f"`{name}` is not supported: the served model is text-only.", name)
     if request.audio is not None or "audio" in (request.modalities or []):
-        _refuse("Audio output is not supported: the served model produces text only "
+        refuse("Audio output is not supported: the served model produces text only "
                 "(`modalities` may only be [\"text\"]).",
                 "audio" if request.audio is not None else "modalities")
     if any(m != "text" for m in request.modalities or []):
-        _refuse(f"`modalities` may only contain \"text\", got {request.modalities}.",
+        refuse(f"`modalities` may only contain \"text\", got {request.modalities}.",
                 "modalities", request.modalities)
     if request.web_search_options is not None:
-        _refuse("`web_search_options`: this server has no web search.", "web_search_options")
+        refuse("`web_search_options`: this server has no web search.", "web_search_options")
     for name in ("functions", "function_call"):
         if getattr(request, name) is not None:
-            _refuse(f"`{name}` is deprecated by OpenAI and not supported here; send `tools` "
+            refuse(f"`{name}` is deprecated by OpenAI and not supported here; send `tools` "
                     "and `tool_choice`.", name)
     strict = [t.function.name for t in request.tools or () if t.function.strict]
     if strict and request.tool_choice == "auto":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.errors import ValidationError
+from workbench.errors import ValidationError, refuse
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer
 
 TRUNCATE_TOO_LARGE = ("truncate_prompt_tokens value is greater than max_model_len. Please "
@@ -99,33 +99,29 @@ class PoolingPrompts:
                 for conversation in batch]
 
 
-def _refuse(message: str, parameter: str, value: Any = None) -> None:
-    raise ValidationError(message, parameter=parameter, value=value)
-
-
 def check_common(request: Any) -> None:
     """Refusals every pooling request shares."""
     if request.cache_salt is not None:
-        _refuse(f"`cache_salt` {_NOT_YET} for pooling requests.", "cache_salt")
+        refuse(f"`cache_salt` {_NOT_YET} for pooling requests.", "cache_salt")
     if request.padding == "max_length":  # "do_not_pad" is what every prompt gets here
-        _refuse("padding='max_length' is not supported: prompts are pooled unpadded "
+        refuse("padding='max_length' is not supported: prompts are pooled unpadded "
                 "('do_not_pad'); the served models are trained with an attention mask.",
                 "padding", request.padding)
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if getattr(request, name, None):
-            _refuse(f"`{name}` is not supported: the served model is text-only.", name)
+            refuse(f"`{name}` is not supported: the served model is text-only.", name)
 
 
 def check_encoding(request: Any) -> None:
     """Output encodings: float and base64 (any `embed_dtype` and endianness); the binary
     `bytes` / `bytes_only` responses are not built."""
     if request.encoding_format in ("bytes", "bytes_only"):
-        _refuse(f"encoding_format '{request.encoding_format}' {_NOT_YET}; use 'float' or "
+        refuse(f"encoding_format '{request.encoding_format}' {_NOT_YET}; use 'float' or "
                 "'base64'.", "encoding_format", request.encoding_format)
 
 
 def check_score_extras(request: Any) -> None:
     """`/score` and `/rerank` extras that need a cross-encoder template."""
     if request.chat_template_kwargs is not None:
-        _refuse(f"`chat_template_kwargs` {_NOT_YET} for scoring (it needs a score template); "
+        refuse(f"`chat_template_kwargs` {_NOT_YET} for scoring (it needs a score template); "
                 "`instruction` sets the judgement prompt's instruction.", "chat_template_kwargs")

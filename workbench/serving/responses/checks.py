@@ -12,7 +12,7 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
-from workbench.errors import ValidationError
+from workbench.errors import ValidationError, refuse
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.responses.toolset import ToolSet, forced_name
 
@@ -27,65 +27,61 @@ BACKGROUND_NEEDS_STORE = ("This vLLM engine does not support `store=True` and th
                           "launching the vLLM server.")
 
 
-def _refuse(message: str, parameter: str, value: Any = None) -> None:
-    raise ValidationError(message, parameter=parameter, value=value)
-
-
 def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
     """Everything decided from the body alone (tools are checked by `ToolSet.build`)."""
     if request.prompt is not None:
-        _refuse("prompt template is not supported", "prompt")
+        refuse("prompt template is not supported", "prompt")
     text = request.text or {}
     if not isinstance(text, dict):
-        _refuse("text must be an object.", "text", text)
+        refuse("text must be an object.", "text", text)
     for key in text:  # OpenAI's `text` takes `format` and `verbosity`
         if key not in ("format", "verbosity"):
-            _refuse(f"Unknown field `text.{key}`: text takes format and verbosity.", "text")
+            refuse(f"Unknown field `text.{key}`: text takes format and verbosity.", "text")
     if text.get("verbosity") is not None:
         logger.warning("ResponsesRequest: `text.verbosity` has no effect here (a hint to "
                        "OpenAI's models; the served model takes no such hint)")
     if request.conversation is not None:
-        _refuse("`conversation` (OpenAI's Conversations API) is not supported here; send "
+        refuse("`conversation` (OpenAI's Conversations API) is not supported here; send "
                 "`previous_response_id` to continue a stored response.", "conversation")
     if request.background:
         if not store_enabled:
-            _refuse(BACKGROUND_NEEDS_STORE, "background")
+            refuse(BACKGROUND_NEEDS_STORE, "background")
         if request.store is False:
-            _refuse("background can only be used when `store` is true", "background")
+            refuse("background can only be used when `store` is true", "background")
     if not store_enabled and request.store and "store" in request.model_fields_set:
-        _refuse(STORE_DISABLED, "store")
+        refuse(STORE_DISABLED, "store")
     if request.truncation == "auto":
-        _refuse("truncation='auto' is not supported: a prompt that does not fit is refused.",
+        refuse("truncation='auto' is not supported: a prompt that does not fit is refused.",
                 "truncation")
     other = [value for value in request.include or [] if value != OUTPUT_LOGPROBS]
     if other:
-        _refuse(f"`include` ({', '.join(other)}) {NOT_YET}; it takes {OUTPUT_LOGPROBS!r}.",
+        refuse(f"`include` ({', '.join(other)}) {NOT_YET}; it takes {OUTPUT_LOGPROBS!r}.",
                 "include", other)
     if request.top_logprobs and OUTPUT_LOGPROBS not in (request.include or []):
-        _refuse(f"`top_logprobs` needs include=['{OUTPUT_LOGPROBS}'].", "top_logprobs",
+        refuse(f"`top_logprobs` needs include=['{OUTPUT_LOGPROBS}'].", "top_logprobs",
                 request.top_logprobs)
     if request.top_logprobs is not None and not 0 <= request.top_logprobs <= 20:
-        _refuse(f"top_logprobs must be between 0 and 20, got {request.top_logprobs}.",
+        refuse(f"top_logprobs must be between 0 and 20, got {request.top_logprobs}.",
                 "top_logprobs", request.top_logprobs)
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
-        _refuse(f"max_output_tokens must be at least 1, got {request.max_output_tokens}.",
+        refuse(f"max_output_tokens must be at least 1, got {request.max_output_tokens}.",
                 "max_output_tokens", request.max_output_tokens)
     if request.max_tool_calls is not None and request.max_tool_calls < 0:
-        _refuse(f"max_tool_calls must be non-negative, got {request.max_tool_calls}.",
+        refuse(f"max_tool_calls must be non-negative, got {request.max_tool_calls}.",
                 "max_tool_calls", request.max_tool_calls)
     reasoning = request.reasoning or {}
     for key in reasoning:
         if key not in ("effort",) and reasoning[key] is not None:
-            _refuse(f"reasoning.{key} {NOT_YET} (only `effort`).", "reasoning")
+            refuse(f"reasoning.{key} {NOT_YET} (only `effort`).", "reasoning")
     if request.watermarking:
-        _refuse(f"`watermarking` {NOT_YET}.", "watermarking")
+        refuse(f"`watermarking` {NOT_YET}.", "watermarking")
     if request.media_io_kwargs:
-        _refuse("`media_io_kwargs` is not supported: the served model is text-only.",
+        refuse("`media_io_kwargs` is not supported: the served model is text-only.",
                 "media_io_kwargs")
     for name in ("cache_salt", "kv_transfer_params", "vllm_xargs",
                  "mm_processor_kwargs", "previous_input_messages"):
         if getattr(request, name) is not None:
-            _refuse(f"`{name}` {NOT_YET}.", name)
+            refuse(f"`{name}` {NOT_YET}.", name)
 
 
 def structured_outputs(request: ResponsesRequest) -> Any:
@@ -95,7 +91,7 @@ def structured_outputs(request: ResponsesRequest) -> Any:
 
     fmt = (request.text or {}).get("format") or {"type": "text"}
     if not isinstance(fmt, dict):
-        _refuse("text.format must be an object.", "text", fmt)
+        refuse("text.format must be an object.", "text", fmt)
     kind = fmt.get("type", "text")
     response_format = None
     if kind == "json_schema":
@@ -104,7 +100,7 @@ def structured_outputs(request: ResponsesRequest) -> Any:
     elif kind != "text":
         response_format = {"type": kind}
     if response_format and request.structured_outputs:
-        _refuse("`text.format` and `structured_outputs` cannot be used together.", "text")
+        refuse("`text.format` and `structured_outputs` cannot be used together.", "text")
 
     fields = SimpleNamespace(response_format=response_format,  # what the chat helper reads
                              structured_outputs=request.structured_outputs)
@@ -119,7 +115,7 @@ def structured_outputs(request: ResponsesRequest) -> Any:
         return None
     parameter = "text" if response_format else "structured_outputs"
     if request.tools and request.tool_choice != "none":
-        _refuse("You can only either use constraints for structured outputs or tools, not both.",
+        refuse("You can only either use constraints for structured outputs or tools, not both.",
                 parameter)
     return dataclasses.replace(params, parameter=parameter)  # engine errors name it
 
@@ -130,7 +126,7 @@ def wants_logprobs(request: ResponsesRequest, *, parsed: bool) -> bool:
     if OUTPUT_LOGPROBS not in (request.include or []):
         return False
     if parsed:
-        _refuse(f"include=['{OUTPUT_LOGPROBS}'] {NOT_YET} with tools or a reasoning parser "
+        refuse(f"include=['{OUTPUT_LOGPROBS}'] {NOT_YET} with tools or a reasoning parser "
                 "(their text does not map to the output tokens one to one).", "include")
     return True
 
