@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install lab serve test test-portable gpu-check
+.PHONY: install lab serve lint test test-portable gpu-check
 
 install: $(STAMP) $(CHROMIUM)
 
@@ -40,7 +40,14 @@ lab: install
 serve: install
 	$(BIN)/workbench serve --host 127.0.0.1 --port 8000
 
-test: install
+# pyflakes, isort and bugbear (ruff), types of the engine and serving layers (mypy), and the
+# layering of docs/structure.md (import-linter): config in pyproject.toml
+lint: install
+	$(BIN)/ruff check workbench tests scripts
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: install lint
 	$(BIN)/pytest tests
 ifneq ($(NOTEBOOKS),)
 	$(BIN)/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/

@@ -74,7 +74,7 @@ def pools(default_model, prompts):
 
 
 def _check(outs, pools, prompts, width, lp, ignore_eos, eos):
-    for i, (out, prompt) in enumerate(zip(outs, prompts)):
+    for i, (out, _prompt) in enumerate(zip(outs, prompts)):
         expected = rank(pools[(i, width, ignore_eos)], width, lp, eos)
         got = [(s.tokens, s.cum_logprob, s.finish_reason) for s in out.sequences]
         assert [g[0] for g in got] == [e[0] for e in expected], (i, width, lp)

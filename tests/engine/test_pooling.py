@@ -409,8 +409,9 @@ def test_bf16_encoder_is_prepacked_and_agrees_with_transformers():
 
 
 def _tiny_encoder(config, tokenizer):
-    from workbench.models.loader import LoadedModel, prepare_for_inference
     from transformers import AutoModel
+
+    from workbench.models.loader import LoadedModel, prepare_for_inference
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -2,8 +2,15 @@
 
 import torch
 
-from workbench.engine.sampler import (Sampler, SamplingRow, apply_penalties, apply_token_masks,
-                                      compute_logprobs, sample, truncate)
+from workbench.engine.sampler import (
+    Sampler,
+    SamplingRow,
+    apply_penalties,
+    apply_token_masks,
+    compute_logprobs,
+    sample,
+    truncate,
+)
 from workbench.sampling_params import SamplingParams
 
 V = 8

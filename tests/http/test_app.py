@@ -14,7 +14,7 @@ from workbench.http.app import build_app
 
 
 @pytest.fixture
-def engine(tokenizer):
+def engine(tokenizer):  # noqa: F811 - the imported fixture, by name
     return FakeEngine(tokenizer)
 
 

@@ -89,8 +89,8 @@ def test_lora_names_are_checked(name):
 
 
 def test_runtime_load_refuses_a_forged_name(tmp_path):
-    from workbench.serving.lora import ServedAdapters
     from workbench.serving.errors import ServingError
+    from workbench.serving.lora import ServedAdapters
 
     adapters = ServedAdapters(engine=None, base_model_names=["base"], allow_runtime=True,
                               load_dirs=[str(tmp_path)])

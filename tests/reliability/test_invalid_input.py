@@ -8,7 +8,6 @@ deep nesting, 10 MB), so nothing on the client side cleans them up first.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest

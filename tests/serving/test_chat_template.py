@@ -6,7 +6,11 @@ import pytest
 
 from workbench.errors import ValidationError
 from workbench.serving.chat_template import (
-    NO_TEMPLATE, UNTRUSTED_TEMPLATE, ChatRenderer, content_text, template_variables,
+    NO_TEMPLATE,
+    UNTRUSTED_TEMPLATE,
+    ChatRenderer,
+    content_text,
+    template_variables,
 )
 from workbench.serving.protocol import ChatMessageParam
 

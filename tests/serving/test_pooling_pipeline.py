@@ -20,11 +20,15 @@ from workbench.engine.outputs import PoolingOutput, PoolingRequestOutput
 from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, Servings, error_response
 from workbench.serving.errors import GenerationError
-from workbench.serving.protocol import ErrorResponse
 from workbench.serving.pooling.base import MISSING_RESULTS, NO_GENERATOR, NO_PROMPTS
+from workbench.serving.protocol import ErrorResponse
 from workbench.serving.protocol.pooling import (
-    ClassificationCompletionRequest, EmbeddingChatRequest, EmbeddingCompletionRequest,
-    PoolingCompletionRequest, RerankRequest, ScoreRequest,
+    ClassificationCompletionRequest,
+    EmbeddingChatRequest,
+    EmbeddingCompletionRequest,
+    PoolingCompletionRequest,
+    RerankRequest,
+    ScoreRequest,
 )
 
 DIM = 16

@@ -22,7 +22,9 @@ from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, Servings
 from workbench.serving.prompt_embeds import (
-    decode_prompt_embeds, encode_prompt_embeds, payload_limits,
+    decode_prompt_embeds,
+    encode_prompt_embeds,
+    payload_limits,
 )
 from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
 

@@ -11,7 +11,7 @@ from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, error_response
 from workbench.serving.errors import ServingError
 from workbench.serving.protocol.responses import ResponsesRequest
-from workbench.serving.responses import ResponseStore, ResponsesServing
+from workbench.serving.responses import ResponsesServing, ResponseStore
 
 
 def serving(tokenizer, scripts=("Hello there, friend.",), store=None, **config):

@@ -113,8 +113,11 @@ def traced_pooling(tokenizer):
 async def test_each_pooling_request_is_one_span_with_the_pipeline_stages_as_events(
         traced_pooling):
     from workbench.serving.protocol.pooling import (
-        ClassificationCompletionRequest, EmbeddingCompletionRequest, PoolingCompletionRequest,
-        RerankRequest, ScoreRequest,
+        ClassificationCompletionRequest,
+        EmbeddingCompletionRequest,
+        PoolingCompletionRequest,
+        RerankRequest,
+        ScoreRequest,
     )
 
     servings, exporter = traced_pooling
@@ -127,7 +130,7 @@ async def test_each_pooling_request_is_one_span_with_the_pipeline_stages_as_even
                  for serving, request, _ in calls]
     spans = exporter.get_finished_spans()
     assert [s.name for s in spans] == ["llm_request"] * len(calls)
-    for span, response, (_, request, task) in zip(spans, responses, calls):
+    for span, response, (_, _request, task) in zip(spans, responses, calls):
         assert span.kind == SpanKind.SERVER
         assert [e.name for e in span.events] == POOLING_EVENTS
         assert span.attributes["gen_ai.request.id"] == response.id
