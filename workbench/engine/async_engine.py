@@ -19,11 +19,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from workbench.config import EngineConfig
+from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import EngineStats, LLMEngine
 from workbench.engine.input_processor import PromptInput
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
 from workbench.errors import EngineDeadError, RequestTimeoutError, ServiceUnavailableError
-from workbench.engine.beam_search import BeamSearchOutput
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 

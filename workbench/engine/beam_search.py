@@ -19,7 +19,7 @@ search over HTTP (`workbench/inspect/remote_beam.py`) both drive this class.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
@@ -183,8 +183,6 @@ class BeamSearch:
         return BeamSearchOutput(sequences, self.tree, request_id, self.prompt, self.prompt_token_ids)
 
     def _mark_returned(self, nodes: list[int | None]) -> None:
-        from dataclasses import replace
-
         ids = [i for i in nodes if i is not None]
         for pos, i in enumerate(ids):
             self.tree.nodes[i] = replace(self.tree.nodes[i], returned=pos)

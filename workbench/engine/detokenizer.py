@@ -27,7 +27,10 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""
         self.sent = 0  # characters of `text` already handed out as deltas
-        self.stop_hold = max((len(s) for s in params.stop), default=1) - 1
+        stops = params.stop
+        assert isinstance(stops, list)  # SamplingParams.__post_init__ makes `stop` a list
+        self.stops: list[str] = stops
+        self.stop_hold = max((len(s) for s in stops), default=1) - 1
 
     def _decode(self, ids: list[int]) -> str:
         p = self.params
@@ -35,7 +38,8 @@ class IncrementalDetokenizer:
             return self._decode_plain(ids)
         # like a slow tokenizer: each special token is its own piece, pieces joined by spaces
         special = set(self.tokenizer.all_special_ids)
-        pieces, run = [], []
+        pieces: list[str] = []
+        run: list[int] = []
         for t in ids:
             if t in special:
                 if run:
@@ -68,7 +72,7 @@ class IncrementalDetokenizer:
         self.text += new
         if not check_stops:
             return None
-        for stop in self.params.stop:
+        for stop in self.stops:
             at = self.text.find(stop, start)
             if at != -1:
                 end = at + len(stop) if self.params.include_stop_str_in_output else at

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -32,6 +32,7 @@ from workbench.engine.handlers import (
     PoolingHandler,
 )
 from workbench.engine.input_processor import InputProcessor, PromptInput
+from workbench.engine.lora_manager import LoRAManager
 from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
 from workbench.engine.pooling import label_token_ids
@@ -41,11 +42,10 @@ from workbench.engine.sampler import Sampler
 from workbench.engine.scheduler import Scheduler, SchedulerOutput
 from workbench.engine.thinking import ThinkingBudget
 from workbench.errors import ValidationError
+from workbench.lora.request import LoRARequest
+from workbench.models.loader import load_model
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
-
-if TYPE_CHECKING:
-    from workbench.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,12 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of which found there
 
 
+def _handler(req: Request) -> KindHandler:
+    """The handler of a request the engine holds (`_enqueue` gave it one)."""
+    assert req.handler is not None
+    return req.handler
+
+
 def _seed_for(seed: int, index: int) -> int:
     """Distinct, reproducible generator seeds for the n samples of one seeded request."""
     return (seed * 0x9E3779B97F4A7C15 + index) % (2**63)
@@ -70,11 +76,9 @@ def _seed_for(seed: int, index: int) -> int:
 class LLMEngine:
     """Continuous-batching engine over one causal LM (see the module docstring)."""
 
-    lora = None  # a `workbench.engine.lora_manager.LoRAManager` with `enable_lora`
+    lora: LoRAManager | None = None  # with `enable_lora`
 
     def __init__(self, config: EngineConfig, loaded: Any = None):
-        from workbench.models import load_model
-
         self.config = config
         if loaded is None:
             loaded = load_model(config.model, dtype=config.dtype, device=config.device)
@@ -132,10 +136,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.enable_chunked_prefill,
                                    config.scheduling_policy)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, config.kernel)
+        self.runner: ModelRunner | EncoderRunner = ModelRunner(self.model, num_blocks, config.block_size, config.kernel)
         if config.enable_lora:  # adapters per request: LoRA layers with resident slots
-            from workbench.engine.lora_manager import LoRAManager
-
             self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
                                     config.max_cpu_loras)
             self.runner.lora = self.lora
@@ -199,7 +201,8 @@ class LLMEngine:
     @staticmethod
     def _request_kwargs(priority: int, arrival_time: float | None, cache_salt: str | None,
                         lora_request: LoRARequest | None) -> dict[str, Any]:
-        kwargs = {"priority": priority, "cache_salt": cache_salt, "lora_request": lora_request}
+        kwargs: dict[str, Any] = {"priority": priority, "cache_salt": cache_salt,
+                                  "lora_request": lora_request}
         if arrival_time is not None:
             kwargs["arrival_time"] = arrival_time
         return kwargs
@@ -249,8 +252,9 @@ class LLMEngine:
         params = seq.request.params
         budget = params.thinking_token_budget
         if budget is not None and budget >= 0:
-            seq.thinking = ThinkingBudget(budget, params.reasoning_end_token_ids,
-                                          params.reasoning_start_token_ids)
+            end_ids = params.reasoning_end_token_ids
+            assert end_ids is not None  # SamplingParams refuses a budget without them
+            seq.thinking = ThinkingBudget(budget, end_ids, params.reasoning_start_token_ids)
         seed = params.seed
         if seed is not None:
             seq.generator = torch.Generator().manual_seed(_seed_for(seed, seq.index))
@@ -265,8 +269,6 @@ class LLMEngine:
         if self.lora is None:
             raise ValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!",
                                   parameter="lora_request", value=lora_request)
-        from workbench.lora.request import LoRARequest
-
         if not isinstance(lora_request, LoRARequest):
             raise ValidationError(f"lora_request must be a LoRARequest, got "
                                   f"{type(lora_request).__name__}.", parameter="lora_request")
@@ -392,7 +394,7 @@ class LLMEngine:
                 self.fail_request(req, exc)
                 continue
             if seq.seq_id in rows.last_row:
-                batches[req.handler].append((seq, rows.last_row[seq.seq_id]))
+                batches[_handler(req)].append((seq, rows.last_row[seq.seq_id]))
         failed = [req for req in requests if req.errored]
         for handler, batch in batches.items():
             handler.advance([(s, r) for s, r in batch if not s.request.errored], rows)
@@ -403,11 +405,12 @@ class LLMEngine:
         """The touched requests' outputs; finished requests leave, listeners get theirs."""
         results = []
         for req in unique_requests(touched):
+            handler = _handler(req)
             try:
-                out = req.handler.output(req)
+                out = handler.output(req)
             except Exception as exc:  # noqa: BLE001 - building its output failed: it ends here
                 self.fail_request(req, exc)
-                out = req.handler.error_output(req)
+                out = handler.error_output(req)
             listener = self._listeners.get(req.request_id)
             if req.finished:
                 self.requests.pop(req.request_id, None)

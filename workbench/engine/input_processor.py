@@ -23,7 +23,7 @@ class InputProcessor:
     """Tokenizes and validates requests for one model."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, max_logprobs: int,
-                 eos_token_id: int | None, extra_eos_ids: set[int], hidden_size: int | None = None):
+                 eos_token_id: int | None, extra_eos_ids: set[int], hidden_size: int):
         self.tokenizer = tokenizer
         self.hidden_size = hidden_size  # of `prompt_embeds` rows
         self.vocab_size = vocab_size
@@ -53,9 +53,10 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: PromptInput, params: SamplingParams,
                 **request_kwargs) -> Request:
-        embeds = prompt.get("prompt_embeds") if isinstance(prompt, dict) else None
-        if embeds is not None:  # placeholder ids stand for the embedded positions
-            embeds = check_prompt_embeds(embeds, self.hidden_size)
+        embeds = None
+        if isinstance(prompt, dict) and prompt.get("prompt_embeds") is not None:
+            # placeholder ids stand for the embedded positions
+            embeds = check_prompt_embeds(prompt["prompt_embeds"], self.hidden_size)
             text, ids = prompt.get("prompt"), [PLACEHOLDER_TOKEN_ID] * len(embeds)
             if params.prompt_logprobs is not None:
                 raise ValidationError("prompt_logprobs is not compatible with prompt embeds.",
@@ -120,10 +121,10 @@ class InputProcessor:
                 f"min_tokens must be less than or equal to max_tokens={params.max_tokens}, "
                 f"got {params.min_tokens}.", parameter="min_tokens", value=params.min_tokens)
 
-    def _bad_words(self, words: list[str]) -> list[list[int]]:
+    def _bad_words(self, words: list[str] | None) -> list[list[int]]:
         """Token sequences of each bad word, with and without a leading space (as vLLM)."""
         seqs: list[list[int]] = []
-        for word in words:
+        for word in words or []:  # SamplingParams makes it a list
             for variant in (word, " " + word.lstrip()):
                 ids = self.tokenizer(variant, add_special_tokens=False)["input_ids"]
                 if ids and ids not in seqs:

@@ -129,7 +129,7 @@ class LoRAManager:
         requests = {s.seq.request.lora_request.lora_int_id: s.seq.request.lora_request
                     for s in scheduled if s.seq.request.lora_request is not None}
         slots = self._activate(requests)
-        groups = []
+        groups: list[tuple[int, torch.Tensor | None]] = []
         for lora_id, ranges in spans.items():
             if ranges == [(0, start)]:
                 groups.append((slots[lora_id], None))
@@ -183,9 +183,10 @@ class LoRAManager:
                 wrapper.set_slot(slot, part, (a, b, adapter.scaling))
 
 
-def attach(model: nn.Module, state: LoRAState) -> dict[str, tuple[LoRALinear, int]]:
-    """Wraps the adaptable projections of `model` (idempotent: wrappers found are reset to
-    `state`); returns `module name -> (wrapper, part index)` using PEFT's module names."""
+def attach(model: Any, state: LoRAState) -> dict[str, tuple[LoRALinear, int]]:
+    """Wraps the adaptable projections of `model`, a Llama-family causal LM (its decoder layers
+    are `model.model.layers`; idempotent: wrappers found are reset to `state`); returns
+    `module name -> (wrapper, part index)` using PEFT's module names."""
     table: dict[str, tuple[LoRALinear, int]] = {}
     for i, layer in enumerate(model.model.layers):
         for owner_name, names in TARGETS:
@@ -198,12 +199,15 @@ def attach(model: nn.Module, state: LoRAState) -> dict[str, tuple[LoRALinear, in
                 if isinstance(module, FusedPart):
                     group = module.group
                     if isinstance(group.linear, LoRALinear):
-                        if group.linear.state is not state:
-                            group.linear.reset(state)
+                        fused: LoRALinear = group.linear
+                        if fused.state is not state:
+                            fused.reset(state)
                     else:
-                        group.linear = LoRALinear(group.linear, module.in_features,
-                                                  group.sizes, state)
-                    table[full] = (group.linear, module.index)
+                        fused = LoRALinear(group.linear, module.in_features, group.sizes, state)
+                        # FusedGroup.linear is annotated FastLinear (fusion.py); the wrapper
+                        # stands in for it: same input, same output (plus the adapters' deltas)
+                        group.linear = fused  # type: ignore[assignment]
+                    table[full] = (fused, module.index)
                 elif isinstance(module, LoRALinear):
                     module.reset(state)
                     table[full] = (module, 0)

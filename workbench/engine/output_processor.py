@@ -9,6 +9,7 @@ A stop token's text is left out of `text` unless `include_stop_str_in_output`.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from workbench.sampling_params import RequestOutputKind
 class TokenTexts:
     """Memoized text of single tokens, for `Logprob.decoded_token`."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
 
@@ -34,7 +35,7 @@ class TokenTexts:
         return text
 
 
-def position_logprobs(token_id: int, logprob: float, rank: int, top_ids: list[int] | None,
+def position_logprobs(token_id: int, logprob: float, rank: int | None, top_ids: list[int] | None,
                       top_lps: list[float] | None, k: int, texts: TokenTexts,
                       tracked: tuple[list[int], list[float], list[int]] | None = None,
                       ) -> dict[int, Logprob]:
@@ -87,13 +88,18 @@ class OutputProcessor:
         reason, stop_reason = self._check_stop(seq, token)
         if p.detokenize and (reason != "stop" or p.include_stop_str_in_output):
             # a stop token's text stays out unless asked for; stop strings count after min_tokens
-            matched = seq.detok.add(token, check_stops=seq.num_output_tokens >= p.min_tokens)
+            matched = self._detok(seq).add(token, check_stops=seq.num_output_tokens >= p.min_tokens)
             if matched is not None:
                 reason, stop_reason = "stop", matched
         if reason is not None:
             seq.finish_reason, seq.stop_reason = reason, stop_reason
 
-    def _check_stop(self, seq: Sequence, token: int):
+    @staticmethod
+    def _detok(seq: Sequence) -> IncrementalDetokenizer:
+        assert seq.detok is not None  # `start` gave every sequence its detokenizer
+        return seq.detok
+
+    def _check_stop(self, seq: Sequence, token: int) -> tuple[str | None, int | str | None]:
         p = seq.request.params
         matcher = seq.grammar_matcher
         if matcher is not None and matcher.failed:  # no match can follow: not "stop"
@@ -104,6 +110,7 @@ class OutputProcessor:
             return "stop", None
         if token in p._all_stop_token_ids:
             return "stop", token
+        assert p.max_tokens is not None  # InputProcessor resolved it
         if seq.num_output_tokens >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return "length", None
         return None, None
@@ -118,6 +125,7 @@ class OutputProcessor:
             return
         logits, first_pos = logits[skip:], first_pos + skip
         k = req.params.num_prompt_logprobs(self.vocab_size)
+        assert k is not None  # prompt_logprobs was asked for: `req.prompt_logprobs` exists
         lps = logits[:, :self.vocab_size].log_softmax(-1)  # [count, V]
         targets = torch.tensor(req.prompt_token_ids[first_pos + 1:first_pos + 1 + len(lps)],
                                device=lps.device)
@@ -163,7 +171,7 @@ class OutputProcessor:
 
     def _completion(self, seq: Sequence, delta: bool) -> CompletionOutput | None:
         done = seq.is_finished
-        detok = seq.detok
+        detok = self._detok(seq)
         if done:
             detok.flush()
         start = seq.num_sent_tokens if delta else 0

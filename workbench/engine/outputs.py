@@ -8,6 +8,12 @@ Same names and fields as vLLM's `vllm.outputs`. Logprobs are a list with one dic
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+from workbench.inspect.output_views import completion_html, pooling_html, request_html
+
+if TYPE_CHECKING:  # only an annotation: this module stays torch-free at run time
+    import torch
 
 PositionLogprobs = dict[int, "Logprob"]
 
@@ -54,8 +60,6 @@ class CompletionOutput:
         return self.finish_reason is not None
 
     def _repr_html_(self) -> str:
-        from workbench.inspect.output_views import completion_html
-
         return completion_html(self)
 
 
@@ -78,7 +82,7 @@ class RequestOutput:
 
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None  # None for a prompt given as embeddings
     prompt_logprobs: list[PositionLogprobs | None] | None
     outputs: list[CompletionOutput]
     finished: bool
@@ -88,8 +92,6 @@ class RequestOutput:
     kv_transfer_params: dict | None = field(default=None, repr=False)
 
     def _repr_html_(self) -> str:
-        from workbench.inspect.output_views import request_html
-
         return request_html(self)
 
 
@@ -97,7 +99,7 @@ class RequestOutput:
 class PoolingOutput:
     """The pooled result of one request: an embedding, label probabilities or a score."""
 
-    data: "torch.Tensor"  # [D] float32 on the CPU; empty when the request did not finish well
+    data: torch.Tensor  # [D] float32 on the CPU; empty when the request did not finish well
 
     def __repr__(self) -> str:
         return f"PoolingOutput(data=<tensor of shape {tuple(self.data.shape)}>)"
@@ -117,8 +119,6 @@ class PoolingRequestOutput:
     prompt: str | None = None
 
     def _repr_html_(self) -> str:
-        from workbench.inspect.output_views import pooling_html
-
         return pooling_html(self)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.engine.outputs import PoolingOutput, PoolingRequestOutput
 from workbench.engine.request import Request
 from workbench.errors import ValidationError
 from workbench.pooling_params import PoolingParams
@@ -161,6 +162,7 @@ def pooling_request(inputs, request_id: str, prompt, params: PoolingParams, **re
     if bad is not None:
         raise ValidationError(f"Token id {bad} is out of vocabulary", parameter="prompt", value=bad)
     if len(ids) > max_len:
+        assert params.task is not None  # `verify` resolved it
         raise ValidationError(
             f"This model's maximum context length is {max_len} tokens. However, you requested "
             f"{len(ids)} tokens in the input for {OPERATIONS[params.task]}. Please reduce the "
@@ -189,8 +191,6 @@ def score_pairs(text_1, text_2) -> list[tuple]:
 def bi_encoder_score(one, two):
     """The score of two embedding outputs (`PoolingRequestOutput`s): their cosine, as an output
     of its own (request id "a_b", both prompts' tokens, as the reference)."""
-    from workbench.engine.outputs import PoolingOutput, PoolingRequestOutput
-
     reason = next((o.finish_reason for o in (one, two) if o.finish_reason != "stop"), "stop")
     data = (cosine(one.outputs.data, two.outputs.data).reshape(1) if reason == "stop"
             else torch.empty(0))

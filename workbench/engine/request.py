@@ -51,7 +51,7 @@ class Request:
     sequences: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0
-    metrics: RequestMetrics | None = None
+    metrics: RequestMetrics = field(init=False)  # set from arrival_time by __post_init__
     min_tokens_stop_ids: frozenset[int] = frozenset()  # EOS and stop ids banned before min_tokens
     forked: bool = False  # the n - 1 siblings exist
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once

@@ -47,7 +47,8 @@ def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Te
     token (a reasoning past its `thinking_token_budget`) wins over everything."""
     for i, row in enumerate(rows):
         p = row.params
-        before = logits[i].clone() if row.grammar_mask is not None else None
+        # a grammar row keeps its logits as they were before the edits below
+        grammar = (row.grammar_mask, logits[i].clone()) if row.grammar_mask is not None else None
         if p.allowed_token_ids is not None:
             keep = torch.full_like(logits[i], float("-inf"))
             keep[p.allowed_token_ids] = 0.0
@@ -61,8 +62,9 @@ def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Te
         if p.logit_bias:
             ids = torch.tensor(list(p.logit_bias), device=logits.device)
             logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
-        if row.grammar_mask is not None:
-            allowed = row.grammar_mask.to(logits.device)
+        if grammar is not None:
+            mask, before = grammar
+            allowed = mask.to(logits.device)
             logits[i] = logits[i].masked_fill(~allowed, float("-inf"))
             if not bool(torch.isfinite(logits[i]).any()):  # e.g. min_tokens banned EOS at the end
                 logits[i] = before.masked_fill(~allowed, float("-inf"))

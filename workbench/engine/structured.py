@@ -29,13 +29,18 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from workbench.engine.outputs import GrammarStep
 from workbench.errors import ValidationError
 from workbench.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
+    from llguidance._lib import JsonCompileOptions  # only in the type stubs
 
 GRAMMAR_TOP_K = 5  # the model's top candidates checked against the mask at each step
 MAX_GRAMMAR_BYTES = 64 << 20  # one compiled grammar (its lexer, built on the first mask)
@@ -87,24 +92,26 @@ def _no_additional_properties(schema: Any) -> Any:
 
 def grammar_text(so: StructuredOutputsParams) -> str:
     """The llguidance grammar (its JSON text) for one constraint; checked later, when compiled."""
+    # deferred: llguidance loads only once a request is constrained
     from llguidance import LLMatcher, grammar_from, regex_to_lark
 
     if so.json is not None or so.json_object:
-        schema = {"type": "object"} if so.json_object else so.json
+        schema: Any = {"type": "object"} if so.json_object else so.json
         if isinstance(schema, str):
             schema = json.loads(schema)
         if schema is True:  # the schema that accepts any JSON value
             schema = {}
         if so.disable_additional_properties:
             schema = _no_additional_properties(schema)
-        options: dict[str, Any] = {"whitespace_flexible": not so.disable_any_whitespace}
+        options: JsonCompileOptions = {"whitespace_flexible": not so.disable_any_whitespace}
         if so.whitespace_pattern is not None and not so.disable_any_whitespace:
             options["whitespace_pattern"] = so.whitespace_pattern
         return LLMatcher.grammar_from_json_schema(schema, defaults=options)
     if so.regex is not None:  # `\d` means ASCII digits, as users expect (Rust's is Unicode)
         return LLMatcher.grammar_from_lark(f"start: /{regex_to_lark(so.regex, 'd')}/")
     if so.choice is not None:
-        return grammar_from("choice", so.choice)
+        return grammar_from("choice", json.dumps(so.choice))  # it takes the list as JSON text
+    assert so.grammar is not None  # exactly one constraint is set (StructuredOutputsParams)
     try:  # Lark, or llama.cpp's GBNF converted to Lark
         return grammar_from("grammar", so.grammar)
     except ValueError as exc:
@@ -186,6 +193,7 @@ class SequenceGrammar:
     def accept(self, token: int) -> None:
         """The sampled token: advances the matcher (or watches for the trigger) and records."""
         if not self.active:
+            assert self.trigger is not None  # inactive only while waiting for its trigger
             self.steps.append(None)
             self._recent = (self._recent + [token])[-len(self.trigger):]
             self.active = self._recent == self.trigger
@@ -203,14 +211,14 @@ class SequenceGrammar:
 class GrammarCompiler:
     """Compiles constraints for one tokenizer, caching compiled matchers by grammar text."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: list[int], *,
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Iterable[int | None], *,
                  max_grammar_bytes: int = MAX_GRAMMAR_BYTES, cache_bytes: int = CACHE_BYTES):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_ids = [t for t in dict.fromkeys(eos_ids) if t is not None and t < vocab_size]
         self.max_grammar_bytes = max_grammar_bytes
         self.cache_bytes = cache_bytes
-        self._ll_tokenizer = None
+        self._ll_tokenizer: LLTokenizer | None = None
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # cache misses, for tests and stats
@@ -219,10 +227,10 @@ class GrammarCompiler:
     def cached_bytes(self) -> int:
         return sum(c.nbytes for c in self._cache.values())
 
-    def ll_tokenizer(self) -> Any:
+    def ll_tokenizer(self) -> LLTokenizer:
         """llguidance's view of the tokenizer (built once, on the first constraint: ~0.5 s)."""
         if self._ll_tokenizer is None:
-            import llguidance.hf
+            import llguidance.hf  # deferred: it imports transformers (seconds)
 
             self._ll_tokenizer = llguidance.hf.from_tokenizer(
                 self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids or None)
@@ -230,7 +238,7 @@ class GrammarCompiler:
 
     def compile(self, so: StructuredOutputsParams) -> CompiledGrammar:
         """The compiled constraint; `ValidationError` naming what the backend can't take."""
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher  # deferred: loads only once a request is constrained
 
         if so.json is False or so.json == "false":
             raise ValidationError("The JSON schema `false` accepts no value at all.",
@@ -262,7 +270,7 @@ class GrammarCompiler:
 
     def _build(self, so: StructuredOutputsParams, text: str, tokenizer: Any) -> CompiledGrammar:
         """A matcher with its first mask computed (its lexer built), measured and bounded."""
-        from llguidance import LLMatcher, LLParserLimits
+        from llguidance import LLMatcher, LLParserLimits  # deferred: only constrained requests
 
         limits = LLParserLimits(max_lexer_states=max(1000, self.max_grammar_bytes
                                                      // _LEXER_STATE_BYTES))
@@ -298,17 +306,18 @@ def grammar_masks(grammars: list[SequenceGrammar | None], logits: torch.Tensor,
     """Bool [V] allowed-token masks for the active grammars among `grammars` (None elsewhere);
     records each one's pending `GrammarStep` against the raw logits [R, V]."""
     masks: list[torch.Tensor | None] = [None] * len(grammars)
-    rows = [i for i, g in enumerate(grammars) if g is not None and g.active]
-    if not rows:
+    active = [(i, g) for i, g in enumerate(grammars) if g is not None and g.active]
+    if not active:
         return masks
+    rows = [i for i, _ in active]
     vocab = logits.shape[1]
     bitmask = torch.zeros((len(rows), (vocab + 31) // 32), dtype=torch.int32)  # [G, W]
     ended = []
-    for j, i in enumerate(rows):
-        if grammars[i].finished:
-            ended.append((j, grammars[i].eos_ids))
+    for j, (_, g) in enumerate(active):
+        if g.finished:
+            ended.append((j, g.eos_ids))
         else:
-            grammars[i].fill(bitmask, j)
+            g.fill(bitmask, j)
     shifts = torch.arange(32, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()  # [G, V]
     for j, eos_ids in ended:  # the grammar is over: only EOS may follow
@@ -318,12 +327,12 @@ def grammar_masks(grammars: list[SequenceGrammar | None], logits: torch.Tensor,
     top_lp, top_ids = (t.cpu() for t in raw.topk(min(k, vocab), dim=-1))  # [G, k]; masks on CPU
     top_ok = allowed.gather(1, top_ids)  # [G, k]
     counts = allowed.sum(-1).tolist()
-    for j, i in enumerate(rows):
+    for j, (i, g) in enumerate(active):
         masks[i] = allowed[j]
         kk = top_k[i]
         masked = {int(t): float(lp) for t, lp, ok in zip(
             top_ids[j, :kk].tolist(), top_lp[j, :kk].tolist(), top_ok[j, :kk].tolist()) if not ok}
-        grammars[i]._pending = GrammarStep(num_allowed=int(counts[j]), masked=masked)
+        g._pending = GrammarStep(num_allowed=int(counts[j]), masked=masked)
     return masks
 
 

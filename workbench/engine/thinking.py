@@ -45,5 +45,5 @@ class ThinkingBudget:
         return self.end_ids[done]
 
 
-def _ends_with(ids: list[int], tail: list[int]) -> bool:
+def _ends_with(ids: list[int], tail: list[int] | None) -> bool:
     return not tail or ids[-len(tail):] == tail

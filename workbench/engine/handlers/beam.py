@@ -54,7 +54,7 @@ class BeamHandler(KindHandler):
             return
         searches = unique_requests(s.request for s, _ in batch)
         try:
-            k = max(s.request.beam.num_candidates for s, _ in batch)
+            k = max(_search(s.request).num_candidates for s, _ in batch)
             ids, lps = top_candidates(rows.logits[[r for _, r in batch]], k,
                                       self.engine.vocab_size)
         except Exception as exc:  # noqa: BLE001 - the batch can't be attributed: its searches
@@ -62,22 +62,25 @@ class BeamHandler(KindHandler):
                 self.engine.fail_request(req, exc)
             return
         for i, (seq, _) in enumerate(batch):
-            n = seq.request.beam.num_candidates
+            n = _search(seq.request).num_candidates
             seq.beam_candidates = (ids[i][:n], lps[i][:n])
         for req in searches:
             try:
-                if all(s.beam_candidates is not None for s in req.sequences):
-                    self._step(req)
+                candidates = [s.beam_candidates for s in req.sequences]
+                ready = [c for c in candidates if c is not None]
+                if len(ready) == len(candidates):
+                    self._step(req, ready)
             except Exception as exc:  # noqa: BLE001 - contained to this search
                 self.engine.fail_request(req, exc)
 
-    def _step(self, req: Request) -> None:
-        """The next beams: forks of their parents plus one token; parents left behind are freed."""
-        engine, search, old = self.engine, req.beam, req.sequences
-        parents = search.advance([s.beam_candidates[0] for s in old],
-                                 [s.beam_candidates[1] for s in old])
+    def _step(self, req: Request, candidates: list[tuple[list[int], list[float]]]) -> None:
+        """The next beams: forks of their parents plus one token; parents left behind are freed.
+
+        `candidates`: each live beam's (ids, logprobs), in the order of `req.sequences`."""
+        engine, search, old = self.engine, _search(req), req.sequences
+        parents = search.advance([ids for ids, _ in candidates], [lps for _, lps in candidates])
         req.forked = True  # the search holds its slots from now on
-        beams: list[Sequence | None] = [None] * len(parents)
+        by_index: dict[int, Sequence] = {}  # new beam index -> its sequence
         for b, parent in enumerate(old):
             parent.beam_candidates = None
             kids = [i for i, p in enumerate(parents) if p == b]
@@ -91,8 +94,9 @@ class BeamHandler(KindHandler):
                     engine.scheduler.add(child)
                 else:
                     engine.scheduler.add_running(child)
-                beams[i] = child
-            beams[kids[0]] = parent
+                by_index[i] = child
+            by_index[kids[0]] = parent
+        beams = [by_index[i] for i in range(len(parents))]
         for index, (seq, beam) in enumerate(zip(beams, search.live)):
             seq.index = index
             seq.token_ids.append(beam.tokens[-1])
@@ -106,13 +110,20 @@ class BeamHandler(KindHandler):
         """Its result once it ends (or a single error output); nothing before."""
         if not req.finished:
             return None
+        search = _search(req)
         if req.errored:
-            return req.beam.error(req.request_id)
+            return search.error(req.request_id)
         aborted = any(s.finish_reason == "abort" for s in req.sequences)
-        skip = req.beam.params.skip_special_tokens
+        skip = search.params.skip_special_tokens
         tokenizer = self.engine.tokenizer
-        return req.beam.result(lambda ids: tokenizer.decode(ids, skip_special_tokens=skip),
+        return search.result(lambda ids: tokenizer.decode(ids, skip_special_tokens=skip),
                                req.request_id, "abort" if aborted else "length")
 
     def error_output(self, req: Request) -> BeamSearchOutput:
-        return req.beam.error(req.request_id)
+        return _search(req).error(req.request_id)
+
+
+def _search(req: Request) -> BeamSearch:
+    """The state of a beam-search request (`make_request` gives every one its search)."""
+    assert req.beam is not None
+    return req.beam

@@ -50,8 +50,10 @@ class PoolingHandler(KindHandler):
         for seq, row in batch:
             req = seq.request
             try:
+                params, hidden = req.pooling, rows.hidden
+                assert params is not None and hidden is not None  # a pooling request's step
                 logits = rows.logits[row] if rows.logits.shape[-1] else None  # none: an encoder
-                req.pooled = pool_finish(req.pooling, rows.hidden[row], logits, self.label_ids)
+                req.pooled = pool_finish(params, hidden[row], logits, self.label_ids)
             except Exception as exc:  # noqa: BLE001 - contained to this request
                 self.engine.fail_request(req, exc)
                 continue
@@ -67,5 +69,5 @@ class PoolingHandler(KindHandler):
         return PoolingRequestOutput(req.request_id, PoolingOutput(data), req.prompt_token_ids,
                                     req.num_cached_tokens, True, reason, req.prompt)
 
-    def error_output(self, req: Request) -> PoolingRequestOutput:
-        return self.output(req)
+    def error_output(self, req: Request) -> PoolingRequestOutput | None:
+        return self.output(req)  # a failed request is finished: its (empty) result
