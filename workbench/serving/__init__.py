@@ -23,7 +23,11 @@ from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
 from workbench.serving.offload import CpuPool
 from workbench.serving.pooling import (
-    ClassifyServing, EmbeddingServing, PoolingEndpointServing, RerankServing, ScoreServing,
+    ClassifyServing,
+    EmbeddingServing,
+    PoolingEndpointServing,
+    RerankServing,
+    ScoreServing,
 )
 from workbench.serving.responses import ResponsesServing
 from workbench.serving.tokenize import TokenizeServing

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import nullcontext
 from typing import Any
 
@@ -249,7 +249,7 @@ class OpenAIServing(EngineServing, abc.ABC):
 
     # -- engine streams ---------------------------------------------------------------------
     async def engine_stream(self, prompt: EnginePrompt, params: Any, request_id: str,
-                            priority: int, lora_request: Any = None) -> AsyncIterator[Any]:
+                            priority: int, lora_request: Any = None) -> AsyncGenerator[Any, None]:
         """One generation request; aborted if its consumer goes away before it finishes."""
         finished = False
         kwargs = {} if lora_request is None else {"lora_request": lora_request}

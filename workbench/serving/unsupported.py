@@ -12,11 +12,10 @@ samples at the default), and a field that would change the output is never dropp
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from workbench.errors import refuse
-
-import logging
 
 logger = logging.getLogger("workbench.serving")
 

@@ -43,10 +43,10 @@ class EmbeddingServing(PoolingServing):
         self.check_task("embed")
         params = PoolingParams(task="embed", dimensions=ctx.request.dimensions,
                                use_activation=ctx.request.use_activation)
-        return [params] * len(ctx.engine_prompts)
+        return [params] * len(ctx.require_prompts())
 
     async def build_response(self, ctx: ServeContext) -> EmbeddingResponse:
-        encoded = encode_outputs(ctx.request, ctx.final_res_batch)
+        encoded = encode_outputs(ctx.request, ctx.require_results())
         data = [EmbeddingResponseData(index=i, embedding=value) for i, value in enumerate(encoded)]
         return EmbeddingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                                  data=data, usage=pooling_usage(ctx))

@@ -43,10 +43,10 @@ class PoolingEndpointServing(PoolingServing):
         self.check_task(task)
         params = PoolingParams(task=task, dimensions=request.dimensions,
                                use_activation=request.use_activation)
-        return [params] * len(ctx.engine_prompts)
+        return [params] * len(ctx.require_prompts())
 
     async def build_response(self, ctx: ServeContext) -> PoolingResponse:
-        encoded = encode_outputs(ctx.request, ctx.final_res_batch)
+        encoded = encode_outputs(ctx.request, ctx.require_results())
         data = [PoolingResponseData(index=i, data=value) for i, value in enumerate(encoded)]
         return PoolingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                                data=data, usage=pooling_usage(ctx))

@@ -22,6 +22,7 @@ from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_score_extras
 from workbench.serving.pooling.embeddings import pooling_usage
 from workbench.serving.prompts import EnginePrompt
+from workbench.serving.protocol.common import OpenAIBaseModel
 from workbench.serving.protocol.pooling import ScoreResponse, ScoreResponseData
 
 NO_TEXT = "At least one text element must be given"
@@ -110,16 +111,16 @@ class ScoreServing(PoolingServing):
         task = "embed" if self.bi_encoder else "score"
         self.check_task(task)
         params = PoolingParams(task=task, use_activation=ctx.request.use_activation)
-        return [params] * len(ctx.engine_prompts)
+        return [params] * len(ctx.require_prompts())
 
     def scores(self, ctx: ServeContext) -> list[float]:
         """One score per pair, in pair order."""
-        outs = [out.outputs.data for out in ctx.final_res_batch]
+        outs = [out.outputs.data for out in ctx.require_results()]
         if self.bi_encoder:
             return [cosine(outs[2 * i], outs[2 * i + 1]) for i in range(len(outs) // 2)]
         return [float(data.detach().float().reshape(-1)[0]) for data in outs]
 
-    async def build_response(self, ctx: ServeContext) -> ScoreResponse:
+    async def build_response(self, ctx: ServeContext) -> OpenAIBaseModel:  # rerank: its own
         data = [ScoreResponseData(index=i, score=s) for i, s in enumerate(self.scores(ctx))]
         return ScoreResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                              data=data, usage=pooling_usage(ctx))

@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.serving.protocol.tools import (
-    ExtractedToolCallInformation, FunctionCall, ToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
 )
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
 from workbench.serving.tool_parsers.json_list import read_call_list
