@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
 import logging
 import secrets
 import uuid
@@ -56,8 +57,6 @@ _TRACE_HEADERS = ("traceparent", "tracestate")
 def fingerprint(engine: EngineClient) -> str:
     """`workbench-<version>-<hash8>` of what shapes outputs (the model, dtype, context), like
     vLLM's `vllm-<version>-<hash8>`: equal fingerprints, same backend configuration."""
-    import hashlib
-
     config = engine.config
     what = repr((engine.model_path, config.dtype, engine.max_model_len, config.seed))
     return f"workbench-{__version__}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"

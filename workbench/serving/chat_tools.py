@@ -19,7 +19,8 @@ from importlib.resources import files
 from typing import Any
 
 from workbench.errors import ValidationError
-from workbench.serving.protocol.chat import DeltaMessage
+from workbench.sampling_params import StructuredOutputsParams
+from workbench.serving.protocol.chat import ChatMessage, DeltaMessage
 from workbench.serving.protocol.tools import ToolCall
 from workbench.serving.reasoning import ReasoningParser, get_reasoning_parser
 from workbench.serving.tool_parsers import ToolParser, get_tool_parser
@@ -202,7 +203,6 @@ class ChatTools:
         schema = self.json_schema(request)
         if schema is None and params.structured_outputs is None:
             return
-        from workbench.sampling_params import StructuredOutputsParams
 
         after = None
         if self.reasoning_parser is not None:
@@ -278,8 +278,6 @@ class ChatTools:
 def chat_message(parser: ChoiceParser, role: str, echo: str, text: str, request: Any
                  ) -> tuple[Any, bool, ParsedChoice | None]:
     """The non-streaming message of one choice: (ChatMessage, tools called, parse or None)."""
-    from workbench.serving.protocol.chat import ChatMessage
-
     if not parser.active:
         return ChatMessage(role=role, content=echo + text), False, None
     parsed = parser.whole(text, request)

@@ -219,6 +219,8 @@ class ServedAdapters:
             try:
                 self._engine_add(lora)
             except ValidationError as exc:
+                # deferred: workbench.lora.adapter imports torch (the engine that raised
+                # has it loaded already; serving itself stays torch-free)
                 from workbench.lora.adapter import LoRANotFoundError
 
                 if isinstance(exc, LoRANotFoundError):

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from workbench.errors import refuse
+from workbench.serving.errors import ServingError, make_error
 
 logger = logging.getLogger("workbench.serving")
 
@@ -92,8 +93,6 @@ _REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
 def _answer(message: str, parameter: str | None = None) -> None:
     """A refusal vLLM answers as a plain error response (no `(parameter=...)` suffix; its
     `param` only where vLLM names one)."""
-    from workbench.serving.errors import ServingError, make_error
-
     raise ServingError(make_error(message, param=parameter))
 
 

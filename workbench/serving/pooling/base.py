@@ -26,6 +26,7 @@ from contextlib import aclosing
 from typing import Any, cast
 
 from workbench.serving.base import OpenAIServing, unique_engine_id
+from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.context import ServeContext
 from workbench.serving.errors import GenerationError
 from workbench.serving.pooling.checks import PoolingPrompts
@@ -146,8 +147,6 @@ class PoolingServing(OpenAIServing):
 
     @property
     def renderer(self) -> Any:
-        from workbench.serving.chat_template import ChatRenderer
-
         if not hasattr(self, "_renderer"):
             self._renderer = ChatRenderer(
                 self.tokenizer, chat_template=self.config.chat_template,

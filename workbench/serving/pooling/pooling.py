@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.pooling_params import PoolingParams
 from workbench.serving.base import ServeContext
 from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_encoding
@@ -36,8 +37,6 @@ class PoolingEndpointServing(PoolingServing):
         ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
 
     def build_params(self, ctx: ServeContext) -> list[Any]:
-        from workbench.pooling_params import PoolingParams
-
         request = ctx.request
         task = request.task or self.default_task()
         self.check_task(task)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.errors import ValidationError
+from workbench.pooling_params import PoolingParams
 from workbench.serving.base import ServeContext
 from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_score_extras
@@ -45,7 +46,7 @@ def pair_up(first: list[str], second: list[str], names: tuple[str, str] = ("quer
 
 
 def cosine(a: Any, b: Any) -> float:
-    from workbench.engine.pooling import cosine as tensor_cosine
+    from workbench.engine.pooling import cosine as tensor_cosine  # deferred: imports torch
 
     return float(tensor_cosine(a.reshape(-1), b.reshape(-1)))
 
@@ -99,6 +100,7 @@ class ScoreServing(PoolingServing):
     def judgement_prompt(self, query: str, document: str, instruction: str | None,
                          **kwargs: Any) -> EnginePrompt:
         """The engine's relevance prompt (chat-templated: no extra special tokens)."""
+        # deferred: workbench.engine.pooling imports torch
         from workbench.engine.pooling import JUDGEMENT_INSTRUCTION, judgement_prompt
 
         text = judgement_prompt(query, document, self.tokenizer,
@@ -106,8 +108,6 @@ class ScoreServing(PoolingServing):
         return self.pooling_prompts.from_text(text, add_special_tokens=False, **kwargs)
 
     def build_params(self, ctx: ServeContext) -> list[Any]:
-        from workbench.pooling_params import PoolingParams
-
         task = "embed" if self.bi_encoder else "score"
         self.check_task(task)
         params = PoolingParams(task=task, use_activation=ctx.request.use_activation)
