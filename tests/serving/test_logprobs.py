@@ -5,7 +5,12 @@ from __future__ import annotations
 import math
 
 from workbench.engine.outputs import Logprob
-from workbench.serving.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_json
+from workbench.serving.logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    positions_or_blank,
+    prompt_logprobs_json,
+)
 
 
 class Decoder:
@@ -46,3 +51,9 @@ def test_missing_positions_give_nulls():
 def test_prompt_logprobs_keep_the_leading_null_and_clamp():
     out = prompt_logprobs_json([None, {5: Logprob(-math.inf, 4, "a")}])
     assert out[0] is None and out[1][5].logprob == -9999.0 and out[1][5].rank == 4
+
+
+def test_positions_or_blank_fills_missing_or_empty_positions():
+    assert positions_or_blank([POSITION], 1) == [POSITION]
+    assert positions_or_blank(None, 2) == [None, None]
+    assert positions_or_blank([], 2) == [None, None]  # an empty list counts as missing

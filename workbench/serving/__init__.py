@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.engine.protocol import EngineClient
-from workbench.serving.base import RequestMeta
+from workbench.serving.base import EngineServing, RequestMeta
 from workbench.serving.chat import ChatServing
 from workbench.serving.completions import CompletionServing
 from workbench.serving.config import ServerConfig
@@ -23,7 +23,11 @@ from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
 from workbench.serving.offload import CpuPool
 from workbench.serving.pooling import (
-    ClassifyServing, EmbeddingServing, PoolingEndpointServing, RerankServing, ScoreServing,
+    ClassifyServing,
+    EmbeddingServing,
+    PoolingEndpointServing,
+    RerankServing,
+    ScoreServing,
 )
 from workbench.serving.responses import ResponsesServing
 from workbench.serving.tokenize import TokenizeServing
@@ -59,8 +63,6 @@ class Servings:
             serving.tracer = self.tracer
 
     def endpoints(self) -> list[Any]:
-        from workbench.serving.base import EngineServing
-
         return [s for s in vars(self).values() if isinstance(s, EngineServing)]
 
     def use_tracer(self, tracer: RequestTracer | None) -> None:

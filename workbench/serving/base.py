@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import nullcontext
 from typing import Any
 
@@ -56,8 +57,6 @@ _TRACE_HEADERS = ("traceparent", "tracestate")
 def fingerprint(engine: EngineClient) -> str:
     """`workbench-<version>-<hash8>` of what shapes outputs (the model, dtype, context), like
     vLLM's `vllm-<version>-<hash8>`: equal fingerprints, same backend configuration."""
-    import hashlib
-
     config = engine.config
     what = repr((engine.model_path, config.dtype, engine.max_model_len, config.seed))
     return f"workbench-{__version__}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"
@@ -249,7 +248,7 @@ class OpenAIServing(EngineServing, abc.ABC):
 
     # -- engine streams ---------------------------------------------------------------------
     async def engine_stream(self, prompt: EnginePrompt, params: Any, request_id: str,
-                            priority: int, lora_request: Any = None) -> AsyncIterator[Any]:
+                            priority: int, lora_request: Any = None) -> AsyncGenerator[Any, None]:
         """One generation request; aborted if its consumer goes away before it finishes."""
         finished = False
         kwargs = {} if lora_request is None else {"lora_request": lora_request}

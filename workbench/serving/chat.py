@@ -17,22 +17,31 @@ from typing import Any
 from workbench.sampling_params import SamplingParams
 from workbench.serving import unsupported
 from workbench.serving.base import RequestMeta
-from workbench.serving.context import ServeContext
 from workbench.serving.chat_template import ChatRenderer, content_text
 from workbench.serving.chat_tools import ChatTools, chat_message, stream_parts
+from workbench.serving.context import ServeContext
 from workbench.serving.errors import error_response
 from workbench.serving.generation import GenerationServing
-from workbench.serving.logprobs import chat_logprobs, prompt_logprobs_json
+from workbench.serving.logprobs import chat_logprobs, positions_or_blank, prompt_logprobs_json
 from workbench.serving.lora import message_content_types
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import (
-    ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
-    ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
-    ChatCompletionStreamResponse, DeltaMessage,
+    ChatCompletionLogProbs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    DeltaMessage,
 )
 from workbench.serving.sampling import build_sampling_params, resolve_max_tokens
 from workbench.serving.streaming import (
-    ChoiceDelta, chunk_json, error_json, usage_chunk_json, usage_info, usage_options,
+    ChoiceDelta,
+    chunk_json,
+    error_json,
+    usage_chunk_json,
+    usage_info,
+    usage_options,
 )
 
 
@@ -79,6 +88,7 @@ class ChatServing(GenerationServing):
         return prompt
 
     def sampling_params(self, request: ChatCompletionRequest, prompt: EnginePrompt) -> SamplingParams:
+        requested: int | None
         if request.max_completion_tokens is not None:
             requested, parameter = request.max_completion_tokens, "max_completion_tokens"
         else:
@@ -116,18 +126,19 @@ class ChatServing(GenerationServing):
             num_top = self.engine.vocab_size if request.top_logprobs == -1 else request.top_logprobs
             if request.logprob_token_ids:  # the position holds the sampled token and those ids
                 num_top = len(request.logprob_token_ids) + 1
-            logprobs = chat_logprobs(delta.token_ids, delta.logprobs or [None] * len(delta.token_ids),
-                                     num_top, self.tokenizer, as_token_ids=self.as_token_ids(request))
+            positions = positions_or_blank(delta.logprobs, len(delta.token_ids))
+            logprobs = chat_logprobs(delta.token_ids, positions, num_top, self.tokenizer,
+                                     as_token_ids=self.as_token_ids(request))
         return delta.text, logprobs, delta.token_ids if request.return_token_ids else None
 
     # stage 6 -------------------------------------------------------------------------------
 
     async def build_response(self, ctx: ServeContext[ChatCompletionRequest]
                              ) -> ChatCompletionResponse:
-        request, deltas = ctx.request, ctx.final_res_batch
+        request, deltas = ctx.request, ctx.require_results()
         role, echo = self.response_role(request), self.echo_text(request)
         choices, reasoning_tokens = [], 0
-        prompt = ctx.engine_prompts[0]
+        prompt = ctx.require_prompts()[0]
         for delta in deltas:
             text, logprobs, token_ids = self.choice_parts(ctx, delta)
             parser = self.tools.choice_parser(request, prompt.text)
@@ -164,7 +175,7 @@ class ChatServing(GenerationServing):
     def _opening(self, ctx: ServeContext, continuous: bool) -> list[str]:
         """The role chunk of every choice, then the echoed content if any."""
         request: ChatCompletionRequest = ctx.request
-        prompt = ctx.engine_prompts[0]
+        prompt = ctx.require_prompts()[0]
         events = []
         for i in range(ctx.n):
             chunk = self._chunk(ctx, [ChatCompletionResponseStreamChoice(
@@ -185,9 +196,10 @@ class ChatServing(GenerationServing):
         request: ChatCompletionRequest = ctx.request
         include_usage, continuous = usage_options(request.stream_options,
                                                   self.config.enable_force_include_usage)
-        num_prompt = len(ctx.engine_prompts[0].token_ids)
+        prompt = ctx.require_prompts()[0]
+        num_prompt = len(prompt.token_ids)
         merged = {i: ChoiceDelta(index=i) for i in range(ctx.n)}
-        parsers = {i: self.tools.choice_parser(request, ctx.engine_prompts[0].text) for i in merged}
+        parsers = {i: self.tools.choice_parser(request, prompt.text) for i in merged}
         for event in self._opening(ctx, continuous):  # prime() saw the first output
             yield event
         try:
@@ -198,7 +210,8 @@ class ChatServing(GenerationServing):
                         continue  # nothing generated yet (a prefill step)
                     so_far.extend(delta)
                     text, logprobs, token_ids = self.choice_parts(ctx, delta)
-                    message, finish_reason = DeltaMessage(content=text), delta.finish_reason
+                    message: DeltaMessage | None = DeltaMessage(content=text)
+                    finish_reason = delta.finish_reason
                     parser = parsers[delta.index]
                     if parser.active:  # reasoning / tool calls out of the text so far
                         message, logprobs, token_ids, finish_reason = stream_parts(

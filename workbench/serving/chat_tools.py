@@ -19,12 +19,16 @@ from importlib.resources import files
 from typing import Any
 
 from workbench.errors import ValidationError
-from workbench.serving.protocol.chat import DeltaMessage
+from workbench.sampling_params import StructuredOutputsParams
+from workbench.serving.protocol.chat import ChatMessage, DeltaMessage
 from workbench.serving.protocol.tools import ToolCall
 from workbench.serving.reasoning import ReasoningParser, get_reasoning_parser
 from workbench.serving.tool_parsers import ToolParser, get_tool_parser
 from workbench.serving.tool_parsers.constrained import (
-    NamedToolParser, RequiredToolParser, named_tool_schema, tools_json_schema,
+    NamedToolParser,
+    RequiredToolParser,
+    named_tool_schema,
+    tools_json_schema,
 )
 
 # SmolLM2's template with tools (Hermes-style), package data: `chat_template=` its `.read_text()`
@@ -48,9 +52,12 @@ def tool_mode(request: Any) -> str:
     return choice
 
 
-def named_function(request: Any) -> str | None:
+def named_function(request: Any) -> str:
+    """The function of a named `tool_choice` (validation checked it names one of the tools)."""
     choice = request.tool_choice
-    return (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    assert name is not None, "a named tool_choice names one of the tools"
+    return name
 
 
 def _has_constraint(request: Any) -> bool:
@@ -92,6 +99,7 @@ class ChoiceParser:
         return split.reasoning, split.content, split.end
 
     def whole(self, text: str, request: Any) -> ParsedChoice:
+        content: str | None
         reasoning, content, end = self._split(text, final=True)
         offset = end or 0
         calls: list[ToolCall] = []
@@ -195,7 +203,6 @@ class ChatTools:
         schema = self.json_schema(request)
         if schema is None and params.structured_outputs is None:
             return
-        from workbench.sampling_params import StructuredOutputsParams
 
         after = None
         if self.reasoning_parser is not None:
@@ -233,6 +240,7 @@ class ChatTools:
         mode = tool_mode(request)
         tools: ToolParser | None = None
         if mode == "auto":
+            assert self.tool_parser is not None, "check() refuses `auto` without a tool parser"
             tools = self.tool_parser(self.tokenizer)
         elif mode == "required":
             tools = RequiredToolParser(self.tokenizer)
@@ -250,6 +258,7 @@ class ChatTools:
         kwargs in effect (`--default-chat-template-kwargs`, then the request's), as vLLM."""
         kwargs = {**self.default_template_kwargs,
                   **(getattr(request, "chat_template_kwargs", None) or {})}
+        assert self.reasoning_parser is not None, "callers check for a reasoning parser"
         reasoning = self.reasoning_parser(self.tokenizer, kwargs)
         reasoning.adjust_initial_state_from_prompt(prompt_text or "")
         return reasoning
@@ -269,8 +278,6 @@ class ChatTools:
 def chat_message(parser: ChoiceParser, role: str, echo: str, text: str, request: Any
                  ) -> tuple[Any, bool, ParsedChoice | None]:
     """The non-streaming message of one choice: (ChatMessage, tools called, parse or None)."""
-    from workbench.serving.protocol.chat import ChatMessage
-
     if not parser.active:
         return ChatMessage(role=role, content=echo + text), False, None
     parsed = parser.whole(text, request)

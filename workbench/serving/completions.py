@@ -19,17 +19,25 @@ from workbench.serving.base import RequestMeta
 from workbench.serving.context import ServeContext
 from workbench.serving.errors import error_response
 from workbench.serving.generation import GenerationServing
-from workbench.serving.logprobs import completion_logprobs, prompt_logprobs_json
+from workbench.serving.logprobs import completion_logprobs, positions_or_blank, prompt_logprobs_json
 from workbench.serving.prompt_embeds import embeds_prompts
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.common import UsageInfo
 from workbench.serving.protocol.completion import (
-    CompletionRequest, CompletionResponse, CompletionResponseChoice,
-    CompletionResponseStreamChoice, CompletionStreamResponse,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
 )
 from workbench.serving.sampling import build_sampling_params, resolve_max_tokens
 from workbench.serving.streaming import (
-    ChoiceDelta, chunk_json, error_json, usage_chunk_json, usage_info, usage_options,
+    ChoiceDelta,
+    chunk_json,
+    error_json,
+    usage_chunk_json,
+    usage_info,
+    usage_options,
 )
 
 
@@ -81,7 +89,7 @@ class CompletionServing(GenerationServing):
     # stage 6 -------------------------------------------------------------------------------
 
     async def build_response(self, ctx: ServeContext[CompletionRequest]) -> CompletionResponse:
-        choices = ctx.final_res_batch
+        choices = ctx.require_results()
         built = [self.completion_choice(ctx, c, ChoiceCursor(), final=True) for c in choices]
         return CompletionResponse(
             id=ctx.request_id, created=ctx.created, model=ctx.model_name,
@@ -98,7 +106,8 @@ class CompletionServing(GenerationServing):
         request: CompletionRequest = ctx.request
         include_usage, continuous = usage_options(request.stream_options,
                                                   self.config.enable_force_include_usage)
-        cursors = {i: ChoiceCursor() for i in range(len(ctx.engine_prompts) * ctx.n)}
+        prompts = ctx.require_prompts()
+        cursors = {i: ChoiceCursor() for i in range(len(prompts) * ctx.n)}
         merged = {i: ChoiceDelta(index=i) for i in cursors}
         try:
             async with aclosing(self.stream_deltas(ctx)) as deltas:
@@ -113,7 +122,7 @@ class CompletionServing(GenerationServing):
                         model=ctx.model_name, choices=[CompletionResponseStreamChoice(
                             **self.completion_choice(ctx, delta, cursor, final=False))])
                     if continuous:
-                        prompt_len = len(ctx.engine_prompts[delta.index // ctx.n].token_ids)
+                        prompt_len = len(prompts[delta.index // ctx.n].token_ids)
                         chunk.usage = usage_info(prompt_len, cursor.num_tokens)
                     if delta.finish_reason is not None and not include_usage:
                         chunk.system_fingerprint = self.system_fingerprint  # the last word
@@ -133,7 +142,7 @@ class CompletionServing(GenerationServing):
         """The fields of one choice (or one streamed piece of it) from a delta."""
         request: CompletionRequest = ctx.request
         prompt_index = delta.index // ctx.n
-        prompt = ctx.engine_prompts[prompt_index]
+        prompt = ctx.require_prompts()[prompt_index]
         echo_only = request.echo and request.max_tokens == 0
         text, token_ids, logprobs = delta.text, delta.token_ids, delta.logprobs
         if echo_only:  # the one token generated for the engine's sake is dropped
@@ -155,7 +164,7 @@ class CompletionServing(GenerationServing):
             if request.logprob_token_ids:  # the position holds the sampled token and those ids
                 num_top = len(request.logprob_token_ids)
             lp_object, cursor.text_offset = completion_logprobs(
-                token_ids, logprobs or [None] * len(token_ids), num_top, self.tokenizer,
+                token_ids, positions_or_blank(logprobs, len(token_ids)), num_top, self.tokenizer,
                 initial_offset=cursor.text_offset, as_token_ids=self.as_token_ids(request))
         cursor.num_tokens += len(generated)
         fields = {"index": delta.index, "text": text, "logprobs": lp_object,

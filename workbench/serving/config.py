@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import ValidationError
+from workbench.serving.reasoning import get_reasoning_parser
+from workbench.serving.tool_parsers import get_tool_parser
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,6 @@ class ServerConfig:
 
 def _check_parsers(config: ServerConfig) -> None:
     """Parser names exist (the reference's messages, listing the valid ones)."""
-    from workbench.serving.reasoning import get_reasoning_parser
-    from workbench.serving.tool_parsers import get_tool_parser
-
     if config.enable_auto_tool_choice and not config.tool_call_parser:
         raise ValidationError("--enable-auto-tool-choice requires --tool-call-parser",
                               parameter="tool_call_parser")

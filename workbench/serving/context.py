@@ -10,7 +10,7 @@ Responses, as vLLM's `ServeContext`: each stage reads what the stages before it 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -19,6 +19,7 @@ from workbench.serving.prompts import EnginePrompt
 from workbench.serving.recorder import PipelineRecorder
 
 RequestT = TypeVar("RequestT")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class ServeContext(Generic[RequestT]):
     recorder: PipelineRecorder = field(default_factory=PipelineRecorder)
     engine_prompts: list[EnginePrompt] | None = None  # stage 3, preprocess
     params: list[Any] | None = None  # SamplingParams / PoolingParams, one per engine prompt
-    result_generator: AsyncIterator[tuple[int, Any]] | None = None  # stage 4, merged outputs
+    # stage 4: (prompt index, output) pairs, merged; Responses: lists of stream events
+    result_generator: AsyncGenerator[Any, None] | None = None
     final_res_batch: list[Any] | None = None  # pooling: one final output per engine prompt
     lora_request: Any = None  # the adapter it runs with (`workbench.lora`); None: base model
     created: int = field(default_factory=lambda: int(time.time()))
@@ -70,8 +72,28 @@ class ServeContext(Generic[RequestT]):
     @property
     def n(self) -> int:
         """Choices per prompt."""
-        return self.beam[0].beam_width if self.beam else self.params[0].n
+        return self.beam[0].beam_width if self.beam else self.require_params()[0].n
 
     @property
     def num_prompt_tokens(self) -> int:
         return sum(len(p.token_ids) for p in self.engine_prompts or ())
+
+    # What a later stage reads of an earlier stage's part: the pipeline runs its stages in
+    # order, so a missing part is a bug in the pipeline (RuntimeError), never in the request.
+    def require_prompts(self) -> list[EnginePrompt]:
+        return _stage_part(self.engine_prompts, "engine_prompts", "preprocess")
+
+    def require_params(self) -> list[Any]:
+        return _stage_part(self.params, "params", "preprocess")
+
+    def require_generator(self) -> AsyncGenerator[Any, None]:
+        return _stage_part(self.result_generator, "result_generator", "prepare generators")
+
+    def require_results(self) -> list[Any]:
+        return _stage_part(self.final_res_batch, "final_res_batch", "collect")
+
+
+def _stage_part(value: T | None, name: str, stage: str) -> T:
+    if value is None:
+        raise RuntimeError(f"ServeContext.{name} is not set: stage {stage!r} has not run")
+    return value

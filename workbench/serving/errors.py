@@ -16,7 +16,11 @@ from http import HTTPStatus
 from typing import Any
 
 from workbench.errors import (
-    EngineDeadError, NotFoundError, RequestTimeoutError, ServiceUnavailableError, ValidationError,
+    EngineDeadError,
+    NotFoundError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+    ValidationError,
 )
 from workbench.serving.protocol.common import ErrorInfo, ErrorResponse
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -41,14 +41,15 @@ class GenerationServing(OpenAIServing):
         ctx = super().build_context(request, meta)
         self.record_coercions(ctx)
         if getattr(request, "use_beam_search", False):
-            ctx.beam = [beam_search_params(request, p) for p in ctx.params]
+            ctx.beam = [beam_search_params(request, p) for p in ctx.require_params()]
         ctx.started, ctx.created = time.perf_counter(), int(time.time())  # latency from here
         return ctx
 
     def build_params(self, ctx: ServeContext) -> list[SamplingParams]:
-        for prompt in ctx.engine_prompts:  # keys the request's prefix-cache blocks apart
+        prompts = ctx.require_prompts()
+        for prompt in prompts:  # keys the request's prefix-cache blocks apart
             prompt.cache_salt = getattr(ctx.request, "cache_salt", None)
-        params = [self.sampling_params(ctx.request, prompt) for prompt in ctx.engine_prompts]
+        params = [self.sampling_params(ctx.request, prompt) for prompt in prompts]
         for p in params:
             p.verify(self.engine.vocab_size, self.engine.config.max_logprobs)
         return params
@@ -59,7 +60,7 @@ class GenerationServing(OpenAIServing):
         name, requested = (("max_completion_tokens", mct) if mct is not None
                            else ("max_tokens", request.max_tokens))
         seen = len(rec.checks)
-        for prompt, p in zip(ctx.engine_prompts, ctx.params):
+        for prompt, p in zip(ctx.require_prompts(), ctx.require_params()):
             rec.coercions(request, p, self.defaults, name, requested, len(prompt.token_ids),
                           self.max_model_len)
         unique = list(dict.fromkeys(rec.checks[seen:]))  # one row per distinct coercion
@@ -77,7 +78,8 @@ class GenerationServing(OpenAIServing):
     def dry_run(self, ctx: ServeContext) -> None:
         """The engine's own input checks of every prompt, without queueing anything."""
         with ctx.recorder.stage("engine inputs"), ctx.recorder.check("engine inputs", "schedule"):
-            for i, (prompt, params) in enumerate(zip(ctx.engine_prompts, ctx.params)):
+            for i, (prompt, params) in enumerate(zip(ctx.require_prompts(),
+                                                     ctx.require_params())):
                 self.engine.check_inputs(self.engine_request_id(ctx, i),
                                          prompt.as_engine_input(), params)
 
@@ -86,7 +88,7 @@ class GenerationServing(OpenAIServing):
         priority = ctx.meta.int_header("x-vllm-priority")
         priority = ctx.request.priority if priority is None else priority
         streams = []
-        for i, (prompt, params) in enumerate(zip(ctx.engine_prompts, ctx.params)):
+        for i, (prompt, params) in enumerate(zip(ctx.require_prompts(), ctx.require_params())):
             engine_id = self.engine_request_id(ctx, i)
             if self.request_logger is not None:
                 self.request_logger.log_inputs(engine_id, prompt.text, prompt.token_ids, params)
@@ -100,7 +102,7 @@ class GenerationServing(OpenAIServing):
 
     async def _beam_stream(self, prompt: EnginePrompt, params: BeamSearchParams,
                            request_id: str, priority: int,
-                           lora_request: Any = None) -> AsyncIterator[Any]:
+                           lora_request: Any = None) -> AsyncGenerator[Any, None]:
         """One beam search in the engine: its final result as one `RequestOutput`."""
         finished = False
         request_id = unique_engine_id(request_id)
@@ -114,7 +116,8 @@ class GenerationServing(OpenAIServing):
             if not finished:
                 self._abort_in_background(request_id, stream)
 
-    async def _timed(self, ctx: ServeContext, outputs: AsyncIterator[tuple[int, Any]]):
+    async def _timed(self, ctx: ServeContext, outputs: AsyncGenerator[tuple[int, Any], None]
+                     ) -> AsyncGenerator[tuple[int, Any], None]:
         async with aclosing(outputs):
             async for index, output in outputs:
                 ctx.recorder.output(index, output)
@@ -126,9 +129,9 @@ class GenerationServing(OpenAIServing):
                     ctx.prompt_logprobs[index] = list(output.prompt_logprobs)
                 yield index, output
 
-    async def stream_deltas(self, ctx: ServeContext) -> AsyncIterator[ChoiceDelta]:
+    async def stream_deltas(self, ctx: ServeContext) -> AsyncGenerator[ChoiceDelta, None]:
         """Stage 5: every choice's deltas as the engine produces them; an engine error raises."""
-        async with aclosing(ctx.result_generator) as outputs:
+        async with aclosing(ctx.require_generator()) as outputs:
             async for index, output in outputs:
                 for delta in choice_deltas(output, index, ctx.n):
                     if delta.finish_reason == "error":  # vLLM's log line and message
@@ -140,7 +143,7 @@ class GenerationServing(OpenAIServing):
     async def collect(self, ctx: ServeContext) -> None:
         """Stage 5 (non-streaming): every choice's deltas merged, in choice order, as
         `ctx.final_res_batch`."""
-        merged = {i: ChoiceDelta(index=i) for i in range(len(ctx.engine_prompts) * ctx.n)}
+        merged = {i: ChoiceDelta(index=i) for i in range(len(ctx.require_prompts()) * ctx.n)}
         async with aclosing(self.stream_deltas(ctx)) as deltas:
             async for delta in deltas:
                 merged[delta.index].extend(delta)
@@ -148,7 +151,7 @@ class GenerationServing(OpenAIServing):
 
     async def prime(self, ctx: ServeContext) -> None:
         """Stage 5 (streaming): wait for the first output so engine refusals are still 4xx."""
-        outputs = ctx.result_generator
+        outputs = ctx.require_generator()
         try:
             first = await anext(outputs)
         except StopAsyncIteration:
@@ -157,7 +160,7 @@ class GenerationServing(OpenAIServing):
             await outputs.aclose()
             raise
 
-        async def chained():
+        async def chained() -> AsyncGenerator[tuple[int, Any], None]:
             async with aclosing(outputs):
                 if first is not None:
                     yield first
@@ -168,7 +171,7 @@ class GenerationServing(OpenAIServing):
 
     def finished(self, ctx: ServeContext, response: Any) -> None:
         """Metrics, the request log and the span of `ctx.final_res_batch`, the choices."""
-        choices = ctx.final_res_batch
+        choices = ctx.require_results()
         ctx.recorder.finished_at = time.time()
         if self.metrics is not None:
             self.metrics.finished(time.perf_counter() - ctx.started, ctx.num_prompt_tokens,
@@ -184,8 +187,10 @@ class GenerationServing(OpenAIServing):
 def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams:
     """`use_beam_search`: width `n`, the resolved max_tokens and temperature (as vLLM's
     `to_beam_search_params`); stop strings, penalties and sampling knobs do not apply."""
+    assert params.max_tokens is not None, "every sampling_params hook resolves max_tokens"
     return BeamSearchParams(
-        beam_width=request.n if request.n is not None else 1, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+        beam_width=request.n if request.n is not None else 1, max_tokens=params.max_tokens,
+        ignore_eos=params.ignore_eos,
         temperature=params.temperature, length_penalty=request.length_penalty,
         include_stop_str_in_output=params.include_stop_str_in_output,
         skip_special_tokens=params.skip_special_tokens)

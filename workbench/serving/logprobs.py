@@ -9,10 +9,13 @@ with `return_tokens_as_token_ids` every token string is `token_id:N`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from workbench.serving.protocol.chat import (
-    ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent,
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
 )
 from workbench.serving.protocol.common import PromptLogprob
 from workbench.serving.protocol.completion import CompletionLogProbs
@@ -31,11 +34,20 @@ def token_str(token_id: int, logprob: Any, tokenizer: Any, as_token_ids: bool) -
     return decoded if decoded is not None else tokenizer.decode([token_id])
 
 
-def completion_logprobs(token_ids: list[int], positions: list[dict[int, Any] | None],
+def positions_or_blank(positions: Sequence[dict[int, Any] | None] | None, count: int
+                       ) -> Sequence[dict[int, Any] | None]:
+    """`positions`, or (none or empty) `count` positions without logprobs."""
+    return positions or [None] * count
+
+
+def completion_logprobs(token_ids: list[int], positions: Sequence[dict[int, Any] | None],
                         num_top: int, tokenizer: Any, *, initial_offset: int = 0,
                         as_token_ids: bool = False) -> tuple[CompletionLogProbs, int]:
     """The legacy logprobs object, and the text offset just past its last token."""
-    offsets, tokens, token_lps, tops = [], [], [], []
+    offsets: list[int] = []
+    tokens: list[str] = []
+    token_lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
     offset = initial_offset
     for token_id, position in zip(token_ids, positions):
         step = None if position is None else position.get(token_id)
@@ -63,13 +75,14 @@ def _entry(token: str, logprob: float) -> ChatCompletionLogProb:
                                  bytes=list(token.encode("utf-8", errors="replace")))
 
 
-def chat_logprobs(token_ids: list[int], positions: list[dict[int, Any] | None], num_top: int,
+def chat_logprobs(token_ids: list[int], positions: Sequence[dict[int, Any] | None],
+                  num_top: int,
                   tokenizer: Any, *, as_token_ids: bool = False) -> ChatCompletionLogProbs:
     content = []
     for token_id, position in zip(token_ids, positions):
         step = None if position is None else position.get(token_id)
         token = token_str(token_id, step, tokenizer, as_token_ids)
-        if step is None:
+        if position is None or step is None:
             content.append(ChatCompletionLogProbsContent(
                 token=token, bytes=list(token.encode("utf-8", errors="replace"))))
             continue

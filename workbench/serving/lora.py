@@ -161,17 +161,23 @@ class ServedAdapters:
     def _next_id(self) -> int:
         """A fresh id: unique in the process (several servers may share one engine) and not
         one the engine already holds (an offline `LoRARequest` of the same `LLM`)."""
-        taken = self.engine.list_loras()
+        taken = self._engine().list_loras()
         while True:
             lora_id = next(_IDS)
             if lora_id not in taken:
                 return lora_id
 
     def _engine_add(self, lora: LoRARequest) -> None:
-        self.engine.add_lora(lora)
+        self._engine().add_lora(lora)
 
     def _engine_remove(self, lora: LoRARequest) -> None:
-        self.engine.remove_lora(lora.lora_int_id)
+        self._engine().remove_lora(lora.lora_int_id)
+
+    def _engine(self) -> EngineClient:
+        """The engine every adapter change needs (built without one: names only)."""
+        if self.engine is None:
+            raise RuntimeError("these ServedAdapters have no engine to load adapters into")
+        return self.engine
 
     # -- static ------------------------------------------------------------------------------
     def add(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
@@ -213,6 +219,8 @@ class ServedAdapters:
             try:
                 self._engine_add(lora)
             except ValidationError as exc:
+                # deferred: workbench.lora.adapter imports torch (the engine that raised
+                # has it loaded already; serving itself stays torch-free)
                 from workbench.lora.adapter import LoRANotFoundError
 
                 if isinstance(exc, LoRANotFoundError):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.serving import unsupported
+from workbench.serving.errors import error_response
 from workbench.serving.sampling import NEUTRAL_DEFAULTS
 
 
@@ -55,8 +56,6 @@ class PipelineRecorder:
         try:
             yield
         except Exception as exc:
-            from workbench.serving.errors import error_response
-
             self.error = error_response(exc)
             self.add(name, stage, "failed", getattr(exc, "parameter", None) or param,
                      self.error.error.message, getattr(exc, "value", None))

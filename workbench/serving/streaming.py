@@ -9,7 +9,7 @@ same function. So streamed text equals non-streamed text by construction.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +61,8 @@ def merge_deltas(index: int, deltas: list[ChoiceDelta]) -> ChoiceDelta:
     return merged
 
 
-async def merge_async_iterators(*iterators: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
+async def merge_async_iterators(*iterators: AsyncGenerator[Any, None]
+                                ) -> AsyncGenerator[tuple[int, Any], None]:
     """Yields `(i, item)` from several async iterators as items arrive.
 
     Closing the merged iterator (or cancelling its consumer) cancels every producer, so each

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from workbench.serving.base import EngineServing
 from workbench.serving.chat_template import ChatRenderer
-from workbench.serving.unsupported import refuse_unknown_fields
 from workbench.serving.protocol.tokenize import (
-    DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest, TokenizeRequest, TokenizeResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeRequest,
+    TokenizeResponse,
 )
+from workbench.serving.unsupported import refuse_unknown_fields
 
 
 class TokenizeServing(EngineServing):

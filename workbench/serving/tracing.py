@@ -18,6 +18,7 @@ True
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,7 +49,7 @@ class RequestTracer:
     @classmethod
     def from_endpoint(cls, endpoint: str) -> "RequestTracer":
         """Spans exported in batches over OTLP (gRPC) to `endpoint`, e.g. http://127.0.0.1:4317."""
-        try:
+        try:  # deferred: opentelemetry is an optional extra (--otlp-traces-endpoint only)
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
@@ -68,6 +69,7 @@ class RequestTracer:
             logger.warning("could not record the span of %s", ctx.request_id, exc_info=True)
 
     def _record(self, ctx: Any, choices: list[Any]) -> None:
+        # deferred: opentelemetry is an optional extra; a tracer exists only when it is there
         from opentelemetry.propagate import extract
         from opentelemetry.trace import SpanKind
 
@@ -94,8 +96,7 @@ class RequestTracer:
 
     def _record_response(self, response: Any, loop: Any, elapsed: float,
                          headers: Mapping[str, str]) -> None:
-        import time
-
+        # deferred: opentelemetry is an optional extra; a tracer exists only when it is there
         from opentelemetry.propagate import extract
         from opentelemetry.trace import SpanKind
 

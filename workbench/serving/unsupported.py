@@ -12,11 +12,11 @@ samples at the default), and a field that would change the output is never dropp
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from workbench.errors import refuse
-
-import logging
+from workbench.serving.errors import ServingError, make_error
 
 logger = logging.getLogger("workbench.serving")
 
@@ -93,8 +93,6 @@ _REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
 def _answer(message: str, parameter: str | None = None) -> None:
     """A refusal vLLM answers as a plain error response (no `(parameter=...)` suffix; its
     `param` only where vLLM names one)."""
-    from workbench.serving.errors import ServingError, make_error
-
     raise ServingError(make_error(message, param=parameter))
 
 

@@ -21,11 +21,12 @@ finished request is one span, its stages as events (`tracing.py`).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 from workbench.serving.base import OpenAIServing, unique_engine_id
+from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.context import ServeContext
 from workbench.serving.errors import GenerationError
 from workbench.serving.pooling.checks import PoolingPrompts
@@ -83,11 +84,15 @@ class PoolingServing(OpenAIServing):
         ctx.result_generator = merge_async_iterators(*streams)
 
     async def _encode_stream(self, prompt: EnginePrompt, params: Any, request_id: str,
-                             priority: int, lora_request: Any = None) -> AsyncIterator[Any]:
+                             priority: int, lora_request: Any = None) -> AsyncGenerator[Any, None]:
         """One engine request; its final output only when it carries a result."""
         kwargs = {} if lora_request is None else {"lora_request": lora_request}
-        async with aclosing(self.engine.encode(prompt.as_engine_input(), params, request_id,
-                                               priority=priority, **kwargs)) as outputs:
+        # `EngineClient.encode` is declared an AsyncIterator; every engine's is an async
+        # generator, which `aclosing` needs
+        stream = cast(AsyncGenerator[Any, None],
+                      self.engine.encode(prompt.as_engine_input(), params, request_id,
+                                         priority=priority, **kwargs))
+        async with aclosing(stream) as outputs:
             async for output in outputs:
                 if not output.finished:
                     continue
@@ -142,8 +147,6 @@ class PoolingServing(OpenAIServing):
 
     @property
     def renderer(self) -> Any:
-        from workbench.serving.chat_template import ChatRenderer
-
         if not hasattr(self, "_renderer"):
             self._renderer = ChatRenderer(
                 self.tokenizer, chat_template=self.config.chat_template,

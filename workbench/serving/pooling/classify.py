@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.pooling_params import PoolingParams
 from workbench.serving.base import ServeContext
 from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common
@@ -35,16 +36,14 @@ class ClassifyServing(PoolingServing):
         ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
 
     def build_params(self, ctx: ServeContext) -> list[Any]:
-        from workbench.pooling_params import PoolingParams
-
         self.check_task("classify")
         params = PoolingParams(task="classify", use_activation=ctx.request.use_activation)
-        return [params] * len(ctx.engine_prompts)
+        return [params] * len(ctx.require_prompts())
 
     async def build_response(self, ctx: ServeContext) -> ClassificationResponse:
         labels = self.labels
         data = []
-        for i, out in enumerate(ctx.final_res_batch):
+        for i, out in enumerate(ctx.require_results()):
             probs = [float(p) for p in out.outputs.data.detach().to("cpu").float().reshape(-1)]
             best = max(range(len(probs)), key=probs.__getitem__)
             label = labels[best] if labels and best < len(labels) else str(best)

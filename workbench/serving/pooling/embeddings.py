@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.pooling_params import PoolingParams
 from workbench.serving.base import ServeContext
 from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_encoding
@@ -38,15 +39,13 @@ class EmbeddingServing(PoolingServing):
         ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
 
     def build_params(self, ctx: ServeContext) -> list[Any]:
-        from workbench.pooling_params import PoolingParams
-
         self.check_task("embed")
         params = PoolingParams(task="embed", dimensions=ctx.request.dimensions,
                                use_activation=ctx.request.use_activation)
-        return [params] * len(ctx.engine_prompts)
+        return [params] * len(ctx.require_prompts())
 
     async def build_response(self, ctx: ServeContext) -> EmbeddingResponse:
-        encoded = encode_outputs(ctx.request, ctx.final_res_batch)
+        encoded = encode_outputs(ctx.request, ctx.require_results())
         data = [EmbeddingResponseData(index=i, embedding=value) for i, value in enumerate(encoded)]
         return EmbeddingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                                  data=data, usage=pooling_usage(ctx))

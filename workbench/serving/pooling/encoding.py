@@ -27,7 +27,7 @@ _DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
 
 def tensor_bytes(data: Any, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
     """The raw bytes of `data` (a tensor) in `embed_dtype` with the given byte order."""
-    import torch
+    import torch  # deferred: torch is heavy; only binary encodings need it
 
     tensor = data.detach().to("cpu").contiguous()
     if embed_dtype not in _DTYPES:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.pooling_params import PoolingParams
 from workbench.serving.base import ServeContext
 from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_encoding
@@ -36,17 +37,15 @@ class PoolingEndpointServing(PoolingServing):
         ctx.engine_prompts = self.text_or_chat_prompts(ctx.request)
 
     def build_params(self, ctx: ServeContext) -> list[Any]:
-        from workbench.pooling_params import PoolingParams
-
         request = ctx.request
         task = request.task or self.default_task()
         self.check_task(task)
         params = PoolingParams(task=task, dimensions=request.dimensions,
                                use_activation=request.use_activation)
-        return [params] * len(ctx.engine_prompts)
+        return [params] * len(ctx.require_prompts())
 
     async def build_response(self, ctx: ServeContext) -> PoolingResponse:
-        encoded = encode_outputs(ctx.request, ctx.final_res_batch)
+        encoded = encode_outputs(ctx.request, ctx.require_results())
         data = [PoolingResponseData(index=i, data=value) for i, value in enumerate(encoded)]
         return PoolingResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                                data=data, usage=pooling_usage(ctx))

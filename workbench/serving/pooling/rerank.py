@@ -14,7 +14,10 @@ from typing import Any
 from workbench.serving.base import ServeContext
 from workbench.serving.pooling.score import ScoreServing, pair_up
 from workbench.serving.protocol.pooling import (
-    RerankDocument, RerankResponse, RerankResult, RerankUsage,
+    RerankDocument,
+    RerankResponse,
+    RerankResult,
+    RerankUsage,
 )
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.errors import ValidationError
+from workbench.pooling_params import PoolingParams
 from workbench.serving.base import ServeContext
 from workbench.serving.pooling.base import PoolingServing
 from workbench.serving.pooling.checks import check_common, check_score_extras
 from workbench.serving.pooling.embeddings import pooling_usage
 from workbench.serving.prompts import EnginePrompt
+from workbench.serving.protocol.common import OpenAIBaseModel
 from workbench.serving.protocol.pooling import ScoreResponse, ScoreResponseData
 
 NO_TEXT = "At least one text element must be given"
@@ -44,7 +46,7 @@ def pair_up(first: list[str], second: list[str], names: tuple[str, str] = ("quer
 
 
 def cosine(a: Any, b: Any) -> float:
-    from workbench.engine.pooling import cosine as tensor_cosine
+    from workbench.engine.pooling import cosine as tensor_cosine  # deferred: imports torch
 
     return float(tensor_cosine(a.reshape(-1), b.reshape(-1)))
 
@@ -98,6 +100,7 @@ class ScoreServing(PoolingServing):
     def judgement_prompt(self, query: str, document: str, instruction: str | None,
                          **kwargs: Any) -> EnginePrompt:
         """The engine's relevance prompt (chat-templated: no extra special tokens)."""
+        # deferred: workbench.engine.pooling imports torch
         from workbench.engine.pooling import JUDGEMENT_INSTRUCTION, judgement_prompt
 
         text = judgement_prompt(query, document, self.tokenizer,
@@ -105,21 +108,19 @@ class ScoreServing(PoolingServing):
         return self.pooling_prompts.from_text(text, add_special_tokens=False, **kwargs)
 
     def build_params(self, ctx: ServeContext) -> list[Any]:
-        from workbench.pooling_params import PoolingParams
-
         task = "embed" if self.bi_encoder else "score"
         self.check_task(task)
         params = PoolingParams(task=task, use_activation=ctx.request.use_activation)
-        return [params] * len(ctx.engine_prompts)
+        return [params] * len(ctx.require_prompts())
 
     def scores(self, ctx: ServeContext) -> list[float]:
         """One score per pair, in pair order."""
-        outs = [out.outputs.data for out in ctx.final_res_batch]
+        outs = [out.outputs.data for out in ctx.require_results()]
         if self.bi_encoder:
             return [cosine(outs[2 * i], outs[2 * i + 1]) for i in range(len(outs) // 2)]
         return [float(data.detach().float().reshape(-1)[0]) for data in outs]
 
-    async def build_response(self, ctx: ServeContext) -> ScoreResponse:
+    async def build_response(self, ctx: ServeContext) -> OpenAIBaseModel:  # rerank: its own
         data = [ScoreResponseData(index=i, score=s) for i, s in enumerate(self.scores(ctx))]
         return ScoreResponse(id=ctx.request_id, created=ctx.created, model=ctx.model_name,
                              data=data, usage=pooling_usage(ctx))

@@ -5,22 +5,44 @@ the request and response bodies; `checks` the raw-JSON request checks they share
 """
 
 from workbench.serving.protocol.chat import (
-    ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent,
-    ChatCompletionRequest, ChatCompletionResponse, ChatCompletionResponseChoice,
-    ChatCompletionResponseStreamChoice, ChatCompletionStreamResponse, ChatMessage,
-    ChatMessageParam, DeltaMessage,
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    ChatMessageParam,
+    DeltaMessage,
 )
 from workbench.serving.protocol.common import (
-    ErrorInfo, ErrorResponse, ModelCard, ModelList, ModelPermission, OpenAIBaseModel,
-    PromptLogprob, StreamOptions, UsageInfo,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    ModelPermission,
+    OpenAIBaseModel,
+    PromptLogprob,
+    StreamOptions,
+    UsageInfo,
 )
 from workbench.serving.protocol.completion import (
-    CompletionLogProbs, CompletionRequest, CompletionResponse, CompletionResponseChoice,
-    CompletionResponseStreamChoice, CompletionStreamResponse,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
 )
 from workbench.serving.protocol.tokenize import (
-    DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest, TokenizeCompletionRequest,
-    TokenizeRequest, TokenizeResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 
 __all__ = [

@@ -14,7 +14,13 @@ from pydantic import Field, model_serializer, model_validator
 from workbench.errors import ValidationError
 from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
-    INT64_MAX, INT64_MIN, Metadata, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions,
+    INT64_MAX,
+    INT64_MIN,
+    Metadata,
+    OpenAIBaseModel,
+    PromptLogprobs,
+    StopParam,
+    StreamOptions,
     UsageInfo,
 )
 from workbench.serving.protocol.tools import DeltaToolCall, ToolCall
@@ -63,7 +69,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     n: int | None = 1
     presence_penalty: float | None = None
     response_format: dict[str, Any] | None = None
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: StopParam = Field(default_factory=list)
     stream: bool | None = False
     stream_options: StreamOptions | None = None

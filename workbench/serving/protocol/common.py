@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from workbench.errors import ValidationError
+
 logger = logging.getLogger("workbench.serving")
 
 INT64_MIN = -(2**63)
@@ -27,8 +29,6 @@ MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 def _check_metadata(value: dict[str, str]) -> dict[str, str]:
-    from workbench.errors import ValidationError
-
     if len(value) > MAX_METADATA_PAIRS:
         raise ValidationError(
             f"Invalid 'metadata': too many properties. Expected an object with at most "
@@ -95,8 +95,6 @@ class StreamOptions(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _refuse_unknown(self) -> "StreamOptions":
-        from workbench.errors import ValidationError
-
         for name in sorted(self.model_extra or {}):
             raise ValidationError(f"Unknown field `stream_options.{name}`: stream_options "
                                   "takes include_usage, continuous_usage_stats and "

@@ -13,7 +13,13 @@ from pydantic import Field, model_validator
 
 from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
-    INT64_MAX, INT64_MIN, OpenAIBaseModel, PromptLogprobs, StopParam, StreamOptions, UsageInfo,
+    INT64_MAX,
+    INT64_MIN,
+    OpenAIBaseModel,
+    PromptLogprobs,
+    StopParam,
+    StreamOptions,
+    UsageInfo,
 )
 
 TokenId = Annotated[int, Field(ge=0)]
@@ -30,7 +36,7 @@ class CompletionRequest(OpenAIBaseModel):
     max_tokens: int | None = 16
     n: int = 1
     presence_penalty: float | None = None
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: StopParam = Field(default_factory=list)
     stream: bool | None = False
     stream_options: StreamOptions | None = None

@@ -16,7 +16,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from workbench.serving.protocol.common import (
-    INT64_MAX, INT64_MIN, Metadata, OpenAIBaseModel, StopParam,
+    INT64_MAX,
+    INT64_MIN,
+    Metadata,
+    OpenAIBaseModel,
+    StopParam,
 )
 
 ResponseStatus = Literal["completed", "incomplete", "in_progress", "queued", "cancelled", "failed"]
@@ -61,7 +65,7 @@ class ResponsesRequest(OpenAIBaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: StopParam = Field(default_factory=list)
     stop_token_ids: list[int] | None = Field(default_factory=list)
     ignore_eos: bool = False

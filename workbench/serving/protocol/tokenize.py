@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
+from workbench.errors import ValidationError
 from workbench.serving.protocol.chat import ChatCompletionToolsParam, ChatMessageParam
 from workbench.serving.protocol.common import OpenAIBaseModel
 
@@ -31,8 +32,6 @@ class TokenizeChatRequest(OpenAIBaseModel):
     @model_validator(mode="before")
     @classmethod
     def _check(cls, data: Any) -> Any:
-        from workbench.errors import ValidationError
-
         if isinstance(data, dict) and data.get("continue_final_message") \
                 and data.get("add_generation_prompt"):
             raise ValidationError("Cannot set both `continue_final_message` and "

@@ -15,6 +15,7 @@ from typing import Any
 from workbench.errors import ValidationError, refuse
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.responses.toolset import ToolSet, forced_name
+from workbench.serving.structured import structured_outputs_from_request
 
 logger = logging.getLogger("workbench.serving")
 NOT_YET = "is not supported by this server yet"
@@ -87,8 +88,6 @@ def check_request(request: ResponsesRequest, *, store_enabled: bool) -> None:
 def structured_outputs(request: ResponsesRequest) -> Any:
     """`text.format` (json_schema / json_object) or vLLM's `structured_outputs` as the
     engine's `StructuredOutputsParams`, None for plain text; not both, and not with tools."""
-    from workbench.serving.structured import structured_outputs_from_request
-
     fmt = (request.text or {}).get("format") or {"type": "text"}
     if not isinstance(fmt, dict):
         refuse("text.format must be an object.", "text", fmt)

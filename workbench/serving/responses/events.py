@@ -44,9 +44,10 @@ class OutputBuilder:
         self._open, self._text, self._logprobs = item, "", []
 
     # -- message and reasoning text ---------------------------------------------------------
-    def _open_text(self, kind: str) -> None:
+    def _open_text(self, kind: str) -> dict[str, Any]:
+        """The open item of `kind`, opened if another one (or none) is."""
         if self._open is not None and self._open["type"] == kind:
-            return
+            return self._open
         item = (it.message_item("", status="in_progress") if kind == "message"
                 else it.reasoning_item("", status="in_progress"))
         item["content"] = []
@@ -55,19 +56,20 @@ class OutputBuilder:
                 if kind == "message" else {"type": "reasoning_text", "text": ""})
         self._emit("response.content_part.added", item_id=item["id"], output_index=self._index,
                    content_index=0, part=part)
+        return item
 
     def text(self, delta: str, logprobs: list[dict[str, Any]] | None = None) -> None:
         """Message text; `logprobs` (include=['message.output_text.logprobs']): one entry per
         token of the delta (a token with no text still sends a delta, so none is lost)."""
         if not delta and not logprobs:
             return
-        self._open_text("message")
+        item = self._open_text("message")
         self._logprobs += logprobs or []
         self._text += delta
         stream = [{k: v for k, v in entry.items() if k != "bytes"} | {"top_logprobs": [
             {"token": t["token"], "logprob": t["logprob"]} for t in entry["top_logprobs"]]}
             for entry in logprobs or []]  # the stream's shape has no bytes
-        self._emit("response.output_text.delta", item_id=self._open["id"],
+        self._emit("response.output_text.delta", item_id=item["id"],
                    output_index=self._index, content_index=0, delta=delta, logprobs=stream)
 
     def reasoning(self, delta: str) -> None:
@@ -79,9 +81,9 @@ class OutputBuilder:
     def _delta(self, kind: str, event: str, delta: str, **extra: Any) -> None:
         if not delta:
             return
-        self._open_text(kind)
+        item = self._open_text(kind)
         self._text += delta
-        self._emit(event, item_id=self._open["id"], output_index=self._index, content_index=0,
+        self._emit(event, item_id=item["id"], output_index=self._index, content_index=0,
                    delta=delta, **extra)
 
     # -- function calls and their outputs ---------------------------------------------------

@@ -22,17 +22,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import ValidationError
-from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from workbench.serving.errors import GenerationError
+from workbench.serving.logprobs import chat_logprobs
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import ChatCompletionRequest, ChatMessageParam
-from workbench.serving.protocol.responses import ResponsesRequest
+from workbench.serving.protocol.responses import ResponsesRequest, ResponseStatus
+from workbench.serving.reasoning import get_reasoning_parser
 from workbench.serving.responses import checks
 from workbench.serving.responses import items as it
 from workbench.serving.responses.events import OutputBuilder
 from workbench.serving.responses.parsing import TurnParser
 from workbench.serving.responses.toolset import ToolSet, forced_name
 from workbench.serving.sampling import NEUTRAL_DEFAULTS
+from workbench.serving.tool_parsers import get_tool_parser
+from workbench.serving.tool_parsers.constrained import (
+    NamedToolParser,
+    RequiredToolParser,
+    named_tool_schema,
+    tools_json_schema,
+)
 
 DEFAULT_MAX_TOOL_CALLS = 8
 
@@ -76,11 +85,12 @@ def sampling_params(request: ResponsesRequest, max_tokens: int,
               else defaults.get(name, neutral) for name, neutral in NEUTRAL_DEFAULTS.items()}
     stop_ids = list(request.stop_token_ids or [])
     stop_ids += [t for t in defaults.get("stop_token_ids") or [] if t not in stop_ids]
+    logit_bias: Any = request.logit_bias  # str keys: SamplingParams parses them to token ids
     return SamplingParams(**values, seed=request.seed, stop=request.stop, stop_token_ids=stop_ids,
                           ignore_eos=request.ignore_eos, max_tokens=max_tokens,
                           include_stop_str_in_output=request.include_stop_str_in_output,
                           skip_special_tokens=request.skip_special_tokens,
-                          logit_bias=request.logit_bias, output_kind=RequestOutputKind.DELTA)
+                          logit_bias=logit_bias, output_kind=RequestOutputKind.DELTA)
 
 
 class ToolLoop:
@@ -100,7 +110,7 @@ class ToolLoop:
                                 **(request.chat_template_kwargs or {})}
         self.builder = OutputBuilder()
         self.rounds: list[ToolRound] = []
-        self.status = "in_progress"
+        self.status: ResponseStatus = "in_progress"
         self.incomplete_reason: str | None = None
         self._space = ""  # whitespace-only text not sent yet
         self.max_tool_calls = (DEFAULT_MAX_TOOL_CALLS if request.max_tool_calls is None
@@ -113,8 +123,9 @@ class ToolLoop:
 
     def _tool_request(self) -> ChatCompletionRequest:
         """The chat-shaped request tool parsers read (its tools and tool choice)."""
-        return ChatCompletionRequest(messages=[ChatMessageParam(role="user", content="")],
-                                     tools=self.tools.template_tools(), tool_choice="auto")
+        return ChatCompletionRequest.model_validate({  # the tools as dicts, validated
+            "messages": [ChatMessageParam(role="user", content="")],
+            "tools": self.tools.template_tools(), "tool_choice": "auto"})
 
     # -- prompts ------------------------------------------------------------------------------
     @property
@@ -152,7 +163,7 @@ class ToolLoop:
         `get_max_tokens` per turn), not a total over the rounds."""
         return self.request.max_output_tokens
 
-    def _stop(self, status: str, reason: str | None = None) -> None:
+    def _stop(self, status: ResponseStatus, reason: str | None = None) -> None:
         self.status, self.incomplete_reason = status, reason
 
     async def run(self, prompt: EnginePrompt) -> AsyncIterator[list[dict[str, Any]]]:
@@ -242,8 +253,6 @@ class ToolLoop:
         yield self.builder.drain()
 
     def _auto_parser(self) -> Any:
-        from workbench.serving.tool_parsers import get_tool_parser
-
         return get_tool_parser(self.serving.tool_parser_name)(self.serving.tokenizer)
 
     def _after_reasoning(self, prompt_text: str | None) -> list[int] | None:
@@ -252,8 +261,6 @@ class ToolLoop:
         name = self.serving.reasoning_parser_name
         if not name:
             return None
-        from workbench.serving.reasoning import get_reasoning_parser
-
         reasoning = get_reasoning_parser(name)(self.serving.tokenizer, self.template_kwargs)
         reasoning.adjust_initial_state_from_prompt(prompt_text or "")
         return (reasoning.end_token_ids or None) if reasoning.reasons_from_start else None
@@ -262,18 +269,17 @@ class ToolLoop:
         """`required` or a named tool in the first round: constrained decoding writes the
         calls as JSON (the reference's schemas), parsed by the matching constrained parser.
         Later rounds are "auto", so the loop can end."""
-        from workbench.sampling_params import StructuredOutputsParams
-        from workbench.serving.tool_parsers.constrained import (
-            NamedToolParser, RequiredToolParser, named_tool_schema, tools_json_schema,
-        )
-
+        assert self.tool_request is not None and self.tool_request.tools is not None, \
+            "called only when the loop parses tools"
         choice, tools = self.request.tool_choice, self.tool_request.tools
+        parser: RequiredToolParser | NamedToolParser
         if choice == "required":
             schema = tools_json_schema(tools, self.request.parallel_tool_calls is not False)
             parser = RequiredToolParser(self.serving.tokenizer)
             strict = not self.tools.loose
         elif isinstance(choice, dict):
             name = forced_name(choice)
+            assert name is not None, "checks.check_tool_choice refuses an unknown tool"
             schema = named_tool_schema(tools, name)
             parser = NamedToolParser(self.serving.tokenizer, function_name=name)
             strict = name not in self.tools.loose
@@ -287,13 +293,11 @@ class ToolLoop:
         return parser
 
     def _logprobs(self, out: Any) -> list[dict[str, Any]]:
-        from workbench.serving.logprobs import chat_logprobs
-
         content = chat_logprobs(list(out.token_ids or []),
                                 out.logprobs or [None] * len(out.token_ids or []),
                                 self.request.top_logprobs or 0, self.serving.tokenizer,
                                 as_token_ids=self.serving.config.return_tokens_as_token_ids)
-        return [entry.model_dump() for entry in content.content]
+        return [entry.model_dump() for entry in content.content or []]
 
     def _send(self, pieces: list[tuple[str, Any]], final: bool = False) -> None:
         """Pieces into the builder. Whitespace-only text waits: before a tool call it is
@@ -318,13 +322,14 @@ class ToolLoop:
     async def _run_tool(self, call: ToolCallRecord, record: ToolRound) -> None:
         """Runs a built-in tool off the event loop; any failure is the model's to read."""
         try:
-            call.output = await asyncio.to_thread(self.serving.tool_server.call, call.name,
-                                                  call.arguments)
+            output = await asyncio.to_thread(self.serving.tool_server.call, call.name,
+                                             call.arguments)
         except Exception as exc:  # noqa: BLE001 - a tool error is an answer for the model
-            call.output, call.error = f"Error: {exc}", True
+            output, call.error = f"Error: {exc}", True
+        call.output = output
         record.tool_output_tokens += len(self.serving.tokenizer(
-            call.output, add_special_tokens=False).input_ids)
-        self.builder.function_call_output(call.call_id, call.output)
+            output, add_special_tokens=False).input_ids)
+        self.builder.function_call_output(call.call_id, output)
 
 
 __all__ = ["DEFAULT_MAX_TOOL_CALLS", "forced_name", "ToolCallRecord", "ToolLoop", "ToolRound",

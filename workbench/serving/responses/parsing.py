@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.serving.reasoning import get_reasoning_parser
+
 Piece = tuple[str, Any]
 
 
@@ -54,8 +56,6 @@ class TurnParser:
         self.tools = tool_parser if tool_request is not None else None  # a parser instance
         self.reasoning = None
         if reasoning_parser:
-            from workbench.serving.reasoning import get_reasoning_parser
-
             self.reasoning = get_reasoning_parser(reasoning_parser)(tokenizer,
                                                                      chat_template_kwargs)
             if prompt_text is not None:

@@ -25,14 +25,19 @@ from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
 
-from workbench.errors import ValidationError
 from workbench.engine.protocol import EngineClient
+from workbench.errors import ValidationError
 from workbench.serving.base import OpenAIServing, RequestMeta, ServeContext
 from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.errors import ServingError, error_response, make_error
 from workbench.serving.protocol.responses import (
-    IncompleteDetails, InputTokensDetails, OutputTokensDetails, ResponsesRequest,
-    ResponsesResponse, ResponseUsage,
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputTokensDetails,
+    ResponsesRequest,
+    ResponsesResponse,
+    ResponseStatus,
+    ResponseUsage,
 )
 from workbench.serving.responses import checks
 from workbench.serving.responses.items import conversation
@@ -40,6 +45,7 @@ from workbench.serving.responses.loop import ToolLoop, ToolSet, sampling_params
 from workbench.serving.responses.store import ResponseStore
 from workbench.serving.unsupported import refuse_unknown_fields
 from workbench.tools.base import ToolServer, default_tool_server
+
 
 def not_found(response_id: str) -> ServingError:
     return ServingError(make_error(f"Response with id '{response_id}' not found.",
@@ -119,10 +125,10 @@ class ResponsesServing(OpenAIServing):
         """The tool loop's rounds from the first prompt: lists of stream events. The response's
         clock starts here, once the request is checked."""
         ctx.started, ctx.created = time.perf_counter(), int(time.time())
-        ctx.result_generator = ctx.loop.run(ctx.engine_prompts[0])
+        ctx.result_generator = ctx.loop.run(ctx.require_prompts()[0])
 
     async def collect(self, ctx: ServeContext[ResponsesRequest]) -> None:
-        async for _ in ctx.result_generator:
+        async for _ in ctx.require_generator():
             pass
 
     async def build_response(self, ctx: ServeContext[ResponsesRequest]) -> ResponsesResponse:
@@ -177,7 +183,7 @@ class ResponsesServing(OpenAIServing):
         for kind in ("response.created", "response.in_progress"):
             yield {"type": kind, "sequence_number": next(numbers), "response": opening}
         try:
-            async for events in ctx.result_generator:
+            async for events in ctx.require_generator():
                 for event in events:
                     yield {**event, "sequence_number": next(numbers)}
         except Exception as exc:  # noqa: BLE001 - the 200 is out: report in-band
@@ -196,13 +202,15 @@ class ResponsesServing(OpenAIServing):
         if response.store:
             self.store.put(response, loop.conversation)
         if self.metrics is not None:
-            self.metrics.finished(elapsed, response.usage.input_tokens,
-                                  response.usage.output_tokens,
+            usage = response.usage
+            assert usage is not None, "a finished response has its usage (see `build`)"
+            self.metrics.finished(elapsed, usage.input_tokens, usage.output_tokens,
                                   [loop.rounds[-1].finish_reason] if loop.rounds else [])
         if self.tracer is not None:
             self.tracer.record_response(response, loop, elapsed, ctx.headers)
 
-    def build(self, loop: ToolLoop, created: int, status: str | None = None) -> ResponsesResponse:
+    def build(self, loop: ToolLoop, created: int, status: ResponseStatus | None = None
+              ) -> ResponsesResponse:
         request = loop.request
         params = sampling_params(request, 1, self.defaults)
         incomplete = (IncompleteDetails(reason=loop.incomplete_reason)

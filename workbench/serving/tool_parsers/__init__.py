@@ -12,7 +12,9 @@ from __future__ import annotations
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
 from workbench.serving.tool_parsers.hermes import HermesToolParser
 from workbench.serving.tool_parsers.json_list import (
-    GraniteToolParser, JambaToolParser, Phi4MiniJsonToolParser,
+    GraniteToolParser,
+    JambaToolParser,
+    Phi4MiniJsonToolParser,
 )
 from workbench.serving.tool_parsers.llama3_json import Llama3JsonToolParser
 from workbench.serving.tool_parsers.mistral import MistralToolParser

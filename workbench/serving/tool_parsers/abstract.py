@@ -24,7 +24,11 @@ from typing import Any, ClassVar
 
 from workbench.serving.protocol.chat import DeltaMessage
 from workbench.serving.protocol.tools import (
-    DeltaFunctionCall, DeltaToolCall, ExtractedToolCallInformation, FunctionCall, ToolCall,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
     tool_call_id,
 )
 
@@ -102,7 +106,7 @@ class ToolParser:
         if not _complete(parsed):
             return ExtractedToolCallInformation(tools_called=False, content=model_output)
         calls = [ToolCall(function=FunctionCall(name=c.name, arguments=c.arguments))
-                 for c in parsed.calls]
+                 for c in parsed.calls if c.name is not None]  # all are, as _complete checked
         return ExtractedToolCallInformation(tools_called=True, tool_calls=calls,
                                             content=parsed.content or None)
 

@@ -10,10 +10,14 @@ Both stream with the same machinery as the native parsers (`ToolParser`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from workbench.errors import ValidationError
 from workbench.serving.protocol.tools import (
-    ExtractedToolCallInformation, FunctionCall, ToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
 )
 from workbench.serving.tool_parsers.abstract import Parsed, PartialCall, ToolParser
 from workbench.serving.tool_parsers.json_list import read_call_list
@@ -56,8 +60,6 @@ def _without_defs(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _tool_defs(tools: list[Any]) -> dict[str, Any]:
     """Every tool's `$defs`, merged (vLLM's `_get_tool_schema_defs`, with its messages)."""
-    from workbench.errors import ValidationError
-
     merged: dict[str, Any] = {}
     for name, parameters in map(_function, tools):
         defs = (parameters or {}).get("$defs", {})
@@ -134,8 +136,6 @@ class NamedToolParser(ToolParser):
             return Parsed(valid=False)
         call = PartialCall(self.function_name, arguments, end is not None)
         if final and end is not None:
-            import json
-
             try:
                 call.done = isinstance(json.loads(normalize_json(arguments)), dict)
             except json.JSONDecodeError:

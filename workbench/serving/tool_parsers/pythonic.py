@@ -106,9 +106,10 @@ class PythonicToolParser(ToolParser):
                 raise _Invalid(f"expected '(' at {j}")
             call = PartialCall(name=match.group(), arguments="{")
             parsed.calls.append(call)
-            i = self._arguments(text, j + 1, call)
-            if i is None:
+            end = self._arguments(text, j + 1, call)
+            if end is None:
                 return None
+            i = end
 
     def _arguments(self, text: str, i: int, call: PartialCall) -> int | None:
         """Keyword arguments up to `)`, each appended to `call.arguments` once complete."""
