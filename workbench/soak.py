@@ -214,40 +214,44 @@ def fuzz(url: str, *, max_examples: int = 50, seed: int = 0, timeout: float = 60
          exclude: tuple[str, ...] = ()) -> SoakReport:
     """schemathesis-generated requests for every operation of `url`/openapi.json: counts the
     statuses; any 5xx or hang goes into `report.failures`."""
-    # deferred: schemathesis and hypothesis are the test extra (`pip install -e '.[test]'`)
-    import schemathesis
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hseed
+    import schemathesis  # deferred: the test extra (`pip install -e '.[test]'`)
 
     report = report or SoakReport()
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=headers or {})
     for result in schema.get_all_operations():
         operation = result.ok()
-        if operation is None or operation.path in exclude:
-            continue
-
-        @hseed(seed)
-        @settings(max_examples=max_examples, deadline=None, database=None,
-                  phases=[Phase.explicit, Phase.generate],
-                  suppress_health_check=list(HealthCheck))
-        @given(case=operation.as_strategy())
-        def run(case) -> None:
-            try:
-                response = case.call(base_url=url, timeout=timeout, headers=headers or {})
-            except Exception as exc:  # noqa: BLE001 - timeouts and dropped connections
-                report.hangs += 1
-                # noqa below: run() is called within this iteration, so `operation` is current
-                report.failures.append(f"{operation.method.upper()} {operation.path}: "  # noqa: B023
-                                       f"{type(exc).__name__}")
-                return
-            report.count(response.status_code)
-            report.fuzz_requests += 1
-            if response.status_code >= 500:
-                report.failures.append(f"{operation.method.upper()} {operation.path} -> "  # noqa: B023
-                                       f"{response.status_code}: {response.text[:200]}")
-
-        run()
+        if operation is not None and operation.path not in exclude:
+            _fuzz_operation(operation, url, max_examples=max_examples, seed=seed,
+                            timeout=timeout, report=report, headers=headers or {})
     return report
+
+
+def _fuzz_operation(operation: Any, url: str, *, max_examples: int, seed: int, timeout: float,
+                    report: SoakReport, headers: dict) -> None:
+    """Up to `max_examples` generated calls of one schemathesis operation, into `report`."""
+    # deferred: hypothesis comes with the test extra (`pip install -e '.[test]'`)
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    where = f"{operation.method.upper()} {operation.path}"
+
+    @hseed(seed)
+    @settings(max_examples=max_examples, deadline=None, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy())
+    def run(case) -> None:
+        try:
+            response = case.call(base_url=url, timeout=timeout, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - timeouts and dropped connections
+            report.hangs += 1
+            report.failures.append(f"{where}: {type(exc).__name__}")
+            return
+        report.count(response.status_code)
+        report.fuzz_requests += 1
+        if response.status_code >= 500:
+            report.failures.append(f"{where} -> {response.status_code}: {response.text[:200]}")
+
+    run()
 
 
 def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
