@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from workbench.http.app import build_app
     from workbench.http.kernel_server import serve_in_kernel
 
-# loaded on first use: the app imports fastapi and torch, which the other modules here do not need
+# loaded on first use: both import fastapi and the serving layer (torch), which modules such as
+# shutdown.py and json_guard.py do not need
 _LAZY = {"build_app": "workbench.http.app", "serve_in_kernel": "workbench.http.kernel_server"}
 
 __all__ = ["build_app", "serve_in_kernel"]
