@@ -20,12 +20,16 @@ from workbench.version import __version__
 if TYPE_CHECKING:
     from workbench.http.kernel_server import serve_in_kernel
     from workbench.llm import LLM
-    from workbench.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,
-                                           StructuredOutputsParams)
-    from workbench.workbench import Workbench
     from workbench.lora.request import LoRARequest
-    from workbench.pooling_params import PoolingParams
     from workbench.notebook import notebook_setup
+    from workbench.pooling_params import PoolingParams
+    from workbench.sampling_params import (
+        BeamSearchParams,
+        RequestOutputKind,
+        SamplingParams,
+        StructuredOutputsParams,
+    )
+    from workbench.workbench import Workbench
 
 _LAZY = {
     "LLM": "workbench.llm",

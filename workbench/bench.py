@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from workbench import bench_embed as embed
+from workbench import soak
+from workbench.bench_embed import EmbedContenders
 from workbench.models.registry import DEFAULT_MODEL
+from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 PROMPT = "Once upon a time, in a small village at the edge of a great forest,"
 TOPICS = ("the sea", "a robot who learns to paint", "the moon", "a library at midnight", "winter",
@@ -63,13 +67,13 @@ class Contenders:
     @cached_property
     def theirs(self):
         """A `LoadedModel` for `model.generate` (a copy of its own: our engine may patch its model)."""
-        from workbench.models import load_model
+        from workbench.models import load_model  # deferred: the loader imports torch
 
         return load_model(self.config.model, dtype=self.config.dtype)
 
     @cached_property
     def ours(self):
-        from workbench import LLM
+        from workbench import LLM  # deferred: workbench.llm imports torch
 
         return LLM(model=self.config.model, dtype=self.config.dtype, kernel=self.config.kernel,
                    seed=self.config.seed)
@@ -77,8 +81,6 @@ class Contenders:
     @cached_property
     def embed(self):
         """Both sides of the embedding benchmark, on the default embedding model."""
-        from workbench.bench_embed import EmbedContenders
-
         return EmbedContenders(dtype=self.config.dtype)
 
     def prompt_ids(self, count: int) -> list[list[int]]:
@@ -93,7 +95,7 @@ class Contenders:
 
 def hf_generate(lm, prompts: list[list[int]], tokens: int, *, sample: bool, seed: int = 0) -> int:
     """transformers' `generate` on a left-padded batch; exactly `tokens` new tokens per prompt."""
-    import torch
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
 
     tokenizer = lm.tokenizer
     batch = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left",
@@ -109,8 +111,6 @@ def hf_generate(lm, prompts: list[list[int]], tokens: int, *, sample: bool, seed
 
 def ours_generate(llm, prompts: list[list[int]], tokens: int, *, sample: bool, seed: int = 0) -> int:
     """Our engine with every prompt submitted at once; exactly `tokens` new tokens per prompt."""
-    from workbench import SamplingParams
-
     params = [SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0 if sample else 0.0,
                              seed=seed + i if sample else None) for i in range(len(prompts))]
     outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
@@ -156,7 +156,7 @@ def bench_concurrent16(side: Contenders, config: BenchConfig) -> dict[str, float
 
 def hf_beam(lm, prompt: list[int], width: int, tokens: int) -> int:
     """transformers' beam search, `num_beams=width`, exactly `tokens` new tokens."""
-    import torch
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
 
     ids = torch.tensor([prompt], device=lm.device)
     with torch.inference_mode():
@@ -168,8 +168,6 @@ def hf_beam(lm, prompt: list[int], width: int, tokens: int) -> int:
 
 def ours_beam(llm, prompt: list[int], width: int, tokens: int) -> int:
     """Our engine's beam search (beams share the prompt's KV blocks), exactly `tokens` steps."""
-    from workbench import BeamSearchParams
-
     out = llm.beam_search({"prompt_token_ids": prompt},
                           BeamSearchParams(beam_width=width, max_tokens=tokens, ignore_eos=True))[0]
     return sum(len(s.tokens) - len(prompt) for s in out.sequences)
@@ -197,7 +195,7 @@ def bench_beam4(side: Contenders, config: BenchConfig) -> dict[str, float]:
 
 def memory_read_gb_s(megabytes: int = 512, repeats: int = 3) -> float:
     """This machine's memory read bandwidth: a float32 sum over `megabytes`, best of `repeats`."""
-    import torch
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
 
     buffer = torch.ones(megabytes * 2**20 // 4)
     best = min(seconds(buffer.sum) for _ in range(repeats))
@@ -231,8 +229,6 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
 def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
     """Sentences per second embedding a mixed-length corpus: our encode path vs transformers'
     padded batches of 32, same pooling and dtype (`workbench/bench_embed.py`)."""
-    from workbench import bench_embed as embed
-
     return embed.bench_embed(side.embed, embed.corpus(config.embed_sentences, config.seed),
                              max(config.repeats, 3))  # short runs: at least 3 turns each
 
@@ -255,7 +251,7 @@ def format_table(results: dict[str, Any]) -> str:
 
 def run(config: BenchConfig, benchmarks=None, log=None) -> dict[str, Any]:
     """Run `benchmarks` (default `BENCHMARKS`) in order; every figure plus `peak_rss_mb`."""
-    import torch
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
 
     torch.set_num_threads(config.threads)
     side, results = Contenders(config), {}
@@ -283,8 +279,6 @@ def main(argv: list[str] | None = None) -> int:
                         "(workbench/soak.py): disconnect storms, invalid bodies, schemathesis")
     args = parser.parse_args(argv)
     if args.soak:
-        from workbench import soak
-
         return soak.main(json_line=args.json, quick=args.quick)
     settings = dict(model=args.model, dtype=args.dtype, kernel=args.kernel, threads=args.threads)
     config = BenchConfig.quick(**settings) if args.quick else BenchConfig(**settings)

@@ -55,13 +55,13 @@ class EmbedContenders:
 
     @cached_property
     def theirs(self):
-        from workbench.models import load_model
+        from workbench.models import load_model  # deferred: the loader imports torch
 
         return load_model(self.model, dtype=self.dtype)
 
     @cached_property
     def ours(self):
-        from workbench import LLM
+        from workbench import LLM  # deferred: workbench.llm imports torch
 
         return LLM(model=self.model, dtype=self.dtype, max_num_seqs=256,
                    max_num_batched_tokens=8192)
@@ -69,7 +69,7 @@ class EmbedContenders:
 
 def hf_embed(lm, texts: list[str], batch_size: int = HF_BATCH):
     """transformers: padded batches, mean pooling over the attention mask, L2 norm -> [N, H]."""
-    import torch
+    import torch  # deferred: torch is heavy; the module loads without it
     import torch.nn.functional as F
 
     out = []
@@ -85,14 +85,14 @@ def hf_embed(lm, texts: list[str], batch_size: int = HF_BATCH):
 
 
 def ours_embed(llm, texts: list[str]):
-    import torch
+    import torch  # deferred: torch is heavy; the module loads without it
 
     return torch.tensor([o.outputs.embedding for o in llm.embed(texts)])
 
 
 def bench_embed(side: EmbedContenders, texts: list[str], repeats: int) -> dict[str, float]:
     """`embed_per_s`, `hf_embed_per_s` (sentences per second) and `embed_ratio`."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # deferred: torch is heavy; the module loads without it
 
     if side.theirs.pooling != "mean" or not side.theirs.normalize:
         raise ValueError("The embedding benchmark compares mean pooling + normalization.")

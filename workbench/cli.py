@@ -13,7 +13,15 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from workbench import bench
+from workbench.config import EngineConfig
+from workbench.models import DEFAULT_MODEL, resolve_model
 
 NOT_BUILT = {
 }
@@ -135,9 +143,6 @@ def read_chat_template(value: str | None) -> str | None:
     else:
         raise ValueError(f"The supplied chat template ({value}) looks like a file path, but it "
                          "failed to be opened.")
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     try:
         ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
     except TemplateError as exc:
@@ -147,8 +152,7 @@ def read_chat_template(value: str | None) -> str | None:
 
 def configs_from_args(args: argparse.Namespace):
     """(EngineConfig, ServerConfig) from parsed `serve` flags; raises ValueError on bad ones."""
-    from workbench.config import EngineConfig
-    from workbench.models import DEFAULT_MODEL, resolve_model
+    # deferred: workbench.serving imports torch; `workbench --help` and `bench` stay light
     from workbench.serving.config import ServerConfig
 
     for name, message in NOT_BUILT.items():
@@ -210,8 +214,7 @@ def lora_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _with_loras(server: Any, args: argparse.Namespace) -> Any:
     """The ServerConfig with the served adapters of the LoRA flags (checked here)."""
-    from dataclasses import replace
-
+    # deferred: workbench.serving imports torch; `workbench --help` and `bench` stay light
     from workbench.serving.lora import parse_lora_module, runtime_updating_allowed
 
     if not args.enable_lora:
@@ -234,8 +237,6 @@ def _with_loras(server: Any, args: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # its own flags belong to workbench.bench
-        from workbench import bench
-
         return bench.main(argv[1:]) or 0
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.exit(2, f"workbench serve: error: {exc}\n")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from workbench.http.server import run_server
+    from workbench.http.server import run_server  # deferred: the server imports torch
 
     # non-zero when the engine loop died, so a supervisor restarts the server
     return run_server(engine_config, server_config, host=args.host, port=args.port) or 0

@@ -12,20 +12,30 @@ is one continuously batched run. Outputs come back in the order of the prompts.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from workbench.config import EngineConfig
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import LLMEngine
-from workbench.engine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput,
-                                      PoolingRequestOutput, RequestOutput, ScoringRequestOutput)
+from workbench.engine.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
 from workbench.engine.pooling import bi_encoder_score, judgement_prompt, score_pairs
 from workbench.errors import ValidationError
 from workbench.inspect.beam_tree import with_beam_tree
+from workbench.inspect.output_views import llm_html, llm_repr
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from workbench.serving.chat_template import ChatRenderer
+from workbench.serving.protocol.chat import ChatMessageParam
 
 _CONFIG_FIELDS = set(EngineConfig.__dataclass_fields__)
 
@@ -49,13 +59,9 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def __repr__(self) -> str:
-        from workbench.inspect.output_views import llm_repr
-
         return llm_repr(self)
 
     def _repr_html_(self) -> str:
-        from workbench.inspect.output_views import llm_html
-
         return llm_html(self)
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -231,9 +237,6 @@ class LLM:
         if continue_final_message and add_generation_prompt:
             raise ValueError("Cannot set both `continue_final_message` and "
                              "`add_generation_prompt` to True.")
-        from workbench.serving.chat_template import ChatRenderer
-        from workbench.serving.protocol.chat import ChatMessageParam
-
         tok = self.get_tokenizer()
         renderer = ChatRenderer(tok, trust_request_chat_template=True)  # the caller's own template
         prompts = []
@@ -282,6 +285,4 @@ def _progress(total: int, use_tqdm: Any, desc: str = "Processed prompts"):
         return use_tqdm(total=total, desc=desc)
     if not use_tqdm:
         return _NoBar()
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc)

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch  # at the top: the package root imports this module only for notebook_setup
+from transformers.utils import logging as hf_logging
+
+from workbench.llm import LLM
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def notebook_setup(model: str = DEFAULT_MODEL, *, dtype: str = "float32", seed: int = 0,
                    **engine_kwargs: Any):
     """Quiet transformers' warnings, seed torch, load `model`; returns the `LLM`."""
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from workbench.llm import LLM
-
     hf_logging.set_verbosity_error()  # keeps its progress bars, drops its warnings
     torch.manual_seed(seed)
     return LLM(model=model, dtype=dtype, seed=seed, **engine_kwargs)

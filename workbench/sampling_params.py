@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,14 +129,12 @@ class StructuredOutputsParams:
                   p, self.after_token_ids)
 
     def _check_json(self) -> None:
-        import json as _json
-
         p, schema = self.parameter, self.json
         if isinstance(schema, str):
             if not schema.strip():
                 refuse("The JSON schema must not be empty.", p, schema)
             try:
-                schema = _json.loads(schema)
+                schema = json.loads(schema)
             except ValueError as exc:
                 refuse(f"The JSON schema is not valid JSON: {exc}.", p, self.json)
         if not isinstance(schema, (dict, bool)):

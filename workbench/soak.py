@@ -21,6 +21,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import httpx
+import psutil
+
+from workbench import soak_checks
 from workbench.engine.protocol import EngineClient
 
 # a few bodies no server should accept, sent between the storm's streams
@@ -108,8 +112,6 @@ class SoakReport:
 
 def rss_mb() -> float:
     """This process's resident memory in MB."""
-    import psutil
-
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
 
 
@@ -181,8 +183,6 @@ async def storm(url: str, *, clients: int = 64, disconnect_fraction: float = 0.5
     """`clients` requests at once (completions and chat, alternating; three in four streamed),
     a `disconnect_fraction` of them leaving after a random number of events (or, unstreamed,
     after a random delay); the invalid bodies go in between."""
-    import httpx
-
     report = report or SoakReport()
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=clients + len(INVALID_BODIES) + 8)
@@ -214,51 +214,58 @@ def fuzz(url: str, *, max_examples: int = 50, seed: int = 0, timeout: float = 60
          exclude: tuple[str, ...] = ()) -> SoakReport:
     """schemathesis-generated requests for every operation of `url`/openapi.json: counts the
     statuses; any 5xx or hang goes into `report.failures`."""
-    import schemathesis
-    from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+    import schemathesis  # deferred: the test extra (`pip install -e '.[test]'`)
 
     report = report or SoakReport()
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=headers or {})
     for result in schema.get_all_operations():
         operation = result.ok()
-        if operation is None or operation.path in exclude:
-            continue
-
-        @hseed(seed)
-        @settings(max_examples=max_examples, deadline=None, database=None,
-                  phases=[Phase.explicit, Phase.generate],
-                  suppress_health_check=list(HealthCheck))
-        @given(case=operation.as_strategy())
-        def run(case) -> None:
-            try:
-                response = case.call(base_url=url, timeout=timeout, headers=headers or {})
-            except Exception as exc:  # noqa: BLE001 - timeouts and dropped connections
-                report.hangs += 1
-                report.failures.append(f"{operation.method.upper()} {operation.path}: "
-                                       f"{type(exc).__name__}")
-                return
-            report.count(response.status_code)
-            report.fuzz_requests += 1
-            if response.status_code >= 500:
-                report.failures.append(f"{operation.method.upper()} {operation.path} -> "
-                                       f"{response.status_code}: {response.text[:200]}")
-
-        run()
+        if operation is not None and operation.path not in exclude:
+            _fuzz_operation(operation, url, max_examples=max_examples, seed=seed,
+                            timeout=timeout, report=report, headers=headers or {})
     return report
+
+
+def _fuzz_operation(operation: Any, url: str, *, max_examples: int, seed: int, timeout: float,
+                    report: SoakReport, headers: dict) -> None:
+    """Up to `max_examples` generated calls of one schemathesis operation, into `report`."""
+    # deferred: hypothesis comes with the test extra (`pip install -e '.[test]'`)
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    where = f"{operation.method.upper()} {operation.path}"
+
+    @hseed(seed)
+    @settings(max_examples=max_examples, deadline=None, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy())
+    def run(case) -> None:
+        try:
+            response = case.call(base_url=url, timeout=timeout, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - timeouts and dropped connections
+            report.hangs += 1
+            report.failures.append(f"{where}: {type(exc).__name__}")
+            return
+        report.count(response.status_code)
+        report.fuzz_requests += 1
+        if response.status_code >= 500:
+            report.failures.append(f"{where} -> {response.status_code}: {response.text[:200]}")
+
+    run()
 
 
 def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
              seed: int = 0) -> SoakReport:
     """`workbench bench --soak`: a tiny llama served in-process, `rounds` storms, one fuzz pass
     over every route; the report of them all."""
+    # deferred: torch (and the engine, server and tiny models that import it) is heavy;
+    # the soak's client side (storm, fuzz, its report) loads without it
     import torch
 
     from workbench import LLM, serve_in_kernel
     from workbench.models import tiny_model
 
     torch.set_num_threads(1)
-    from workbench import soak_checks
-
     llm = LLM(tiny_model("llama", seed=seed), max_model_len=2048, block_size=16,
               num_kv_blocks=512, max_num_seqs=32, seed=seed)
     server = serve_in_kernel(llm, port=0, request_timeout=60.0)
@@ -283,8 +290,6 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
             stuck, leaked = engine_leaks(server.engine)
             report.stuck_requests = max(report.stuck_requests, stuck)
             report.blocks_leaked = max(report.blocks_leaked, leaked)
-        import httpx
-
         if httpx.get(server.url + "/health", timeout=30).status_code != 200:
             report.failures.append("/health is not 200 after the run")
         asyncio.run(soak_checks.burst(server.url, server.engine, report))
@@ -298,8 +303,6 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
 async def _watched_storm(url: str, clients: int, seed: int, report: SoakReport,
                          huge: bool) -> None:
     """One storm (with huge prompts when `huge`) while `/health` is polled."""
-    from workbench import soak_checks
-
     stop = asyncio.Event()
     watcher = asyncio.create_task(soak_checks.health_latency(url, stop, report))
     try:

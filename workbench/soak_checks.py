@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+import httpx
+
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "ignore_eos": True}
 HUGE_PROMPT = "hello world, a long prompt. " * 20000  # ~0.56 MB: about a second to tokenize
 
@@ -23,8 +25,6 @@ HUGE_PROMPT = "hello world, a long prompt. " * 20000  # ~0.56 MB: about a second
 async def burst(url: str, engine: Any, report: Any, *, requests: int = 300, limit: int = 64,
                 timeout: float = 120.0) -> None:
     """`requests` chats at once with the engine's waiting queue bounded at `limit`."""
-    import httpx
-
     before, engine.max_waiting_requests = engine.max_waiting_requests, limit
     peak, statuses = 0, []
     try:
@@ -56,8 +56,6 @@ async def burst(url: str, engine: Any, report: Any, *, requests: int = 300, limi
 async def health_latency(url: str, stop: asyncio.Event, report: Any,
                          every: float = 0.05) -> None:
     """Polls `/health` until `stop`; the slowest answer goes into `report.health_max_ms`."""
-    import httpx
-
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         while not stop.is_set():
             start = time.perf_counter()
@@ -75,8 +73,6 @@ async def health_latency(url: str, stop: asyncio.Event, report: Any,
 
 async def huge_prompts(url: str, count: int = 2) -> None:
     """Prompts that take seconds to tokenize (then are refused as too long)."""
-    import httpx
-
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         await asyncio.gather(*[client.post("/v1/completions", json={
             "prompt": HUGE_PROMPT, "max_tokens": 1}) for _ in range(count)])
@@ -87,8 +83,6 @@ def shutdown(server: Any, report: Any, *, streams: int = 4, timeout: float = 1.0
     """Open `streams` long streams, stop the server with `timeout`: each stream must end with
     an error event and `[DONE]`, the stop within `timeout` + `slack` seconds (`max_tokens` must
     outlast `timeout` and fit the server's context)."""
-    import httpx
-
     ends: list[list[str]] = [[] for _ in range(streams)]
     started = [threading.Event() for _ in range(streams)]
 

@@ -27,17 +27,35 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+import httpx
+import pydantic
+from pydantic import TypeAdapter
+
 from workbench.backend import Backend
+from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.engine.beam_search import BeamSearchOutput
+from workbench.engine.protocol import EngineClient
 from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.logprob_table import LogprobTable
+from workbench.inspect.lora_compare import compare_lora
+from workbench.inspect.parsed_output import ParsedOutput
+from workbench.inspect.remote_beam import remote_beam_search
 from workbench.inspect.similarity import SimilarityMatrix
+from workbench.inspect.tool_loop import ToolLoopTrace
 from workbench.inspect.trace import Span, Trace
-from workbench.inspect.validation_report import ValidationReport, endpoint_of
+from workbench.inspect.validation_report import ValidationReport, endpoint_of, parse, validate
+from workbench.models import resolve_model
 from workbench.sampling_params import BeamSearchParams
+from workbench.serving import ServerConfig, Servings
+from workbench.serving.base import RequestMeta
+from workbench.serving.errors import error_response, validation_error_body
+from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
+from workbench.serving.protocol import pooling as proto
+from workbench.serving.protocol.responses import ResponsesRequest
+from workbench.serving.recorder import PipelineRecorder
 
 
 @dataclass
@@ -70,8 +88,6 @@ class Result:
     def parsed(self, choice: int = 0, **parsers: Any) -> Any:
         """A chat choice's tokens marked reasoning / content / tool_call (`ParsedOutput`); name
         the server's parsers (`reasoning_parser=`, `tool_parser=`); None without logprobs."""
-        from workbench.inspect.parsed_output import ParsedOutput
-
         choices = (self.response or {}).get("choices") or []
         if not any(c.get("index") == choice and (c.get("logprobs") or {}).get("content")
                    is not None and "message" in c for c in choices):
@@ -193,8 +209,6 @@ class Workbench:
         """The same greedy request on the base model and on a LoRA adapter, side by side:
         a `LoRAComparison` with both results and a `LogprobDiff` (`workbench.inspect.lora_compare`);
         `messages=[...]` for chat, `max_tokens`, `top_logprobs`, other body fields."""
-        from workbench.inspect.lora_compare import compare_lora
-
         return compare_lora(self, prompt, adapter, **kwargs)
 
     def beam_search(self, prompt: str | list[int], beam_width: int = 4, max_tokens: int = 16,
@@ -227,10 +241,6 @@ _FLAG = re.compile(r"--([a-z][a-z0-9-]+)")
 def kernel_words(error: dict[str, Any]) -> dict[str, Any]:
     """An error envelope whose message names server flags (`--tool-call-parser`), with the
     keyword arguments a notebook passes for them added (`ServerConfig` / `serve_in_kernel`)."""
-    from dataclasses import fields
-
-    from workbench.serving import ServerConfig
-
     message = error.get("error", {}).get("message") or ""
     known = {f.name for f in fields(ServerConfig)}
     names = list(dict.fromkeys(m.replace("-", "_") for m in _FLAG.findall(message)))
@@ -248,10 +258,6 @@ class _Local(Backend):
     event-loop thread."""
 
     def __init__(self, llm: Any, config: Any, tool_server: Any = None):
-        from workbench.engine.async_engine import AsyncLLMEngine
-        from workbench.engine.protocol import EngineClient
-        from workbench.serving import ServerConfig, Servings
-
         self._owns_engine = not isinstance(llm, EngineClient)  # an `LLM`: served by a front
         self.engine: EngineClient = AsyncLLMEngine.from_llm(llm) if self._owns_engine else llm
         self.servings = Servings.build(self.engine, config or ServerConfig(),
@@ -268,9 +274,6 @@ class _Local(Backend):
 
     def _parse(self, endpoint: str, body: dict[str, Any]):
         """Body -> ((request, serving, meta), None), or (None, the schema failure's report)."""
-        from workbench.inspect.validation_report import parse
-        from workbench.serving.base import RequestMeta
-
         request, rec, endpoint = parse(body, endpoint)
         if request is None:
             return None, ValidationReport.from_recorder(rec, endpoint)
@@ -278,8 +281,6 @@ class _Local(Backend):
         return (request, serving, RequestMeta(recorder=rec)), None
 
     def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
-        from workbench.serving.errors import error_response
-
         body = _with_model(body, self.model)
         parsed, report = self._parse(endpoint, body)
         if parsed is None:
@@ -297,8 +298,6 @@ class _Local(Backend):
                       Trace.from_recorder(meta.recorder))
 
     def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        from workbench.serving.errors import error_response
-
         body = _with_model({**body, "stream": True}, self.model)
         parsed, report = self._parse(endpoint, body)
         if parsed is None:
@@ -321,11 +320,6 @@ class _Local(Backend):
             self.run(chunks.aclose())
 
     def call(self, endpoint: str, body: dict[str, Any] | None) -> Result:
-        from pydantic import TypeAdapter
-
-        from workbench.serving.errors import error_response
-        from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
-
         try:
             if endpoint == "models":
                 response = self.servings.models.list_models()
@@ -341,11 +335,6 @@ class _Local(Backend):
         return Result(response.model_dump(mode="json"))
 
     def respond(self, body: dict[str, Any]) -> Result:
-        from workbench.inspect.tool_loop import ToolLoopTrace
-        from workbench.serving.base import RequestMeta
-        from workbench.serving.errors import error_response
-        from workbench.serving.protocol.responses import ResponsesRequest
-
         try:
             request = ResponsesRequest.model_validate(_with_model(body, self.model))
             response, loop = self.run(self.servings.responses.run(request, RequestMeta()))
@@ -355,10 +344,6 @@ class _Local(Backend):
         return Result(response.model_dump(mode="json"), tool_loop=ToolLoopTrace.from_loop(loop))
 
     def stream_respond(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        from workbench.serving.base import RequestMeta
-        from workbench.serving.errors import error_response
-        from workbench.serving.protocol.responses import ResponsesRequest
-
         try:
             request = ResponsesRequest.model_validate(
                 _with_model({**body, "stream": True}, self.model))
@@ -376,21 +361,10 @@ class _Local(Backend):
             self.run(events.aclose())
 
     def validate(self, body: dict[str, Any]) -> ValidationReport:
-        from workbench.inspect.validation_report import validate
-
         return validate(self.servings, _with_model(body, self.model))
 
     def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
         """A pooling endpoint through its serving object, errors as the server answers them."""
-        import pydantic
-        from pydantic import TypeAdapter
-
-        from workbench.serving.errors import validation_error_body
-        from workbench.serving.base import RequestMeta
-        from workbench.serving.errors import error_response
-        from workbench.serving.protocol import pooling as proto
-        from workbench.serving.recorder import PipelineRecorder
-
         model = {"embeddings": proto.EmbeddingRequest, "pooling": proto.PoolingRequest,
                  "classify": proto.ClassificationRequest, "score": proto.ScoreRequest,
                  "rerank": proto.RerankRequest}[endpoint]
@@ -432,8 +406,6 @@ class _Remote(Backend):
               "responses": "/responses"}
 
     def __init__(self, url: str, api_key: str | None, timeout: float):
-        import httpx
-
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base = url
         self.root = url[:-3] if url.endswith("/v1") else url  # /tokenize lives at the root
@@ -465,8 +437,6 @@ class _Remote(Backend):
         return result
 
     def respond(self, body: dict[str, Any]) -> Result:
-        from workbench.inspect.tool_loop import ToolLoopTrace
-
         result = self._result(self.client.post(self.base + "/responses",
                                                json=_with_model(body, self.model)))
         if result.ok:
@@ -493,10 +463,6 @@ class _Remote(Backend):
         return self._result(self.client.post(self._url(endpoint), json=body))
 
     def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
-        import httpx
-
-        from workbench.inspect.remote_beam import remote_beam_search
-
         if tokenizer is None:
             tokenizer = _local_tokenizer(self.model)
         with httpx.Client(base_url=self.root, headers=self.client.headers,
@@ -527,9 +493,7 @@ class _Remote(Backend):
 
 def _local_tokenizer(model: str) -> Any:
     """The tokenizer of a served model we also have here (an alias or a local directory)."""
-    from transformers import AutoTokenizer
-
-    from workbench.models import resolve_model
+    from transformers import AutoTokenizer  # deferred: transformers is heavy
 
     try:
         path = resolve_model(model, prepare=False).path

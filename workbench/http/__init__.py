@@ -10,16 +10,21 @@ notebook kernel.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workbench.http.app import build_app
+    from workbench.http.kernel_server import serve_in_kernel
+
+# loaded on first use: both import fastapi and the serving layer (torch), which modules such as
+# shutdown.py and json_guard.py do not need
+_LAZY = {"build_app": "workbench.http.app", "serve_in_kernel": "workbench.http.kernel_server"}
+
 __all__ = ["build_app", "serve_in_kernel"]
 
 
 def __getattr__(name: str):
-    if name == "build_app":
-        from workbench.http.app import build_app
-
-        return build_app
-    if name == "serve_in_kernel":
-        from workbench.http.kernel_server import serve_in_kernel
-
-        return serve_in_kernel
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'workbench.http' has no attribute {name!r}")

@@ -19,11 +19,15 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from workbench.http.errors import (
-    http_exception_handler, request_validation_handler, unexpected_error_handler,
+    http_exception_handler,
+    request_validation_handler,
+    unexpected_error_handler,
 )
 from workbench.http.json_guard import JsonGuardMiddleware
 from workbench.http.middleware import (
-    ApiKeyMiddleware, BodyLimitMiddleware, RequestCounterMiddleware,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    RequestCounterMiddleware,
 )
 from workbench.http.routes import extras, lora, openai, pooling, responses, system, tokenize
 from workbench.http.shutdown import Drain

@@ -17,7 +17,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from workbench.errors import ValidationError
 from workbench.serving.errors import error_response, make_error, validation_error_body
 
 logger = logging.getLogger("workbench.http")

@@ -15,6 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import uvicorn
+
+from workbench.engine.async_engine import AsyncLLMEngine
+from workbench.http.app import build_app
+from workbench.http.shutdown import DrainingServer
 from workbench.serving.config import ServerConfig
 
 
@@ -69,12 +74,6 @@ def serve_in_kernel(llm: Any, port: int = 0, host: str = "127.0.0.1",
                     **config_kwargs: Any) -> KernelServer:
     """Serves `llm` (a `workbench.LLM`, or an `AsyncLLMEngine`) at http://host:port/v1;
     `tool_server`: the Responses API's built-in tools (default: the calculator)."""
-    import uvicorn
-
-    from workbench.engine.async_engine import AsyncLLMEngine
-    from workbench.http.app import build_app
-    from workbench.http.shutdown import DrainingServer
-
     owns_engine = not isinstance(llm, AsyncLLMEngine)
     engine = AsyncLLMEngine.from_llm(llm) if owns_engine else llm
     config = config or ServerConfig(**config_kwargs)

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from workbench.serving.errors import error_response
+
 
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8")).digest()
@@ -178,8 +180,6 @@ class RequestCounterMiddleware:
             await self.app(scope, receive, send_wrapper)
         except Exception as exc:  # the app's generic handler answers outside this middleware
             if not status["started"]:
-                from workbench.serving.errors import error_response
-
                 answer = error_response(exc, quiet=True).error
                 status["code"], status["body"] = answer.code, json.dumps(
                     {"error": {"type": answer.type}}).encode()

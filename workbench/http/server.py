@@ -15,6 +15,9 @@ from typing import Any
 import uvicorn
 
 from workbench.config import EngineConfig
+from workbench.engine.async_engine import AsyncLLMEngine
+from workbench.http.app import build_app
+from workbench.http.shutdown import DrainingServer, exit_now
 from workbench.serving.config import ServerConfig
 
 logger = logging.getLogger("workbench.http")
@@ -24,8 +27,6 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, *,
                host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
                **uvicorn_kwargs: Any) -> int:
     """Blocks serving `engine_config.model`; 0 after a normal shutdown, 1 if the engine died."""
-    from workbench.engine.async_engine import AsyncLLMEngine
-
     engine = AsyncLLMEngine.from_config(engine_config)
     try:
         if engine.generation_defaults:
@@ -43,10 +44,6 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, *,
 def serve_engine(engine: Any, server_config: ServerConfig, *, host: str, port: int,
                  log_level: str = "info", **uvicorn_kwargs: Any) -> int:
     """Serves an `AsyncLLMEngine` until a signal or its death; returns the exit status."""
-    from workbench.http.app import build_app
-
-    from workbench.http.shutdown import DrainingServer, exit_now
-
     app = build_app(engine, server_config)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **uvicorn_kwargs)
     server = DrainingServer(config, app.state.drain, server_config.shutdown_timeout)

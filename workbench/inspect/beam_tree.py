@@ -19,6 +19,7 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
+from workbench.inspect.beam_svg import draw
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 
@@ -64,13 +65,12 @@ class BeamTree(BeamTreeData):
         number shown (`logprob`, `cum_logprob` or `score`), `selected` a node marked in yellow,
         `highlight` the node ids drawn as returned paths (default: this tree's); `static` adds
         a picture copy shown where the notebook is untrusted."""
-        from workbench.inspect.beam_svg import draw
-
         return draw(self, label, selected, highlight, static)
 
     def plot(self, ax=None):
         """Draws the tree with matplotlib (x = step, y = order); returns the Axes."""
         import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+        from matplotlib.lines import Line2D
 
         if ax is None:
             rows = len(self.nodes) / max(self.num_steps, 1)
@@ -83,8 +83,6 @@ class BeamTree(BeamTreeData):
             ax.plot([x1, x2], [y1, y2], color="tab:red" if n.id in on_path else colour[n.status],
                     lw=1.5 if n.id in on_path else 0.6)
             ax.annotate(repr(n.text)[1:-1][:10], (x2, y2), fontsize=7, color=colour[n.status])
-        from matplotlib.lines import Line2D
-
         ax.legend(handles=[Line2D([], [], color=c, label=s) for s, c in
                            (("kept", "tab:blue"), ("pruned", "lightgrey"),
                             ("completed", "tab:green"), ("returned", "tab:red"))],

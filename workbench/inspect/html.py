@@ -9,6 +9,7 @@ Run-dependent values (durations) go through `duration`, which wraps them in a
 
 from __future__ import annotations
 
+import base64
 import colorsys
 import hashlib
 import html as _html
@@ -68,8 +69,6 @@ def static_fallback(live: str, svg: str, width: int, height: int, key: str) -> s
     """`live` HTML (inline SVG: hover tooltips) where the notebook is trusted, else `svg` as a
     picture: an untrusted notebook (a fresh clone) strips `<svg>` and `<style>` but keeps an
     `<img>` with a data URI and inline `display`. The `<style>` swaps them when it runs."""
-    import base64
-
     data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return (f'<div class="{key}"><div class="wb-static" style="display:block">'
             f'<img alt="drawing (static copy)" width="{width}" height="{height}" '

@@ -95,7 +95,7 @@ class LogprobDiff:
                 "rows": [r.to_dict() for r in self.rows]}
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # optional: deferred, only frames need pandas
 
         return pd.DataFrame([r.to_dict() for r in self.rows]).set_index("position")
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench.inspect import html as h
+from workbench.inspect.logprob_diff import LogprobDiff
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ class LogprobTable:
 
     def to_frame(self):
         """One row per position (prompt positions first, `part` tells them apart)."""
-        import pandas as pd
+        import pandas as pd  # optional: deferred, only frames need pandas
 
         records = []
         for r in (*self.prompt, *self.rows):
@@ -242,8 +243,6 @@ class LogprobTable:
 
     def diff(self, other: "LogprobTable", names: tuple[str, str] = ("a", "b")):
         """Position by position against another table of the same prompt (`LogprobDiff`)."""
-        from workbench.inspect.logprob_diff import LogprobDiff
-
         return LogprobDiff.of(self, other, *names)
 
     # -- views ------------------------------------------------------------------------------
@@ -272,7 +271,7 @@ class LogprobTable:
 
     def plot(self, k: int | None = None, ax: Any = None):
         """Matplotlib heatmap of probabilities: generated positions x top-k rank."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
 
         k = k or max((len(r.top) for r in self.rows), default=1) or 1
         grid = [[(r.top[j].prob if j < len(r.top) else float("nan")) for j in range(k)]

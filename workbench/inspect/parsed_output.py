@@ -17,6 +17,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from workbench.inspect import html as h
+from workbench.serving.chat_tools import ChoiceParser
+from workbench.serving.reasoning import get_reasoning_parser
+from workbench.serving.tool_parsers import get_tool_parser
 
 PART_COLORS = {"reasoning": "#e3dcf5", "content": "#ffffff", "tool_call": "#d4f0d8"}
 
@@ -64,10 +67,6 @@ class ParsedOutput:
         tells whether the prompt opened the reasoning; `tools` (chat format) give
         `qwen3_xml` its parameter types; `chat_template_kwargs` the request's (Qwen3 reads
         `enable_thinking`)."""
-        from workbench.serving.chat_tools import ChoiceParser
-        from workbench.serving.reasoning import get_reasoning_parser
-        from workbench.serving.tool_parsers import get_tool_parser
-
         text = "".join(tokens)
         reasoning = None
         if reasoning_parser:
@@ -145,7 +144,7 @@ class ParsedOutput:
                 "tool_start": self.tool_start, "rows": [asdict(r) for r in self.rows]}
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # optional: deferred, only frames need pandas
 
         return pd.DataFrame.from_records([asdict(r) for r in self.rows], columns=[
             "position", "token", "start", "end", "part", "logprob"])

@@ -13,8 +13,12 @@ pandas DataFrame, `best(row)` the best column, `_repr_html_` a deterministic col
 
 from __future__ import annotations
 
+import base64
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from workbench.inspect import html as h
 
@@ -41,8 +45,6 @@ class SimilarityMatrix:
                         ) -> "SimilarityMatrix":
         """Cosine similarity of every row embedding with every column embedding (rows
         against themselves when no columns are given)."""
-        import numpy as np
-
         a = _unit(np.asarray(embeddings, dtype="float64"))
         b = a if col_embeddings is None else _unit(np.asarray(col_embeddings, dtype="float64"))
         values = (a @ b.T).tolist()
@@ -97,7 +99,7 @@ class SimilarityMatrix:
                 "values": [list(r) for r in self.values]}
 
     def to_frame(self) -> Any:
-        import pandas as pd
+        import pandas as pd  # optional: deferred, only frames need pandas
 
         return pd.DataFrame(self.values, index=self.rows, columns=self.cols)
 
@@ -134,7 +136,7 @@ class SimilarityMatrix:
 
     def plot(self, ax: Any = None, cmap: str = "viridis", annotate: bool = True) -> Any:
         """A heatmap of the values (matplotlib); returns the axes."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
 
         if ax is None:
             _, ax = plt.subplots(figsize=(1.2 + 1.1 * len(self.cols), 0.8 + 0.5 * len(self.rows)))
@@ -159,8 +161,6 @@ class SimilarityMatrix:
 
 
 def _unit(x: Any) -> Any:
-    import numpy as np
-
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.where(norms == 0, 1.0, norms)
 
@@ -168,18 +168,12 @@ def _unit(x: Any) -> Any:
 def _vector(embedding: Any) -> list[float]:
     """A float list, or a base64 float32 string decoded as OpenAI's client does."""
     if isinstance(embedding, str):
-        import base64
-
-        import numpy as np
-
         return np.frombuffer(base64.b64decode(embedding), dtype="float32").tolist()
     return list(embedding)
 
 
 def _wrap(text: str, width: int = 24, lines: int = 3) -> str:
     """A tick label: wrapped at `width` characters, at most `lines` lines (then an ellipsis)."""
-    import textwrap
-
     wrapped = textwrap.wrap(text, width) or [""]
     if len(wrapped) > lines:
         wrapped = wrapped[:lines]

@@ -140,7 +140,7 @@ class ToolLoopTrace:
         return rows
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # optional: deferred, only frames need pandas
 
         return pd.DataFrame(self.rows())
 

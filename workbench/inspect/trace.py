@@ -94,7 +94,7 @@ class Trace:
                 "num_cached_tokens": self.num_cached_tokens}
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # optional: deferred, only frames need pandas
 
         return pd.DataFrame([{**asdict(s), "duration": s.duration} for s in self.spans],
                             columns=["name", "kind", "start", "end", "duration"])

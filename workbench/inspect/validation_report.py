@@ -16,7 +16,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pydantic
+
 from workbench.inspect import html as h
+from workbench.serving.base import RequestMeta
+from workbench.serving.errors import error_response, validation_error_body
+from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
 from workbench.serving.recorder import Check, PipelineRecorder
 
 STATUSES = ("passed", "failed", "coerced", "ignored")
@@ -99,7 +104,7 @@ class ValidationReport:
                 "error": self.error}
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # optional: deferred, only frames need pandas
 
         return pd.DataFrame([asdict(c) for c in self.checks],
                             columns=["name", "stage", "status", "param", "reason", "value"])
@@ -159,11 +164,6 @@ def endpoint_of(body: dict[str, Any]) -> str:
 def parse(body: dict[str, Any], endpoint: str | None = None
           ) -> tuple[Any, PipelineRecorder, str]:
     """The body as the HTTP route parses it: (request model or None, recorder, endpoint)."""
-    import pydantic
-
-    from workbench.serving.errors import validation_error_body
-    from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
-
     endpoint = endpoint or endpoint_of(body)
     model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
     rec = PipelineRecorder()
@@ -193,8 +193,6 @@ class _Envelope:
 def validate(servings: Any, body: dict[str, Any], endpoint: str | None = None,
              headers: dict[str, str] | None = None) -> ValidationReport:
     """Dry run: parse `body` as the HTTP route does, then the pipeline up to scheduling."""
-    from workbench.serving.base import RequestMeta
-
     request, rec, endpoint = parse(body, endpoint)
     if request is None:
         return ValidationReport.from_recorder(rec, endpoint)
@@ -204,7 +202,5 @@ def validate(servings: Any, body: dict[str, Any], endpoint: str | None = None,
         serving.prepare(request, meta, schedule=False)
     except Exception as exc:  # noqa: BLE001 - the failing check recorded the envelope
         if rec.error is None:
-            from workbench.serving.errors import error_response
-
             rec.error = error_response(exc)
     return ValidationReport.from_recorder(rec, endpoint)

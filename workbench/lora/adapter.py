@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from workbench.errors import ValidationError
 from workbench.lora.request import LoRARequest
@@ -113,9 +115,6 @@ def load_adapter(request: LoRARequest, modules: dict[str, tuple[int, int]], max_
         found = "adapter_model.bin (pickle) is not supported: save with safetensors" if (
             path / "adapter_model.bin").is_file() else "it is missing"
         raise LoRALoadError(request, f"{WEIGHTS_FILE}: {found}.")
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         tensors = load_file(str(weights_file), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

@@ -9,11 +9,17 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from workbench.models.cache import cache_dir, model_cache_dir
-from workbench.models.registry import (ALIASES, DEFAULT_EMBED_MODEL, DEFAULT_MODEL, ModelSpec,
-                                       resolve_model)
+from workbench.models.registry import (
+    ALIASES,
+    DEFAULT_EMBED_MODEL,
+    DEFAULT_MODEL,
+    ModelSpec,
+    resolve_model,
+)
 
 if TYPE_CHECKING:
     from workbench.models.devices import resolve_device, resolve_dtype
@@ -33,7 +39,5 @@ __all__ = ["ALIASES", "DEFAULT_EMBED_MODEL", "DEFAULT_MODEL", "LoadedModel", "Mo
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")

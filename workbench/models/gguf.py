@@ -47,6 +47,7 @@ def prepare_gguf(name: str, path: Path, package: str | None = None) -> Path:
 
 def convert_gguf(path: Path, out: Path) -> None:
     """Dequantize the GGUF file `path` into `out`: float32 safetensors, tokenizer, configs."""
+    # deferred: torch and transformers are heavy; the registry imports this module
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from workbench.models.devices import resolve_device, resolve_dtype
 from workbench.models.registry import ENCODER_TYPES, resolve_model
@@ -70,7 +71,7 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
     shows the stages (weights, tokenizer, device) as a tqdm bar: a widget in a notebook, a line
     on the terminal.
     """
-    from tqdm.auto import tqdm
+    # deferred: transformers is heavy to import and only loading needs it
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     spec = resolve_model(model, kind=kind, served_name=served_name)

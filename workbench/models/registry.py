@@ -114,6 +114,7 @@ def detect_kind(path: Path) -> str:
 
 def _hub_snapshot(repo_id: str) -> Path:
     """A hub model's local snapshot: from the HF cache, or downloaded where a hub is reachable."""
+    # deferred: the hub's download stack is slow to import; aliases and local dirs skip it
     from huggingface_hub import snapshot_download
 
     try:

@@ -25,6 +25,7 @@ _SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_at
 
 def tiny_config(arch: str, tokenizer):
     """The config of a tiny `arch` model whose vocabulary and special tokens match `tokenizer`."""
+    # deferred: transformers is heavy to import and only building a model needs it
     from transformers import BertConfig, LlamaConfig, MistralConfig, Qwen2Config
 
     special = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
@@ -49,6 +50,7 @@ def tiny_model(arch: str = "llama", *, seed: int = 0, dtype: str | torch.dtype =
     >>> tiny_model("llama").config.num_hidden_layers
     2
     """
+    # deferred: transformers is heavy to import and only building a model needs it
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     if arch not in TINY_ARCHITECTURES:

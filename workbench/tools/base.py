@@ -4,40 +4,19 @@ A `ToolServer` lists its tools (`list_tools()`: name, description, JSON-schema p
 shape chat templates render) and runs one by name (`call(name, arguments) -> str`). A tool's
 failure is a `ToolError`; the serving layer hands its message back to the model as the tool's
 output, so bad tool input never becomes a server error. `LocalToolServer` holds in-process
-`Tool`s; `default_tool_server()` is what every app gets unless it is given another.
+`Tool`s; `default_tool_server()` is what every app gets unless it is given another. What a
+tool is (`ToolSpec`, `Tool`, `ToolError`, `parse_arguments`) lives in `spec.py`, below the
+tools themselves, and is importable from here too.
 
 Tools must be pure computations: none may run arbitrary code, touch files or reach the network.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-
-class ToolError(Exception):
-    """A tool refused its input or failed; the message goes back to the model."""
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """What the model is told about a tool (rendered into the chat template as a function)."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-    def as_function(self) -> dict[str, Any]:
-        """The chat-completions tool shape templates expect."""
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": self.parameters}}
-
-
-class Tool(Protocol):
-    spec: ToolSpec
-
-    def run(self, arguments: dict[str, Any]) -> str: ...
+from workbench.tools.calculator import Calculator
+from workbench.tools.spec import Tool, ToolError, ToolSpec, parse_arguments
 
 
 class ToolServer:
@@ -54,19 +33,6 @@ class ToolServer:
 
     def spec(self, name: str) -> ToolSpec | None:
         return next((s for s in self.list_tools() if s.name == name), None)
-
-
-def parse_arguments(arguments: str | dict[str, Any]) -> dict[str, Any]:
-    """A tool call's arguments (a JSON object, as a string or already parsed) -> a dict."""
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise ToolError(f"arguments are not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise ToolError("arguments must be a JSON object")
-    return parsed
 
 
 class LocalToolServer(ToolServer):
@@ -97,6 +63,4 @@ class LocalToolServer(ToolServer):
 
 def default_tool_server() -> LocalToolServer:
     """The built-in tools every server offers: the arithmetic `calculator`."""
-    from workbench.tools.calculator import Calculator
-
     return LocalToolServer([Calculator()])

@@ -15,7 +15,7 @@ import math
 import operator
 from typing import Any
 
-from workbench.tools.base import ToolError, ToolSpec
+from workbench.tools.spec import ToolError, ToolSpec
 
 MAX_LENGTH = 500  # characters of expression
 MAX_DEPTH = 32  # nesting of operators
@@ -96,7 +96,7 @@ def evaluate(expression: str) -> Number:
     >>> evaluate("__import__('os')")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    workbench.tools.base.ToolError: Call is not allowed: only numbers, + - * / // % ** and ...
+    workbench.tools.spec.ToolError: Call is not allowed: only numbers, + - * / // % ** and ...
     """
     if not isinstance(expression, str):
         raise ToolError("the expression must be a string")

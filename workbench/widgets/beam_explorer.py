@@ -21,6 +21,8 @@ import ipywidgets as widgets
 
 from workbench.inspect import html as h
 from workbench.inspect.beam_tree import BeamNode, BeamTree
+from workbench.sampling_params import BeamSearchParams
+from workbench.serving.errors import error_response
 
 Search = Callable[[str, int, float, int], BeamTree]  # (prompt, width, length_penalty, max_tokens)
 
@@ -93,8 +95,6 @@ def render_step(tree: BeamTree, step: int, node_id: int | None = None,
 
 def error_html(exc: BaseException) -> str:
     """An exception in the OpenAI error shape's words: `400 BadRequestError: message (param)`."""
-    from workbench.serving.errors import error_response
-
     err = error_response(exc).error
     param = f" (parameter: {err.param})" if err.param else ""
     return (f'<div class="wb-error" style="color:#8b0000;background:#fff0f0;padding:4px 8px;'
@@ -225,8 +225,6 @@ class BeamExplorer(widgets.VBox):
 
     def _llm_search(self, prompt: str, width: int, length_penalty: float, max_tokens: int
                     ) -> BeamTree:
-        from workbench.sampling_params import BeamSearchParams
-
         params = BeamSearchParams(beam_width=width, max_tokens=max_tokens,
                                   length_penalty=length_penalty)
         return self.llm.beam_search([prompt], params, use_tqdm=self._progress_bar)[0].tree

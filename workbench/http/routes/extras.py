@@ -25,10 +25,17 @@ from workbench.http.cancellation import with_cancellation
 from workbench.http.errors import error_json, validate_error_json, validate_json_request
 from workbench.http.routes import openai, pooling, request_meta
 from workbench.serving.chat_batch import BatchChatCompletionRequest, create_batch
-from workbench.serving.protocol import ChatCompletionRequest, ChatCompletionResponse
-from workbench.serving.protocol import CompletionRequest
+from workbench.serving.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+)
 from workbench.serving.protocol.pooling import (
-    ClassificationRequest, EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest,
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
 )
 
 batch_router = APIRouter()

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import Field
 
+from workbench.errors import ValidationError
 from workbench.http.errors import error_json, validate_json_request
 from workbench.serving.protocol.common import OpenAIBaseModel
 from workbench.serving.unsupported import refuse_unknown_fields
@@ -38,8 +39,6 @@ class UnloadLoRAAdapterRequest(OpenAIBaseModel):
 @router.post("/v1/load_lora_adapter", dependencies=[Depends(validate_json_request)])
 async def load_lora_adapter(request: LoadLoRAAdapterRequest, raw: Request) -> Response:
     """Loads a PEFT LoRA adapter and serves it as model `lora_name`."""
-    from workbench.errors import ValidationError
-
     adapters = raw.app.state.servings.adapters
     try:
         refuse_unknown_fields(request)

@@ -11,9 +11,14 @@ from workbench.http.cancellation import with_cancellation
 from workbench.http.errors import error_json, validate_json_request
 from workbench.http.routes import request_meta
 from workbench.http.sse import sse_response
+from workbench.inspect.validation_report import validate
 from workbench.serving.protocol import (
-    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
-    ErrorResponse, ModelList,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelList,
 )
 
 router = APIRouter()
@@ -61,8 +66,6 @@ async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -
 async def validate_request(raw: Request) -> JSONResponse:
     """Dry run of a completions or chat body (chat when it has `messages`): the
     `ValidationReport` of every check, generating nothing. Always 200; see `ok` / `error`."""
-    from workbench.inspect.validation_report import validate
-
     try:
         body = await raw.json()
     except ValueError as exc:

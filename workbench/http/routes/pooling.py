@@ -15,8 +15,16 @@ from workbench.http.errors import error_json, validate_json_request
 from workbench.http.routes import request_meta
 from workbench.serving.protocol import ErrorResponse
 from workbench.serving.protocol.pooling import (
-    ClassificationRequest, ClassificationResponse, EmbeddingRequest, EmbeddingResponse,
-    PoolingRequest, PoolingResponse, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse,
+    ClassificationRequest,
+    ClassificationResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    PoolingRequest,
+    PoolingResponse,
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
 )
 
 logger = logging.getLogger("workbench.http")

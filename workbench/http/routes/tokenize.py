@@ -7,7 +7,10 @@ from fastapi.responses import JSONResponse
 
 from workbench.http.errors import error_json, validate_json_request
 from workbench.serving.protocol import (
-    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 
 router = APIRouter()
