@@ -1,6 +1,6 @@
 """Deterministic HTML helpers."""
 
-from workbench.inspect.html import content_id
+from workbench.html import content_id
 
 
 def test_content_id_ignores_float_noise_but_not_visible_changes():

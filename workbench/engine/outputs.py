@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from workbench.inspect.output_views import completion_html, pooling_html, request_html
+from workbench.engine.output_views import completion_html, pooling_html, request_html
 
 if TYPE_CHECKING:  # only an annotation: this module stays torch-free at run time
     import torch

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from workbench.inspect import html as h
+from workbench import html as h
 
 if TYPE_CHECKING:
     from workbench.inspect.beam_tree import BeamNode, BeamTree

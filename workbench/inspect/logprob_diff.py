@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.inspect import html as h
+from workbench import html as h
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from workbench.inspect import html as h
+from workbench import html as h
 from workbench.inspect.logprob_diff import LogprobDiff
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.inspect import html as h
+from workbench import html as h
 from workbench.lora.request import LoRARequest
 
 

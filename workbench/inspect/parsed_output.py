@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from workbench.inspect import html as h
+from workbench import html as h
 from workbench.serving.chat_tools import ChoiceParser
 from workbench.serving.reasoning import get_reasoning_parser
 from workbench.serving.tool_parsers import get_tool_parser

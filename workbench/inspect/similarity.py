@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.inspect import html as h
+from workbench import html as h
 
 
 @dataclass

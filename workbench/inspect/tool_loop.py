@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.inspect import html as h
+from workbench import html as h
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.inspect import html as h
+from workbench import html as h
 
 KIND_COLORS = {"pipeline": "#8fb8de", "engine": "#f0a868", "client": "#b0b0b0"}
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pydantic
 
-from workbench.inspect import html as h
+from workbench import html as h
 from workbench.serving.base import RequestMeta
 from workbench.serving.errors import error_response, validation_error_body
 from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest

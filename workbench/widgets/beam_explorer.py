@@ -19,7 +19,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.inspect import html as h
+from workbench import html as h
 from workbench.inspect.beam_tree import BeamNode, BeamTree
 from workbench.sampling_params import BeamSearchParams
 from workbench.serving.errors import error_response
