@@ -1,9 +1,8 @@
 """`workbench`: the command line. `serve` runs the OpenAI-compatible server, `bench` the benchmark.
 
-Flags follow `vllm serve` (interface.md lists them). Flags for features not built yet
-(`NOT_BUILT`, empty at present) stop the command at start-up with a clear message rather than
-being accepted and ignored; unknown tool or reasoning parser names stop it too, listing the
-valid ones, and LoRA flags without `--enable-lora` stop it as well.
+Flags follow `vllm serve` (the README's Serving section lists them). Unknown tool or reasoning
+parser names stop the command at start-up, listing the valid ones, and LoRA flags without
+`--enable-lora` stop it as well.
 """
 
 from __future__ import annotations
@@ -22,9 +21,6 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from workbench import bench
 from workbench.config import EngineConfig
 from workbench.models import DEFAULT_MODEL, resolve_model
-
-NOT_BUILT = {
-}
 
 
 def _json_dict(text: str) -> dict[str, Any]:
@@ -155,9 +151,6 @@ def configs_from_args(args: argparse.Namespace):
     # deferred: workbench.serving imports torch; `workbench --help` and `bench` stay light
     from workbench.serving.config import ServerConfig
 
-    for name, message in NOT_BUILT.items():
-        if getattr(args, name) not in (None, False):
-            raise ValueError(message)
     model = args.model or args.model_tag or DEFAULT_MODEL
     names = tuple(args.served_model_name or (resolve_model(model, prepare=False).served_name,))
     engine_kwargs = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
