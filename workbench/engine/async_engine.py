@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -257,6 +258,7 @@ class AsyncLLMEngine:
                 continue
             try:
                 self.engine.step()
+                time.sleep(0)  # between steps the lock is free: let a waiting add or abort take it
             except BaseException as exc:  # a bug, not a model failure: nothing can be served
                 logger.exception("engine loop died")
                 self._dead = exc

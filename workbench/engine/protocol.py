@@ -83,6 +83,10 @@ class EngineClient(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stops a request; its stream ends."""
 
+    def abort_all(self) -> None:
+        """Aborts every request submitted through this client (a server's shutdown deadline);
+        never blocks the caller's loop."""
+
     def check_inputs(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
         """Dry run of `generate`'s input checks (lengths, ids, grammar): raises what `generate`
         would refuse, queues nothing."""
@@ -98,6 +102,8 @@ class EngineClient(Protocol):
         """Ids of the adapters the engine holds (loaded, or resident in a slot)."""
 
     # -- health and load --------------------------------------------------------------------
+    max_waiting_requests: int | None  # a full waiting queue refuses new requests (503)
+
     @property
     def errored(self) -> bool:
         """True once the engine loop died: nothing can be served any more."""

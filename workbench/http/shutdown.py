@@ -20,6 +20,7 @@ from typing import Any
 
 import uvicorn
 
+from workbench.engine.protocol import EngineClient
 from workbench.errors import ServiceUnavailableError
 
 logger = logging.getLogger("workbench.http")
@@ -29,7 +30,7 @@ CUT_GRACE = 1.0  # seconds between the cut and uvicorn's own cancellation (a bac
 class Drain:
     """One app's shutdown state: `cut` once the deadline has passed."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: EngineClient):
         self.engine = engine
         self.cutting = False
 
@@ -39,9 +40,7 @@ class Drain:
             return
         self.cutting = True
         logger.warning("Shutdown deadline reached: ending the open streams with an error.")
-        abort_all = getattr(self.engine, "abort_all", None)
-        if abort_all is not None:
-            abort_all()
+        self.engine.abort_all()
 
     @staticmethod
     def error() -> ServiceUnavailableError:
