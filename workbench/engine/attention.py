@@ -39,6 +39,9 @@ class AttentionContext:
     decode_mask: torch.Tensor | None  # [B, Lmax] bool, True = attend; None: no padding
     prefills: list[PrefillChunk]
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: ([S, Hkv, D], [S, Hkv, D])
+    # (first slot, Lmax) when the only decode's context is one run of slots (its blocks are
+    # consecutive, as a lone stream's usually are): read as a view of the cache, no gather
+    decode_span: tuple[int, int] | None = None
     decode_flat_slots: torch.Tensor | None = field(init=False)  # [B * Lmax], gathered per layer
 
     def __post_init__(self):
@@ -91,9 +94,14 @@ def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tens
                     v_cache: torch.Tensor, scaling: float | None) -> torch.Tensor:
     """The decode queries qd [B, Hq, D] against their gathered contexts -> [B, Hq, D]."""
     shape = (*ctx.decode_slots.shape, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
-    flat = ctx.decode_flat_slots  # index_select: ~7x faster than k_cache[slots] here
-    kd = k_cache.index_select(0, flat).view(shape)
-    vd = v_cache.index_select(0, flat).view(shape)
+    if ctx.decode_span is not None:
+        first, length = ctx.decode_span
+        kd = k_cache[first:first + length].view(shape)
+        vd = v_cache[first:first + length].view(shape)
+    else:
+        flat = ctx.decode_flat_slots  # index_select: ~7x faster than k_cache[slots] here
+        kd = k_cache.index_select(0, flat).view(shape)
+        vd = v_cache.index_select(0, flat).view(shape)
     return decode_attention(qd, kd, vd, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
 
 

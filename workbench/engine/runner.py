@@ -97,6 +97,17 @@ class ModelRunner:
         offset = start - first * bs
         return slots[offset:offset + stop - start]
 
+    def _decode_span(self, decodes: list[ScheduledSequence]) -> tuple[int, int] | None:
+        """(first slot, length) of a lone decode whose context lies in consecutive blocks."""
+        if len(decodes) != 1:
+            return None
+        seq = decodes[0].seq
+        length = seq.num_computed_tokens + 1
+        table = seq.block_table[:-(-length // self.block_size)]
+        if table != list(range(table[0], table[0] + len(table))):
+            return None
+        return table[0] * self.block_size, length
+
     def _decode_context(self, decodes: list[ScheduledSequence]):
         """Padded slot table [B, Lmax] and mask [B, Lmax] (None if no padding) of the decodes."""
         bs = self.block_size
@@ -147,6 +158,7 @@ class ModelRunner:
             decode_mask=decode_mask,
             prefills=chunks,
             kv_caches=self.kv_caches,
+            decode_span=self._decode_span(decodes),
         )
         input_ids = torch.tensor(ids, device=self.device)
         pos = torch.cat(positions).to(self.device)
