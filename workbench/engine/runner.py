@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import attention, kernels
+from workbench.engine import attention, compiled, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
@@ -58,6 +58,8 @@ class ModelRunner:
         self._lora = manager
         if self.stack is not None:  # its wrappers replaced the projections the loop calls
             self.stack.refresh()
+        if manager is not None:
+            self.compiled = None  # the graph would miss the adapters
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto"):
         attention.register()
@@ -86,6 +88,10 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self._arange_block = torch.arange(block_size, device=self.device)
+        self.compiled = None  # opt-in: single-stream decode steps as one graph
+        if compiled.enabled() and self.stack is not None and self.device.type == "cpu" \
+                and compiled.CompiledDecode.supports(self.stack):
+            self.compiled = compiled.CompiledDecode(self.stack, self.kv_caches)
 
     # -- inputs -----------------------------------------------------------------------------
     def _slots(self, block_table: list[int], start: int, stop: int) -> torch.Tensor:
@@ -183,7 +189,9 @@ class ModelRunner:
         if self.lora is not None:  # which rows use which adapter, for the LoRA layers
             self.lora.begin_step(ordered)
         try:
-            if self.stack is not None:
+            if self.compiled is not None and self.compiled.takes(ctx, hidden.shape[1]):
+                hidden = self.compiled(hidden[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
+            elif self.stack is not None:
                 hidden = self.stack(hidden[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
             else:
                 for layer in self.base.layers:
