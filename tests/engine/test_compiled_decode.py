@@ -42,8 +42,14 @@ def test_compiled_steps_decode_what_the_eager_loop_decodes(tiny_llama, monkeypat
         if runner.compiled is not None:
             graph = runner.compiled.graph
             runner.compiled.graph = lambda *args: calls.append(1) or graph(*args)
+        spans, span_of = [], runner._decode_span
+        runner._decode_span = lambda decodes: spans.append(span_of(decodes)) or spans[-1] \
+            if len(decodes) == 1 else None
         outs = [llm.generate(PROMPTS[0], params)[0]] + llm.generate(PROMPTS, params)
-        assert len(calls) == (11 if flag == "1" else 0)  # the lone stream's decode steps
+        outs += llm.generate(PROMPTS[0], params)  # a prefix-cache hit: blocks not consecutive
+        # the lone streams' decode steps, and the cached prompt's one token left to compute
+        assert len(calls) == (11 + 12 if flag == "1" else 0)
+        assert None in spans and any(spans)  # in consecutive blocks or not
         results.append([o.outputs[0] for o in outs])
     eager, graph = results
     assert [c.token_ids for c in graph] == [c.token_ids for c in eager]

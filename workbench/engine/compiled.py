@@ -6,8 +6,8 @@ the projections: a few hundred small operators, each costing microseconds of dis
 `torch.compile` on inductor's CPU backend (as vLLM's CPU worker does), with the weights frozen
 (prepacked by oneDNN) and a C++ wrapper, so the norms, rotary embedding, residuals and
 activation become a few fused loops. Attention stays paged: the step's K/V are written into
-the cache and its context read back through its slots, padded to a bucket (a power of two) and
-masked, so a graph serves every length up to its bucket; each bucket compiles once, in tens of
+the cache and its context gathered back through its slots, padded to a bucket (a power of two)
+and masked, so a graph serves every length up to its bucket; each bucket compiles once, in tens of
 seconds. It is not bit-identical to the eager loop (fused float arithmetic rounds elsewhere),
 which stays the reference and the default; steps it does not take (batches, prefills, LoRA)
 go through the eager loop.
@@ -100,16 +100,17 @@ class CompiledDecode:
 
     @staticmethod
     def takes(ctx: AttentionContext, tokens: int) -> bool:
-        """Whether this step is one decode token (its context in consecutive slots)."""
-        return tokens == 1 and ctx.num_decode == 1 and ctx.decode_span is not None
+        """Whether this step is one decode token and nothing else."""
+        return tokens == 1 and ctx.num_decode == 1
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  ctx: AttentionContext) -> torch.Tensor:
         """hidden: [1, H]; cos, sin: [1, D] -> [1, H], as `DecoderStack.__call__`."""
-        first, length = ctx.decode_span
+        slots = ctx.decode_flat_slots  # [L]
+        length = slots.shape[0]
         size = bucket(length)
-        ctx_slots = torch.arange(first, first + size)
-        ctx_slots[length:] = first  # padding reads a real slot, masked out below
+        ctx_slots = slots.new_full((size,), slots[0])  # padding reads a real slot, masked below
+        ctx_slots[:length] = slots
         mask = (torch.arange(size) < length).view(1, 1, 1, size)
         with self._settings():
             return self.graph(hidden, cos, sin, ctx.slot_mapping, ctx_slots, mask,
