@@ -7,7 +7,8 @@ the step's `AttentionContext`, built once and passed down as a keyword argument,
 token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
 Decode tokens (one query per sequence) are attended together in one SDPA call over their
-gathered contexts, padded to the longest; each prefill chunk gets its own causal SDPA call. Called
+gathered contexts, padded to the longest (a lone decode whose blocks are consecutive reads its
+context as a view of the cache instead); each prefill chunk gets its own causal SDPA call. Called
 without a context, it is plain SDPA, so the same model object still works with `generate`.
 """
 

@@ -1,16 +1,12 @@
 """Opt-in (`WORKBENCH_COMPILE=1`): a lone stream's decode steps through one compiled graph.
 
-The eager loop (`engine/decoder.py`) spends about a third of a single-stream decode step between
-the projections: a few hundred small operators, each costing microseconds of dispatch.
-`CompiledDecode` runs the same layers for one decode token as a single graph from
-`torch.compile` on inductor's CPU backend (as vLLM's CPU worker does), with the weights frozen
-(prepacked by oneDNN) and a C++ wrapper, so the norms, rotary embedding, residuals and
-activation become a few fused loops. Attention stays paged: the step's K/V are written into
-the cache and its context gathered back through its slots, padded to a bucket (a power of two)
-and masked, so a graph serves every length up to its bucket; each bucket compiles once, in tens of
-seconds. It is not bit-identical to the eager loop (fused float arithmetic rounds elsewhere),
-which stays the reference and the default; steps it does not take (batches, prefills, LoRA)
-go through the eager loop.
+Eager, a third of such a step is dispatch of the few hundred small operators between the
+projections. `CompiledDecode` runs the layers for one token as one `torch.compile` graph on
+inductor's CPU backend (as vLLM's CPU worker does): weights frozen (inductor's own oneDNN-packed
+copy), a C++ wrapper, norms, rotary, residuals and activation fused. Attention stays paged: K/V
+written into the cache, the context gathered through its slots, padded to a power-of-two bucket
+and masked; each bucket compiles once, in tens of seconds. Not bit-identical to the eager loop,
+which stays the reference and the default and takes every other step (batches, prefills, LoRA).
 """
 
 from __future__ import annotations
@@ -35,6 +31,14 @@ def enabled() -> bool:
 def bucket(length: int) -> int:
     """The padded context length a graph is compiled for: a power of two, at least MIN_BUCKET."""
     return max(MIN_BUCKET, 1 << (length - 1).bit_length())
+
+
+def _projections(stack: DecoderStack):
+    """Each layer's fused Q/K/V, O, fused gate/up and down `FastLinear`s, in that order."""
+    for layer in stack.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        yield from (attn.q_proj.group.linear, attn.o_proj, mlp.gate_proj.group.linear,
+                    mlp.down_proj)
 
 
 class _DecodeGraph(torch.nn.Module):
@@ -73,12 +77,7 @@ class CompiledDecode:
     """Compiled single-stream decode steps over a runner's stack and KV cache."""
 
     def __init__(self, stack: DecoderStack, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
-        weights = []
-        for layer in stack.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            for linear in (attn.q_proj.group.linear, attn.o_proj, mlp.gate_proj.group.linear,
-                           mlp.down_proj):
-                weights.append(linear.weight)  # the plain [out, in] weight (no bias: checked)
+        weights = [linear.weight for linear in _projections(stack)]  # plain [out, in], no bias
         self.kv_caches = kv_caches
         self.graph = torch.compile(_DecodeGraph(stack, weights), dynamic=False)
         # inductor's settings for the graph, set around each call: compilation (each new
@@ -89,14 +88,10 @@ class CompiledDecode:
 
     @staticmethod
     def supports(stack: DecoderStack) -> bool:
-        """Whether every projection keeps a plain weight and has no bias."""
-        for layer in stack.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            for linear in (attn.q_proj.group.linear, attn.o_proj, mlp.gate_proj.group.linear,
-                           mlp.down_proj):
-                if getattr(linear, "weight", None) is None or linear.bias is not None:
-                    return False
-        return True
+        """Whether every projection keeps a plain weight (not the `onednn` kernel) and has no
+        bias (not Qwen2's Q/K/V)."""
+        return all(getattr(linear, "weight", None) is not None and linear.bias is None
+                   for linear in _projections(stack))
 
     @staticmethod
     def takes(ctx: AttentionContext, tokens: int) -> bool:

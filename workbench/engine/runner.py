@@ -8,7 +8,8 @@ them: each sequence's last computed token, and prompt positions when prompt logp
 In every dtype the Q/K/V and gate/up projections are fused and every projection runs on the
 kernel chosen once for this machine (`engine/kernels.py`, `engine/fusion.py`); Llama-family
 layers then run in one lean loop over their own modules (`engine/decoder.py`, bit-identical to
-calling them).
+calling them); with `WORKBENCH_COMPILE=1` a lone stream's decode steps run as one compiled graph
+instead (`engine/compiled.py`).
 """
 
 from __future__ import annotations
