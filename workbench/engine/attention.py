@@ -7,13 +7,14 @@ the step's `AttentionContext`, built once and passed down as a keyword argument,
 token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
 Decode tokens (one query per sequence) are attended together in one SDPA call over their
-gathered contexts, padded to the longest; each prefill chunk gets its own causal SDPA call. Called
+gathered contexts, padded to the longest (a lone decode whose blocks are consecutive reads its
+context as a view of the cache instead); each prefill chunk gets its own causal SDPA call. Called
 without a context, it is plain SDPA, so the same model object still works with `generate`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,14 @@ class AttentionContext:
     decode_mask: torch.Tensor | None  # [B, Lmax] bool, True = attend; None: no padding
     prefills: list[PrefillChunk]
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: ([S, Hkv, D], [S, Hkv, D])
+    # (first slot, Lmax) when the only decode's context is one run of slots (its blocks are
+    # consecutive, as a lone stream's usually are): read as a view of the cache, no gather
+    decode_span: tuple[int, int] | None = None
+    decode_flat_slots: torch.Tensor | None = field(init=False)  # [B * Lmax], gathered per layer
+
+    def __post_init__(self):
+        self.decode_flat_slots = None if self.decode_slots is None else \
+            self.decode_slots.flatten()
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -65,15 +74,12 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
     # write this step's K/V first, so that gathers below see them
     k_cache.index_copy_(0, ctx.slot_mapping, k)
     v_cache.index_copy_(0, ctx.slot_mapping, v)
-    out = torch.empty_like(q)  # [T, Hq, D]
     nd = ctx.num_decode
+    if nd == q.shape[0]:  # decodes only (every step of plain generation): no output to splice
+        return _attend_decodes(ctx, q, k_cache, v_cache, scaling)
+    out = torch.empty_like(q)  # [T, Hq, D]
     if nd:
-        qd = q[:nd]  # [B, Hq, D]
-        shape = (*ctx.decode_slots.shape, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
-        flat = ctx.decode_slots.flatten()  # index_select: ~7x faster than k_cache[slots] here
-        kd = k_cache.index_select(0, flat).view(shape)
-        vd = v_cache.index_select(0, flat).view(shape)
-        out[:nd] = decode_attention(qd, kd, vd, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
+        out[:nd] = _attend_decodes(ctx, q[:nd], k_cache, v_cache, scaling)
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
         kp = k_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
@@ -83,6 +89,21 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
                                            is_causal=chunk.mask is None, enable_gqa=True)
         out[s:s + n] = o[0].transpose(0, 1)
     return out
+
+
+def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """The decode queries qd [B, Hq, D] against their gathered contexts -> [B, Hq, D]."""
+    shape = (*ctx.decode_slots.shape, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
+    if ctx.decode_span is not None:
+        first, length = ctx.decode_span
+        kd = k_cache[first:first + length].view(shape)
+        vd = v_cache[first:first + length].view(shape)
+    else:
+        flat = ctx.decode_flat_slots  # index_select: ~7x faster than k_cache[slots] here
+        kd = k_cache.index_select(0, flat).view(shape)
+        vd = v_cache.index_select(0, flat).view(shape)
+    return decode_attention(qd, kd, vd, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -61,14 +61,15 @@ class FastLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
+        tensors = self._buffers  # not self.weight: nn.Module's __getattr__ costs a microsecond
         if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and x.dtype == torch.float32:
-            return gemv.linear(x, self.weight, self.bias)
+            return gemv.linear(x, tensors["weight"], tensors["bias"])
         if self.kernel == "mkl" and rows == 1 and x.dtype == torch.bfloat16:
-            return mkl.linear(x, self.weight, self.bias)
-        if self.packed_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
-                                                      "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            return mkl.linear(x, tensors["weight"], tensors["bias"])
+        if tensors["packed_weight"] is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, tensors["packed_weight"],
+                                                      tensors["bias"], "none", [], "")
+        return F.linear(x, tensors["weight"], tensors["bias"])
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \

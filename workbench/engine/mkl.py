@@ -50,7 +50,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` in bf16, for bf16 x [..., K] and a contiguous bf16 weight [N, K]
     (the caller checks the dtypes: the C function reads raw memory)."""
+    if x.dim() == 2 and x.is_contiguous():  # the decoder's packed rows: no reshapes
+        return _product(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return _product(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def _product(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+             ) -> torch.Tensor:
+    """`linear` on contiguous rows [M, K] -> [M, N] bf16."""
     m, k = rows.shape
     n = weight.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
@@ -59,4 +67,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 weight.data_ptr(), k, 0.0, out.data_ptr(), n)
     if bias is not None:
         out += bias
-    return out.to(torch.bfloat16).view(*x.shape[:-1], n)
+    return out.to(torch.bfloat16)

@@ -8,7 +8,8 @@ them: each sequence's last computed token, and prompt positions when prompt logp
 In every dtype the Q/K/V and gate/up projections are fused and every projection runs on the
 kernel chosen once for this machine (`engine/kernels.py`, `engine/fusion.py`); Llama-family
 layers then run in one lean loop over their own modules (`engine/decoder.py`, bit-identical to
-calling them).
+calling them); with `WORKBENCH_COMPILE=1` a lone stream's decode steps run as one compiled graph
+instead (`engine/compiled.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import attention, kernels
+from workbench.engine import attention, compiled, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
@@ -58,6 +59,8 @@ class ModelRunner:
         self._lora = manager
         if self.stack is not None:  # its wrappers replaced the projections the loop calls
             self.stack.refresh()
+        if manager is not None:
+            self.compiled = None  # the graph would miss the adapters
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto"):
         attention.register()
@@ -86,6 +89,10 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self._arange_block = torch.arange(block_size, device=self.device)
+        self.compiled = None  # opt-in: single-stream decode steps as one graph
+        if compiled.enabled() and self.stack is not None and self.device.type == "cpu" \
+                and compiled.CompiledDecode.supports(self.stack):
+            self.compiled = compiled.CompiledDecode(self.stack, self.kv_caches)
 
     # -- inputs -----------------------------------------------------------------------------
     def _slots(self, block_table: list[int], start: int, stop: int) -> torch.Tensor:
@@ -96,6 +103,17 @@ class ModelRunner:
         slots = (bt.unsqueeze(1) * bs + self._arange_block).flatten()  # [(last - first) * bs]
         offset = start - first * bs
         return slots[offset:offset + stop - start]
+
+    def _decode_span(self, decodes: list[ScheduledSequence]) -> tuple[int, int] | None:
+        """(first slot, length) of a lone decode whose context lies in consecutive blocks."""
+        if len(decodes) != 1:
+            return None
+        seq = decodes[0].seq
+        length = seq.num_computed_tokens + 1
+        table = seq.block_table[:-(-length // self.block_size)]
+        if table != list(range(table[0], table[0] + len(table))):
+            return None
+        return table[0] * self.block_size, length
 
     def _decode_context(self, decodes: list[ScheduledSequence]):
         """Padded slot table [B, Lmax] and mask [B, Lmax] (None if no padding) of the decodes."""
@@ -147,6 +165,7 @@ class ModelRunner:
             decode_mask=decode_mask,
             prefills=chunks,
             kv_caches=self.kv_caches,
+            decode_span=self._decode_span(decodes),
         )
         input_ids = torch.tensor(ids, device=self.device)
         pos = torch.cat(positions).to(self.device)
@@ -171,7 +190,9 @@ class ModelRunner:
         if self.lora is not None:  # which rows use which adapter, for the LoRA layers
             self.lora.begin_step(ordered)
         try:
-            if self.stack is not None:
+            if self.compiled is not None and self.compiled.takes(ctx, hidden.shape[1]):
+                hidden = self.compiled(hidden[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
+            elif self.stack is not None:
                 hidden = self.stack(hidden[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
             else:
                 for layer in self.base.layers:
