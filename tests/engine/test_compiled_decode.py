@@ -41,10 +41,10 @@ def test_compiled_steps_decode_what_the_eager_loop_decodes(tiny_llama, monkeypat
         calls = []
         if runner.compiled is not None:
             graph = runner.compiled.graph
-            runner.compiled.graph = lambda *args: calls.append(1) or graph(*args)
+            runner.compiled.graph = lambda *args: calls.append(1) or graph(*args)  # noqa: B023 - this engine's
         spans, span_of = [], runner._decode_span
         runner._decode_span = lambda decodes: spans.append(span_of(decodes)) or spans[-1] \
-            if len(decodes) == 1 else None
+            if len(decodes) == 1 else None  # noqa: B023 - used by this iteration's engine only
         outs = [llm.generate(PROMPTS[0], params)[0]] + llm.generate(PROMPTS, params)
         outs += llm.generate(PROMPTS[0], params)  # a prefix-cache hit: blocks not consecutive
         # the lone streams' decode steps, and the cached prompt's one token left to compute

@@ -57,6 +57,8 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     Without a context (the model called by `generate` or a plain forward) it is transformers' SDPA.
     """
     if wb_ctx is None:
+        # deferred: transformers takes seconds to import, and only a forward without our
+        # context (plain transformers use of the model) needs this
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
@@ -94,13 +96,14 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
 def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, scaling: float | None) -> torch.Tensor:
     """The decode queries qd [B, Hq, D] against their gathered contexts -> [B, Hq, D]."""
+    assert ctx.decode_slots is not None and ctx.decode_flat_slots is not None  # decodes run
     shape = (*ctx.decode_slots.shape, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
     if ctx.decode_span is not None:
         first, length = ctx.decode_span
         kd = k_cache[first:first + length].view(shape)
         vd = v_cache[first:first + length].view(shape)
     else:
-        flat = ctx.decode_flat_slots  # index_select: ~7x faster than k_cache[slots] here
+        flat = ctx.decode_flat_slots  # index_select: faster than k_cache[slots] here
         kd = k_cache.index_select(0, flat).view(shape)
         vd = v_cache.index_select(0, flat).view(shape)
     return decode_attention(qd, kd, vd, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
@@ -127,6 +130,6 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def register() -> None:
     """Makes `paged_attention` available to transformers under `ATTENTION_NAME` (idempotent)."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # deferred: seconds to import, once per runner
 
     AttentionInterface.register(ATTENTION_NAME, paged_attention)

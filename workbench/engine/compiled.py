@@ -23,7 +23,7 @@ ENV = "WORKBENCH_COMPILE"
 MIN_BUCKET = 128
 
 
-def enabled() -> bool:
+def compile_enabled() -> bool:
     """Whether `$WORKBENCH_COMPILE` asks for compiled decode steps."""
     return os.environ.get(ENV, "") not in ("", "0")
 
@@ -102,9 +102,10 @@ class CompiledDecode:
                  ctx: AttentionContext) -> torch.Tensor:
         """hidden: [1, H]; cos, sin: [1, D] -> [1, H], as `DecoderStack.__call__`."""
         slots = ctx.decode_flat_slots  # [L]
+        assert slots is not None  # a decode step's context has its slots (`takes`)
         length = slots.shape[0]
         size = bucket(length)
-        ctx_slots = slots.new_full((size,), slots[0])  # padding reads a real slot, masked below
+        ctx_slots = slots.new_full((size,), int(slots[0]))  # padding reads a real slot, masked below
         ctx_slots[:length] = slots
         mask = (torch.arange(size) < length).view(1, 1, 1, size)
         with self._settings():

@@ -10,9 +10,8 @@ The step's prompts are packed, sorted by length, into one ragged row `[1, T, H]`
 through transformers' own embeddings and `BertLayer`s, so the linear layers never see padding.
 Only attention needs the sequences apart: `encoder_attention` (registered with transformers'
 `AttentionInterface`) runs one unmasked SDPA call per run of equal lengths, on a view of the
-packed Q/K/V: the attention of each sentence alone, no padding anywhere (measured on MiniLM
-with a mixed-length corpus: about 2x faster than one padded, key-masked SDPA call over the
-step). Called without a context it is plain SDPA (with SDPA's masks), so the same model object
+packed Q/K/V: the attention of each sentence alone, no padding anywhere (faster than one padded,
+key-masked SDPA call over the step: the README's Benchmark section). Called without a context it is plain SDPA (with SDPA's masks), so the same model object
 still works in a normal transformers forward. In bfloat16 on CPU the linears are prepacked for
 oneDNN (`engine/fusion.py`'s `FastLinear`, bit-identical to `F.linear`).
 """
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,8 @@ def encoder_attention(module, query, key, value, attention_mask, scaling=None, d
                       wb_enc: EncoderContext | None = None, **kwargs):
     """query/key/value: [1, Hh, T, D] packed -> ([1, T, Hh, D], None); see the module docstring."""
     if wb_enc is None:
+        # deferred: transformers takes seconds to import, and only a forward without our
+        # context (plain transformers use of the model) needs this
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
@@ -58,11 +60,9 @@ def encoder_attention(module, query, key, value, attention_mask, scaling=None, d
     out = query.new_empty(query.shape[2], heads, dim)  # [T, Hh, D]
     for start, count, length in wb_enc.runs:
         span = slice(start, start + count * length)
-
-        def batch(x: torch.Tensor) -> torch.Tensor:  # [1, Hh, T, D] -> [count, Hh, L, D], a view
-            return x[0, :, span].view(heads, count, length, dim).transpose(0, 1)
-
-        o = F.scaled_dot_product_attention(batch(query), batch(key), batch(value), scale=scaling)
+        q, k, v = (x[0, :, span].view(heads, count, length, dim).transpose(0, 1)  # views:
+                   for x in (query, key, value))  # [1, Hh, T, D] -> [count, Hh, L, D]
+        o = F.scaled_dot_product_attention(q, k, v, scale=scaling)
         out[span] = o.transpose(1, 2).reshape(count * length, heads, dim)
     return out.unsqueeze(0), None  # [1, T, Hh, D]
 
@@ -78,7 +78,7 @@ def max_positions(model) -> int:
     return model.config.max_position_embeddings - position_offset(model)
 
 
-def prepack_linears(model: nn.Module) -> int:
+def prepack_linears(model: Any) -> int:
     """Every `nn.Linear` of the encoder layers prepacked for oneDNN (bf16 on CPU only)."""
     layers = model.encoder.layer
     if not can_prepack(next(model.parameters())):
@@ -107,6 +107,7 @@ class EncoderRunner:
             raise ValidationError(
                 f"Embedding models of type {model_type!r} are not supported; the encoder runner "
                 f"runs {sorted(SUPPORTED_TYPES)}.", parameter="model", value=model_type)
+        # deferred: transformers takes seconds to import; needed once, when a runner starts
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

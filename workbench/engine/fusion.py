@@ -24,6 +24,8 @@ The README's Benchmark section has what each measured.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,7 +63,9 @@ class FastLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        tensors = self._buffers  # not self.weight: nn.Module's __getattr__ costs a microsecond
+        # not self.weight: nn.Module's __getattr__ costs a microsecond; the kernel checks say
+        # which buffers are set (Any: the dict's values are typed `Tensor | None`)
+        tensors: dict[str, Any] = self._buffers
         if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and x.dtype == torch.float32:
             return gemv.linear(x, tensors["weight"], tensors["bias"])
         if self.kernel == "mkl" and rows == 1 and x.dtype == torch.bfloat16:
@@ -113,7 +117,7 @@ class FusedPart(nn.Module):
         return self.group.part(self.index, x)
 
 
-def fuse_projections(model: nn.Module, kernel: str | None = None) -> int:
+def fuse_projections(model: Any, kernel: str | None = None) -> int:
     """Fuses Q/K/V and gate/up in every decoder layer and gives every projection and the LM head
     `kernel` (None: `kernels.choose` for the model's dtype and device; with "torch" the unfused
     projections stay as they are); returns how many fused groups."""
@@ -124,7 +128,8 @@ def fuse_projections(model: nn.Module, kernel: str | None = None) -> int:
     for layer in model.model.layers:
         for owner_name, names in _GROUPS:
             owner = getattr(layer, owner_name, None)
-            linears = [getattr(owner, n, None) for n in names] if owner is not None else []
+            linears: list[Any] = ([getattr(owner, n, None) for n in names]
+                                  if owner is not None else [])
             if not linears or not all(isinstance(lin, nn.Linear) for lin in linears):
                 continue
             group = FusedGroup(linears, kernel)

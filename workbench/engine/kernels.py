@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.engine import gemv, mkl
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
 
@@ -54,8 +55,6 @@ def missing(kernel: str, dtype: torch.dtype, features: CpuFeatures) -> str | Non
     if kernel == "torch":
         return None
     if kernel == "avx2":
-        from workbench.engine import gemv
-
         if dtype != torch.float32:
             return "it computes in float32 (use --dtype float32)"
         if not features.has("avx2", "fma"):
@@ -71,8 +70,6 @@ def missing(kernel: str, dtype: torch.dtype, features: CpuFeatures) -> str | Non
     if not onednn_prepack_works():
         return "a torch build with oneDNN's prepacked linear weights"
     if kernel == "mkl":
-        from workbench.engine import mkl
-
         if not features.has("amx_bf16"):
             return f"a CPU with AMX BF16 (this one has: {features.summary()})"
         if not mkl.available():

@@ -1,8 +1,8 @@
 """bfloat16 matrix products through MKL's `cblas_gemm_bf16bf16f32`, which torch's CPU build carries.
 
 torch multiplies bfloat16 on the CPU with oneDNN. For the one-row products of single-stream
-decoding, MKL's bf16 GEMM streams the weights markedly faster on the AMX machine measured
-(README.md, "Benchmark"), with the same arithmetic: fp32 accumulation, one rounding to bf16 at
+decoding, MKL's bf16 GEMM streams the weights faster on AMX machines (the README's Benchmark
+section has the figures), with the same arithmetic: fp32 accumulation, one rounding to bf16 at
 the end. torch exports the symbol from `libtorch_cpu.so` on x86-64 Linux builds; anywhere it is
 missing, `available()` is False and nothing here is used. The kernel choice
 (`engine/kernels.py`) uses it only on CPUs with AMX BF16, the kind it was measured on.

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import attention, compiled, kernels
+from workbench.engine import attention, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk
+from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -48,10 +49,11 @@ class ModelRunner:
     """Executes `SchedulerOutput`s on a causal LM from transformers; see the module docstring."""
 
     _lora = None
+    compiled: CompiledDecode | None  # opt-in (`WORKBENCH_COMPILE=1`): lone decodes as one graph
 
     @property
     def lora(self):
-        """A `workbench.engine.lora_manager.LoRAManager` when the engine serves adapters, else None."""
+        """A `lora_manager.LoRAManager` when the engine serves adapters, else None."""
         return self._lora
 
     @lora.setter
@@ -89,10 +91,10 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self._arange_block = torch.arange(block_size, device=self.device)
-        self.compiled = None  # opt-in: single-stream decode steps as one graph
-        if compiled.enabled() and self.stack is not None and self.device.type == "cpu" \
-                and compiled.CompiledDecode.supports(self.stack):
-            self.compiled = compiled.CompiledDecode(self.stack, self.kv_caches)
+        self.compiled = None
+        if compile_enabled() and self.stack is not None and self.device.type == "cpu" \
+                and CompiledDecode.supports(self.stack):
+            self.compiled = CompiledDecode(self.stack, self.kv_caches)
 
     # -- inputs -----------------------------------------------------------------------------
     def _slots(self, block_table: list[int], start: int, stop: int) -> torch.Tensor:
