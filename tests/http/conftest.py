@@ -52,12 +52,25 @@ def http(server):
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tiny_llama):
-    """A server on the tiny llama (fast; its text is noise), one per test module that asks."""
-    from workbench import LLM, serve_in_kernel
+def tiny_llm(tiny_llama):
+    """An `LLM` on the tiny llama (fast; its text is noise), one per test module that asks."""
+    from workbench import LLM
 
-    llm = LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
-    handle = serve_in_kernel(llm, port=0)
+    return LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_server_flags():
+    """`ServerConfig` keywords of `tiny_server`; a module overrides this fixture for its own."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_llm, tiny_server_flags):
+    """A server on `tiny_llm` with `tiny_server_flags`, one per test module that asks."""
+    from workbench import serve_in_kernel
+
+    handle = serve_in_kernel(tiny_llm, port=0, **tiny_server_flags)
     yield handle
     handle.stop(timeout=5)
 

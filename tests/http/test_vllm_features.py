@@ -17,27 +17,9 @@ MSG = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_llama):
-    from workbench import LLM
-
-    return LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
-
-
-@pytest.fixture(scope="module")
-def server(llm):
-    from workbench import serve_in_kernel
-
-    handle = serve_in_kernel(llm, port=0, enable_tokenizer_info_endpoint=True,
-                             enable_server_load_tracking=True,
-                             enable_prompt_tokens_details=True, root_path="/llm")
-    yield handle
-    handle.stop(timeout=5)
-
-
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
+def tiny_server_flags():
+    return {"enable_tokenizer_info_endpoint": True, "enable_server_load_tracking": True,
+            "enable_prompt_tokens_details": True, "root_path": "/llm"}
 
 
 def _events(r: httpx.Response) -> list:
@@ -49,15 +31,15 @@ def _events(r: httpx.Response) -> list:
     ("/v1/completions", {"prompt": "hi"}),
     ("/v1/chat/completions", {"messages": MSG}),
 ])
-def test_greedy_beam_search_returns_n_beams(http, path, body):
-    r = http.post(path, json={**body, "max_tokens": 3, "n": 2, "temperature": 0,
+def test_greedy_beam_search_returns_n_beams(tiny_http, path, body):
+    r = tiny_http.post(path, json={**body, "max_tokens": 3, "n": 2, "temperature": 0,
                               "use_beam_search": True})
     assert r.status_code == 200, r.text
     assert [c["index"] for c in r.json()["choices"]] == [0, 1]
 
 
-def test_greedy_sampling_with_n_2_is_still_refused(http):
-    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "n": 2,
+def test_greedy_sampling_with_n_2_is_still_refused(tiny_http):
+    r = tiny_http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "n": 2,
                                            "temperature": 0})
     assert r.status_code == 400
     assert "n must be 1 when using greedy sampling, got 2." in r.json()["error"]["message"]
@@ -108,8 +90,8 @@ def test_required_tool_choice_with_pydantic_defs_over_http(tiny_llama):
     assert r.status_code == 200, r.text
 
 
-def test_batch_chat_completions_answer_one_choice_per_conversation(http):
-    r = http.post("/v1/chat/completions/batch", json={
+def test_batch_chat_completions_answer_one_choice_per_conversation(tiny_http):
+    r = tiny_http.post("/v1/chat/completions/batch", json={
         "messages": [MSG, [{"role": "user", "content": "yo"}]], "max_tokens": 3,
         "logprobs": True, "logprob_token_ids": [5, 6],
         "response_format": {"type": "json_schema", "json_schema": {
@@ -127,14 +109,14 @@ def test_batch_chat_completions_answer_one_choice_per_conversation(http):
 
 @pytest.mark.parametrize("field, value", [("n", 2), ("use_beam_search", True),
                                           ("stream", True)])
-def test_batch_chat_refusals(http, field, value):
-    r = http.post("/v1/chat/completions/batch", json={"messages": [MSG], field: value})
+def test_batch_chat_refusals(tiny_http, field, value):
+    r = tiny_http.post("/v1/chat/completions/batch", json={"messages": [MSG], field: value})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == field
 
 
-def test_batch_chat_refuses_unknown_fields(http):
-    r = http.post("/v1/chat/completions/batch", json={"messages": [MSG], "temprature": 1})
+def test_batch_chat_refuses_unknown_fields(tiny_http):
+    r = tiny_http.post("/v1/chat/completions/batch", json={"messages": [MSG], "temprature": 1})
     assert r.status_code == 400
     assert "temprature" in r.json()["error"]["message"]
 
@@ -143,15 +125,15 @@ def test_batch_chat_refuses_unknown_fields(http):
     ({"messages": MSG, "max_tokens": 2}, "chat.completion"),
     ({"prompt": "hi", "max_tokens": 2}, "text_completion"),
 ])
-def test_invocations_dispatch_by_body(http, body, kind):
-    r = http.post("/invocations", json=body)
+def test_invocations_dispatch_by_body(tiny_http, body, kind):
+    r = tiny_http.post("/invocations", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["object"] == kind
 
 
-def test_invocations_without_a_matching_type(http):
+def test_invocations_without_a_matching_type(tiny_http):
     """As vLLM 0.32: the completion's own check answers a body that is neither."""
-    r = http.post("/invocations", json={"nothing": 1})
+    r = tiny_http.post("/invocations", json={"nothing": 1})
     assert r.status_code == 400
     assert r.json()["error"] == {
         "message": "Either prompt or prompt_embeds must be provided and non-empty. "
@@ -175,7 +157,7 @@ def test_invocations_with_no_type_left(tiny_llama):
     """An embedding-only type list and a body none of them takes: vLLM's message."""
     from starlette.testclient import TestClient
 
-    from workbench.http.routes import extras
+    from workbench.tiny_http.routes import extras
 
     assert [name for _, name, _ in extras.invocation_types(False, ("embed",))] == [
         "EmbeddingRequest", "PoolingRequest"]
@@ -190,24 +172,24 @@ def test_invocations_with_no_type_left(tiny_llama):
                                             "one of: ['EmbeddingRequest', 'PoolingRequest']")
 
 
-def test_tokenizer_info(http):
-    info = http.get("/tokenizer_info").json()
+def test_tokenizer_info(tiny_http):
+    info = tiny_http.get("/tokenizer_info").json()
     assert info["tokenizer_class"]
     assert "chat_template" in info
     assert not any(isinstance(v, str) and v.startswith("/") for v in info.values())
 
 
-def test_load_is_zero_between_requests(http):
-    assert http.get("/load").json() == {"server_load": 0}
-    assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4}).status_code == 200
-    assert http.get("/load").json() == {"server_load": 0}
+def test_load_is_zero_between_requests(tiny_http):
+    assert tiny_http.get("/load").json() == {"server_load": 0}
+    assert tiny_http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4}).status_code == 200
+    assert tiny_http.get("/load").json() == {"server_load": 0}
 
 
 async def test_load_tracking_counts_an_inference_request_while_it_runs():
     """Inside the app (a stream still sending) an inference request counts, other paths do not,
     and it is released when the app returns or raises. (In-process, not over a socket: a tiny
     model finishes a stream before a client could look.)"""
-    from workbench.http.routes.extras import LoadTracking, ServerLoad
+    from workbench.tiny_http.routes.extras import LoadTracking, ServerLoad
 
     load, seen = ServerLoad(), []
 
@@ -217,51 +199,51 @@ async def test_load_tracking_counts_an_inference_request_while_it_runs():
             raise RuntimeError("boom")
 
     tracked = LoadTracking(app, load)
-    await tracked({"type": "http", "path": "/v1/completions"}, None, None)
-    await tracked({"type": "http", "path": "/health"}, None, None)
-    await tracked({"type": "http", "path": "/llm/v1/chat/completions", "root_path": "/llm"},
+    await tracked({"type": "tiny_http", "path": "/v1/completions"}, None, None)
+    await tracked({"type": "tiny_http", "path": "/health"}, None, None)
+    await tracked({"type": "tiny_http", "path": "/llm/v1/chat/completions", "root_path": "/llm"},
                   None, None)
     with pytest.raises(RuntimeError):
-        await tracked({"type": "http", "path": "/v1/embeddings", "boom": True}, None, None)
+        await tracked({"type": "tiny_http", "path": "/v1/embeddings", "boom": True}, None, None)
     assert seen == [1, 0, 1, 1] and load.in_flight == 0
 
 
-def test_load_without_tracking_is_zero(llm):
+def test_load_without_tracking_is_zero(tiny_llm):
     from workbench import serve_in_kernel
 
-    with serve_in_kernel(llm, port=0) as handle:
+    with serve_in_kernel(tiny_llm, port=0) as handle:
         assert httpx.get(f"{handle.url}/load").json() == {"server_load": 0}
         assert httpx.get(f"{handle.url}/tokenizer_info").status_code == 404
 
 
-def test_continuous_usage_without_include_usage_sends_no_usage(http):
-    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True,
+def test_continuous_usage_without_include_usage_sends_no_usage(tiny_http):
+    r = tiny_http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True,
                                            "stream_options": {"continuous_usage_stats": True}})
     assert r.status_code == 200
     assert not any("usage" in e for e in _events(r))
 
 
-def test_unknown_stream_options_are_refused(http):
-    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True,
+def test_unknown_stream_options_are_refused(tiny_http):
+    r = tiny_http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True,
                                            "stream_options": {"min_characters": 5}})
     assert r.status_code == 400
     assert "stream_options.min_characters" in r.json()["error"]["message"]
 
 
-def test_prompt_tokens_details_count_cached_tokens(http):
+def test_prompt_tokens_details_count_cached_tokens(tiny_http):
     prompt = list(range(100, 140))  # 40 tokens: two full blocks of 16 can be reused
-    first = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()
-    again = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()
+    first = tiny_http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()
+    again = tiny_http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
-    chat = http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 1}).json()
+    chat = tiny_http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 1}).json()
     assert "cached_tokens" in chat["usage"]["prompt_tokens_details"]
 
 
-def test_root_path_serves_with_and_without_the_prefix(http):
-    assert http.get("/llm/v1/models").status_code == 200
-    assert http.get("/v1/models").status_code == 200
-    r = http.post("/llm/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+def test_root_path_serves_with_and_without_the_prefix(tiny_http):
+    assert tiny_http.get("/llm/v1/models").status_code == 200
+    assert tiny_http.get("/v1/models").status_code == 200
+    r = tiny_http.post("/llm/v1/completions", json={"prompt": "hi", "max_tokens": 1})
     assert r.status_code == 200, r.text
 
 
@@ -279,8 +261,8 @@ def test_models_root_is_the_model_argument_not_a_path(default_model):
     assert card.root == "smollm2-135m-instruct"
 
 
-def test_prompt_logprobs_true_is_one_as_in_vllm(http):
-    r = http.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 1,
+def test_prompt_logprobs_true_is_one_as_in_vllm(tiny_http):
+    r = tiny_http.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 1,
                                            "prompt_logprobs": True})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["prompt_logprobs"][0] is None
