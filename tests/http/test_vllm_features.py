@@ -157,7 +157,7 @@ def test_invocations_with_no_type_left(tiny_llama):
     """An embedding-only type list and a body none of them takes: vLLM's message."""
     from starlette.testclient import TestClient
 
-    from workbench.tiny_http.routes import extras
+    from workbench.http.routes import extras
 
     assert [name for _, name, _ in extras.invocation_types(False, ("embed",))] == [
         "EmbeddingRequest", "PoolingRequest"]
@@ -189,7 +189,7 @@ async def test_load_tracking_counts_an_inference_request_while_it_runs():
     """Inside the app (a stream still sending) an inference request counts, other paths do not,
     and it is released when the app returns or raises. (In-process, not over a socket: a tiny
     model finishes a stream before a client could look.)"""
-    from workbench.tiny_http.routes.extras import LoadTracking, ServerLoad
+    from workbench.http.routes.extras import LoadTracking, ServerLoad
 
     load, seen = ServerLoad(), []
 
@@ -199,12 +199,12 @@ async def test_load_tracking_counts_an_inference_request_while_it_runs():
             raise RuntimeError("boom")
 
     tracked = LoadTracking(app, load)
-    await tracked({"type": "tiny_http", "path": "/v1/completions"}, None, None)
-    await tracked({"type": "tiny_http", "path": "/health"}, None, None)
-    await tracked({"type": "tiny_http", "path": "/llm/v1/chat/completions", "root_path": "/llm"},
+    await tracked({"type": "http", "path": "/v1/completions"}, None, None)
+    await tracked({"type": "http", "path": "/health"}, None, None)
+    await tracked({"type": "http", "path": "/llm/v1/chat/completions", "root_path": "/llm"},
                   None, None)
     with pytest.raises(RuntimeError):
-        await tracked({"type": "tiny_http", "path": "/v1/embeddings", "boom": True}, None, None)
+        await tracked({"type": "http", "path": "/v1/embeddings", "boom": True}, None, None)
     assert seen == [1, 0, 1, 1] and load.in_flight == 0
 
 
