@@ -94,6 +94,14 @@ def template_variables(template: str) -> set[str] | None:
         return None
 
 
+def effective_kwargs(defaults: dict[str, Any], request_kwargs: dict[str, Any] | None
+                     ) -> dict[str, Any]:
+    """The template kwargs in effect: the server's `--default-chat-template-kwargs`, then the
+    request's `chat_template_kwargs` (vLLM's order; the renderer and the reasoning parsers,
+    which read `enable_thinking`, both use it)."""
+    return {**defaults, **(request_kwargs or {})}
+
+
 class ChatRenderer:
     """Renders chat requests for one tokenizer under one server configuration."""
 
@@ -121,7 +129,7 @@ class ChatRenderer:
 
     def template_kwargs(self, template: str, request_kwargs: dict[str, Any] | None,
                         explicit: dict[str, Any]) -> dict[str, Any]:
-        merged = {**self.default_kwargs, **(request_kwargs or {})}
+        merged = effective_kwargs(self.default_kwargs, request_kwargs)
         merged.update({k: v for k, v in explicit.items() if v is not None})
         merged.pop("chat_template", None)
         if template not in self._variables:

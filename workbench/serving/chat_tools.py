@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench.errors import ValidationError
 from workbench.sampling_params import StructuredOutputsParams
+from workbench.serving.chat_template import effective_kwargs
 from workbench.serving.protocol.chat import ChatMessage, DeltaMessage
 from workbench.serving.protocol.tools import ToolCall
 from workbench.serving.reasoning import ReasoningParser, get_reasoning_parser
@@ -256,8 +257,8 @@ class ChatTools:
     def new_reasoning(self, request: Any, prompt_text: str | None) -> ReasoningParser:
         """The server's reasoning parser for one output of `request`: it reads the template
         kwargs in effect (`--default-chat-template-kwargs`, then the request's), as vLLM."""
-        kwargs = {**self.default_template_kwargs,
-                  **(getattr(request, "chat_template_kwargs", None) or {})}
+        kwargs = effective_kwargs(self.default_template_kwargs,
+                                  getattr(request, "chat_template_kwargs", None))
         assert self.reasoning_parser is not None, "callers check for a reasoning parser"
         reasoning = self.reasoning_parser(self.tokenizer, kwargs)
         reasoning.adjust_initial_state_from_prompt(prompt_text or "")

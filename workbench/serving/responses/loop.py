@@ -23,6 +23,7 @@ from typing import Any
 
 from workbench.errors import ValidationError
 from workbench.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from workbench.serving.chat_template import effective_kwargs
 from workbench.serving.errors import GenerationError
 from workbench.serving.logprobs import chat_logprobs
 from workbench.serving.prompts import EnginePrompt
@@ -106,8 +107,8 @@ class ToolLoop:
         self.priority = priority
         self.lora_request = serving.lora_request_for(request)  # a served adapter's name
         # what the reasoning parser reads (`enable_thinking`): server defaults, then the request's
-        self.template_kwargs = {**serving.config.default_chat_template_kwargs,
-                                **(request.chat_template_kwargs or {})}
+        self.template_kwargs = effective_kwargs(serving.config.default_chat_template_kwargs,
+                                                request.chat_template_kwargs)
         self.builder = OutputBuilder()
         self.rounds: list[ToolRound] = []
         self.status: ResponseStatus = "in_progress"
