@@ -250,8 +250,16 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def run(config: BenchConfig, benchmarks=None, log=None) -> dict[str, Any]:
-    """Run `benchmarks` (default `BENCHMARKS`) in order; every figure plus `peak_rss_mb`."""
-    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
+    """Run `benchmarks` (default `BENCHMARKS`) in order; every figure plus `peak_rss_mb`.
+    Both sides run on the model thread (`engine/model_thread.py`), as our engine's steps do
+    anyway: a second thread running torch would own a second OpenMP team and slow both sides."""
+    from workbench.engine.model_thread import on_model_thread  # deferred: imports torch
+
+    return on_model_thread(_run, config, benchmarks, log)
+
+
+def _run(config: BenchConfig, benchmarks, log) -> dict[str, Any]:
+    import torch
 
     torch.set_num_threads(config.threads)
     side, results = Contenders(config), {}

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from workbench.config import EngineConfig
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import LLMEngine
+from workbench.engine.model_thread import on_model_thread
 from workbench.engine.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -52,7 +53,7 @@ class LLM:
         if not isinstance(model, str):  # an already loaded model (workbench.models.LoadedModel)
             loaded, model = model, getattr(model, "served_name", "model")
         self.config = EngineConfig(model=model, **kwargs)
-        self.llm_engine = LLMEngine(self.config, loaded)
+        self.llm_engine = on_model_thread(LLMEngine, self.config, loaded)
         self._ids = itertools.count()
 
     def get_tokenizer(self):

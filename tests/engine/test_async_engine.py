@@ -222,33 +222,3 @@ async def test_a_bug_in_the_step_loop_fails_every_stream_and_marks_the_engine_de
         engine.check_health()
     with pytest.raises(EngineDeadError):
         await collect(engine, PROMPT, greedy(4), "after")
-
-
-def test_from_config_loads_in_a_thread_that_has_ended(tiny_llama, monkeypatch):
-    """Only the step thread may own a live OpenMP team (see `from_config`): the model is
-    loaded in a thread that is gone by the time the engine serves; a load error reaches the
-    caller."""
-    import threading
-
-    from workbench.config import EngineConfig
-    from workbench.engine import async_engine
-
-    loaders: list[threading.Thread] = []
-    real = async_engine.LLMEngine
-
-    def recording(config, loaded=None):
-        loaders.append(threading.current_thread())
-        if loaded is None:
-            raise RuntimeError("the model could not be loaded")
-        return real(config, loaded)
-
-    monkeypatch.setattr(async_engine, "LLMEngine", recording)
-    config = EngineConfig(model="tiny", max_model_len=64, block_size=16, num_kv_blocks=16)
-    engine = AsyncLLMEngine.from_config(config, tiny_llama)
-    try:
-        assert loaders[0] is not threading.main_thread() and not loaders[0].is_alive()
-        assert engine.max_model_len == 64
-    finally:
-        engine.shutdown()
-    with pytest.raises(RuntimeError, match="could not be loaded"):
-        AsyncLLMEngine.from_config(config)

@@ -6,8 +6,9 @@
 `abort` stops a request. It implements `EngineClient` (`protocol.py`), all the serving layer
 uses of an engine. The step loop runs in its own daemon thread, never on the event loop, so it
 works under uvicorn and inside a running Jupyter kernel alike; outputs travel back to the
-caller's loop with `call_soon_threadsafe`. Each instance owns its thread: several engines (and
-a synchronous `LLM` sharing the same `LLMEngine`) coexist in one process.
+caller's loop with `call_soon_threadsafe`. Each instance owns its loop thread: several engines
+(and a synchronous `LLM` sharing the same `LLMEngine`) coexist in one process. The steps
+themselves run on the process's one model thread (`model_thread.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from workbench.config import EngineConfig
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import EngineStats, LLMEngine
 from workbench.engine.input_processor import PromptInput
+from workbench.engine.model_thread import on_model_thread
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
 from workbench.errors import EngineDeadError, RequestTimeoutError, ServiceUnavailableError
 from workbench.pooling_params import PoolingParams
@@ -51,24 +53,9 @@ class AsyncLLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig, loaded: Any = None) -> "AsyncLLMEngine":
-        """Loads the engine in a thread that then ends, so the step thread is the only live
-        thread owning an OpenMP team: libgomp stops its workers' spin-waiting once threads of
-        two live teams outnumber the cores, and every small product then waits on a futex
-        (a decode step on 2 cores ran at 0.6x)."""
-        built: dict[str, Any] = {}
-
-        def load() -> None:
-            try:
-                built["engine"] = LLMEngine(config, loaded)
-            except BaseException as exc:  # noqa: BLE001 - raised again in the caller
-                built["error"] = exc
-
-        loader = threading.Thread(target=load, name="workbench-load")
-        loader.start()
-        loader.join()
-        if "error" in built:
-            raise built["error"]
-        return cls(built["engine"])
+        """Loads the engine on the model thread, where its steps will run
+        (`engine/model_thread.py`)."""
+        return cls(on_model_thread(LLMEngine, config, loaded))
 
     @classmethod
     def from_llm(cls, llm) -> "AsyncLLMEngine":

@@ -6,7 +6,8 @@ Generation (`add_request`), beam searches (`add_beam_request`) and pooling reque
 builds its outputs. One `step()` is: schedule -> run the model on the scheduled tokens ->
 record prompt logprobs -> each kind advances its sequences (sample / beam step / pool) ->
 return the outputs of this step. The engine is not thread-safe by itself; `lock` serializes
-callers (the async engine's thread, a notebook calling `LLM.generate`).
+callers (the async engine's thread, a notebook calling `LLM.generate`), and every step runs on
+the process's one model thread (`model_thread.py`), whoever calls it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from workbench.engine.handlers import (
 )
 from workbench.engine.input_processor import InputProcessor, PromptInput
 from workbench.engine.lora_manager import LoRAManager
+from workbench.engine.model_thread import on_model_thread
 from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
 from workbench.engine.pooling import label_token_ids
@@ -335,7 +337,11 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """schedule -> run -> each kind advances its sequences -> this step's outputs."""
+        """schedule -> run -> each kind advances its sequences -> this step's outputs; on the
+        model thread, whichever thread calls (`engine/model_thread.py`)."""
+        return on_model_thread(self._step)
+
+    def _step(self) -> list[RequestOutput]:
         with self.lock:
             touched, self._finished_outside_step = self._finished_outside_step, []
             out = self.scheduler.schedule()

@@ -1,0 +1,85 @@
+"""All model work runs on one thread, whoever asks (engine/model_thread.py): one OpenMP team."""
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from tests.engine.helpers import make_llm
+from workbench.engine.async_engine import AsyncLLMEngine
+from workbench.engine.model_thread import model_thread, on_model_thread
+from workbench.sampling_params import SamplingParams
+
+
+def test_a_call_runs_there_and_returns_or_raises_what_the_function_does():
+    assert on_model_thread(threading.current_thread) is model_thread()
+    assert on_model_thread(lambda a, b=0: a + b, 2, b=3) == 5
+    with pytest.raises(ZeroDivisionError):
+        on_model_thread(lambda: 1 / 0)
+    assert on_model_thread(threading.current_thread) is model_thread()  # still serving
+
+
+def test_a_call_from_the_model_thread_itself_runs_at_once():
+    assert on_model_thread(on_model_thread, threading.current_thread) is model_thread()
+
+
+def test_the_callers_torch_thread_count_applies():
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            assert on_model_thread(torch.get_num_threads) == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_llm_and_a_served_engine_step_on_the_model_thread(tiny_llama):
+    """A notebook's `LLM` in the main thread and `serve_in_kernel`'s loop thread share one
+    engine; each step ran on the model thread."""
+    llm = make_llm(tiny_llama, max_model_len=256, block_size=4)
+    engine = llm.llm_engine
+    stepped_on: set[threading.Thread] = set()
+    step = engine._step
+
+    def recording_step():
+        stepped_on.add(threading.current_thread())
+        return step()
+
+    engine._step = recording_step
+    params = SamplingParams(max_tokens=4, temperature=0)
+    llm.generate(["Once upon a time"], params)
+
+    async def served() -> str:
+        front = AsyncLLMEngine.from_llm(llm)
+        try:
+            async for out in front.generate("Once upon a time", params, "served-0"):
+                last = out
+            return last.outputs[0].text
+        finally:
+            front.shutdown()
+
+    assert asyncio.run(served())
+    assert stepped_on == {model_thread()}
+
+
+def test_both_fronts_load_on_the_model_thread(monkeypatch, tiny_llama):
+    import workbench.engine.async_engine as async_engine
+    import workbench.llm as llm_module
+
+    loaded_on = []
+
+    class Recorder:
+        def __init__(self, config, loaded):
+            loaded_on.append(threading.current_thread())
+            if loaded is None:
+                raise RuntimeError("the model could not be loaded")
+
+    monkeypatch.setattr(async_engine, "LLMEngine", Recorder)
+    monkeypatch.setattr(llm_module, "LLMEngine", Recorder)
+    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, engine: None)
+    AsyncLLMEngine.from_config(None, tiny_llama)
+    llm_module.LLM(tiny_llama)
+    assert loaded_on == [model_thread(), model_thread()]
+    with pytest.raises(RuntimeError, match="could not be loaded"):  # reaches the caller
+        AsyncLLMEngine.from_config(None)
