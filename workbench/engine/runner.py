@@ -15,6 +15,8 @@ instead (`engine/compiled.py`).
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +45,20 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
+
+
+def allocate_kv_caches(shape: tuple[int, ...], num_layers: int, dtype: torch.dtype,
+                       device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, (K, V) zeros of `shape`. On CPU one anonymous memory map holds them all: the
+    OS maps in a zeroed page when it is first written, so the cache takes resident memory as it
+    fills (torch.zeros would write every page of it at start: 1 GB by default)."""
+    if device.type != "cpu":
+        return [(torch.zeros(shape, dtype=dtype, device=device),
+                 torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    buffer = mmap.mmap(-1, 2 * num_layers * math.prod(shape) * itemsize)
+    caches = torch.frombuffer(buffer, dtype=dtype).view(num_layers, 2, *shape)  # keeps buffer
+    return [(caches[i, 0], caches[i, 1]) for i in range(num_layers)]
 
 
 class ModelRunner:
@@ -85,11 +101,7 @@ class ModelRunner:
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         shape = (num_blocks * block_size, cfg.num_key_value_heads, head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(shape, cfg.num_hidden_layers, self.dtype, self.device)
         self._arange_block = torch.arange(block_size, device=self.device)
         self.compiled = None
         if compile_enabled() and self.stack is not None and self.device.type == "cpu" \
