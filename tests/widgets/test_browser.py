@@ -70,6 +70,9 @@ def _jupyterlab(tmp_path: Path, theme: str = "light"):
     settings = tmp_path / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": THEMES[theme]}))
+    # no "get notified about official Jupyter news?" toast over the screenshots
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     notebook = settings.parent / "notebook-extension"  # every cell in the DOM, not only those in view
     notebook.mkdir(exist_ok=True)
     (notebook / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
