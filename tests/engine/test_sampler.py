@@ -169,3 +169,26 @@ def test_sampler_with_a_seed_is_reproducible_across_engines():
         r = row(temperature=1.0, generator=torch.Generator().manual_seed(11))
         draws.append(sampler(logits.clone(), [r]).tokens.item())
     assert draws[0] == draws[1]
+
+
+def test_the_two_level_cdf_picks_the_token_a_full_cdf_picks():
+    """Blocks of CDF_BLOCK tokens, then the one block: the same token as one cumulative sum
+    over the whole vocabulary (not a multiple of the block: the last block is padded)."""
+    gen = torch.Generator().manual_seed(2)
+    probs = torch.softmax(torch.randn(400, 1000, generator=gen) * 4, -1)
+    probs[:, 300:700] = 0.0  # whole blocks without mass
+    seeds = range(400)
+    drawn = sample(probs, [torch.Generator().manual_seed(s) for s in seeds], gen)
+    u = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                   for s in seeds])
+    cdf = probs.double().cumsum(-1)
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    assert torch.equal(drawn, expected)
+
+
+def test_sampling_never_picks_a_token_of_zero_probability():
+    probs = torch.zeros(2000, 700)
+    probs[:, [0, 255, 256, 699]] = torch.tensor([1e-30, 0.5, 1e-30, 0.5])  # block edges, the end
+    draws = sample(probs, [None] * 2000, torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) <= {0, 255, 256, 699}
+    assert {255, 699} <= set(draws.tolist())
