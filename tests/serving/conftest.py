@@ -2,18 +2,22 @@
 
 `FakeEngine` speaks the part of `EngineClient` (`workbench/engine/protocol.py`) the serving
 layer's generation paths use and produces a
-fixed token script in DELTA mode, so pipeline tests run in milliseconds without a model.
+fixed token script, one delta per step (DELTA) or one cumulative output at the end
+(FINAL_ONLY, what non-streaming requests ask for), with the engine's first-token time, so
+pipeline tests run in milliseconds without a model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import pytest
 
 from workbench.config import EngineConfig
-from workbench.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from workbench.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from workbench.sampling_params import RequestOutputKind
 
 SCRIPT = [19556, 905, 28, 1980, 253, 1012, 30, 216]  # "Hello world, ..." token ids
 
@@ -79,9 +83,11 @@ class FakeEngine:
         self.submitted.append((request_id, prompt, params))
         self.running.add(request_id)
         ids = prompt["prompt_token_ids"]
-        finished = False
+        finished, arrived = False, time.time()
+        so_far: list[CompletionOutput] = []
         try:
-            yield RequestOutput(request_id, None, ids, None, [], False)  # a prefill step
+            if params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                yield RequestOutput(request_id, None, ids, None, [], False)  # a prefill step
             prompt_lps = None
             if params.prompt_logprobs is not None:
                 prompt_lps = [None] + [self._logprobs(t, params.prompt_logprobs) for t in ids[1:]]
@@ -94,8 +100,16 @@ class FakeEngine:
                                          [self._logprobs(token, params.logprobs)], reason)
                         for i in range(params.n)]
                 finished = reason is not None
-                yield RequestOutput(request_id, None, ids, prompt_lps if step == 0 else None,
-                                    outs, finished)
+                if step == 0:
+                    metrics = RequestMetrics(arrival_time=arrived, first_token_time=time.time())
+                if params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                    yield RequestOutput(request_id, None, ids, prompt_lps if step == 0 else None,
+                                        outs, finished, metrics=metrics)
+                else:
+                    so_far = [_joined(a, b) for a, b in zip(so_far, outs)] if so_far else outs
+                    if finished:
+                        yield RequestOutput(request_id, None, ids, prompt_lps, so_far, True,
+                                            metrics=metrics)
                 if finished:
                     return
         finally:
@@ -103,6 +117,14 @@ class FakeEngine:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+
+def _joined(before: CompletionOutput, step: CompletionOutput) -> CompletionOutput:
+    """A choice's output so far, cumulative (FINAL_ONLY), with this step's appended."""
+    logprobs = None if before.logprobs is None else before.logprobs + step.logprobs
+    return CompletionOutput(before.index, before.text + step.text,
+                            before.token_ids + step.token_ids, None, logprobs,
+                            step.finish_reason)
 
 
 @pytest.fixture

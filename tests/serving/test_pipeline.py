@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from workbench.errors import ValidationError
+from workbench.sampling_params import RequestOutputKind
 from workbench.serving import RequestMeta, ServerConfig, Servings, error_response
 from workbench.serving.errors import GenerationError
 from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
@@ -28,6 +30,38 @@ async def test_streamed_completion_text_equals_non_streamed(fake_engine):
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole.choices[0].text
     assert whole.choices[0].finish_reason == chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert whole.usage.completion_tokens == 5
+
+
+async def test_only_streams_ask_the_engine_for_every_step(fake_engine):
+    """Non-streaming requests ask for FINAL_ONLY (one output when they finish, as vLLM does);
+    their time to first token still comes from the engine's first-token time."""
+    s = servings(fake_engine)
+    fake_engine.step_delay = 0.02
+    whole = await s.completions.create(CompletionRequest(prompt="Hi", max_tokens=5), RequestMeta())
+    await s.chat.create(ChatCompletionRequest(messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=2), RequestMeta())
+    await events(await s.completions.create_stream(
+        CompletionRequest(prompt="Hi", max_tokens=2, stream=True), RequestMeta()))
+    kinds = [params.output_kind for _, _, params in fake_engine.submitted]
+    assert kinds == [RequestOutputKind.FINAL_ONLY, RequestOutputKind.FINAL_ONLY,
+                     RequestOutputKind.DELTA]
+    assert whole.choices[0].text == "Hello world, upon a"
+    assert whole.choices[0].finish_reason == "length"
+
+
+def test_the_first_token_time_is_the_engines(fake_engine):
+    from workbench.engine.outputs import RequestMetrics, RequestOutput
+    from workbench.serving.generation import since_first_token
+    from workbench.serving.recorder import PipelineRecorder
+
+    now = time.time()
+    late = RequestOutput("r", None, [1], None, [], True,
+                         metrics=RequestMetrics(arrival_time=now - 3, first_token_time=now - 2))
+    recorder = PipelineRecorder()
+    recorder.output(0, late)
+    assert recorder.first_output_at == now - 2
+    assert 2 <= since_first_token(late) < 3
+    assert since_first_token(RequestOutput("r", None, [1], None, [], True)) == 0.0
 
 
 async def test_completion_chunks_have_every_choice_field_and_no_usage(fake_engine):

@@ -122,7 +122,7 @@ class GenerationServing(OpenAIServing):
             async for index, output in outputs:
                 ctx.recorder.output(index, output)
                 if ctx.first_token_at is None and any(o.token_ids for o in output.outputs):
-                    ctx.first_token_at = time.perf_counter()
+                    ctx.first_token_at = time.perf_counter() - since_first_token(output)
                     if self.metrics is not None:
                         self.metrics.first_token(ctx.first_token_at - ctx.started)
                 if output.prompt_logprobs is not None and index not in ctx.prompt_logprobs:
@@ -194,3 +194,10 @@ def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams
         temperature=params.temperature, length_penalty=request.length_penalty,
         include_stop_str_in_output=params.include_stop_str_in_output,
         skip_special_tokens=params.skip_special_tokens)
+
+
+def since_first_token(output: Any) -> float:
+    """Seconds since the engine produced `output`'s first token (0 if it does not say): a
+    non-streaming request's one output arrives when it finishes, not at its first token."""
+    first = getattr(getattr(output, "metrics", None), "first_token_time", None)
+    return 0.0 if first is None else max(0.0, time.time() - first)

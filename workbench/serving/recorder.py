@@ -71,8 +71,11 @@ class PipelineRecorder:
             self.stages.append((name, start, time.time()))
 
     def output(self, index: int, output: Any) -> None:
-        if self.first_output_at is None:
-            self.first_output_at = time.time()
+        """Keeps the prompt's latest output; `first_output_at`: when the engine produced the
+        first token of any of them (a non-streaming request's output arrives only at its end)."""
+        first = getattr(getattr(output, "metrics", None), "first_token_time", None) or time.time()
+        if self.first_output_at is None or first < self.first_output_at:
+            self.first_output_at = first
         self.outputs[index] = output
 
     # -- what the pipeline decided about fields ---------------------------------------------

@@ -66,6 +66,8 @@ def build_sampling_params(request: Any, *, max_tokens: int, logprobs: int | None
         include_stop_str_in_output=request.include_stop_str_in_output,
         logit_bias=request.logit_bias, allowed_token_ids=request.allowed_token_ids,
         bad_words=request.bad_words, truncate_prompt_tokens=request.truncate_prompt_tokens,
-        output_kind=RequestOutputKind.DELTA,
+        # a non-streaming response needs only the final output (vLLM's choice too): no
+        # per-step outputs to hand to the event loop, merge and drop
+        output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         structured_outputs=structured_outputs_from_request(request),
     )

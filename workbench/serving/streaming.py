@@ -1,9 +1,10 @@
 """From engine outputs to choices: the pieces streaming and non-streaming responses share.
 
-Both paths run the engine in DELTA mode. Each engine output becomes `ChoiceDelta`s (new text,
-token ids and logprobs of one choice); a streaming response turns every delta into a chunk,
-a non-streaming one merges a choice's deltas (`merge_deltas`) and builds its choice with the
-same function. So streamed text equals non-streamed text by construction.
+A streaming request runs the engine in DELTA mode, a non-streaming one in FINAL_ONLY (one
+cumulative output when it finishes, as vLLM asks). Each engine output becomes `ChoiceDelta`s
+(new text, token ids and logprobs of one choice); a streaming response turns every delta into
+a chunk, a non-streaming one merges a choice's deltas (here: its one) and builds its choice
+with the same function. So streamed text equals non-streamed text by construction.
 """
 
 from __future__ import annotations
