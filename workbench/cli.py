@@ -45,7 +45,7 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--kernel", default="auto", choices=["auto", "avx2", "mkl", "onednn", "torch"],
+    p.add_argument("--kernel", default="auto", choices=["auto", "avx2", "avx512bf16", "mkl", "onednn", "torch"],
                    help="projection kernel (default: the fastest this CPU and dtype can run)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--seed", type=int, default=0)

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from workbench.engine import kernels
-from workbench.engine.fusion import AVX2_MAX_ROWS, FastLinear, FusedPart, fuse_projections
+from workbench.engine.fusion import (
+    AVX2_MAX_ROWS,
+    BF16_MAX_ROWS,
+    FastLinear,
+    FusedPart,
+    fuse_projections,
+)
 from workbench.models import tiny_model
 from workbench.models.cpu import cpu_features
 
@@ -118,7 +124,49 @@ def test_mkl_products_equal_float32_arithmetic_rounded_once(rows):
     assert (got != reference).float().mean() < 0.02  # at most a last-bit difference, rarely
 
 
-@pytest.mark.parametrize("kernel, dtype", [("mkl", torch.bfloat16), ("avx2", torch.float32)])
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("k", [64, 67, 96])
+@pytest.mark.parametrize("bias", [True, False])
+def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias):
+    """One and two rows go through gemv.c's AVX-512 BF16 kernel, more through oneDNN; partial
+    blocks of weight rows (99 is not a multiple of 8) and of K (67, 96: masked tails). Each
+    output is within one bf16 rounding of the exact product, rarely a last bit off oneDNN's."""
+    needs("avx512bf16", torch.bfloat16)
+    gen = torch.Generator().manual_seed(rows * k)
+    weight = torch.randn(99, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(99, generator=gen).to(torch.bfloat16) if bias else None
+    x = torch.randn(1, rows, k, generator=gen).to(torch.bfloat16)
+    got = FastLinear(weight, b, "avx512bf16")(x)
+    exact = x.double() @ weight.double().T + (0 if b is None else b.double())
+    assert got.shape == (1, rows, 99) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
+    reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
+    if rows > BF16_MAX_ROWS:
+        assert torch.equal(got, reference)
+    else:
+        assert (got != reference).float().mean() < 0.05
+
+
+def test_avx512bf16_products_do_not_depend_on_the_thread_count():
+    needs("avx512bf16", torch.bfloat16)
+    from workbench.engine import gemv
+
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(517, 96, generator=gen).to(torch.bfloat16)
+    x = torch.randn(2, 96, generator=gen).to(torch.bfloat16)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(gemv.linear_bf16(x, weight))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+@pytest.mark.parametrize("kernel, dtype", [("mkl", torch.bfloat16), ("avx512bf16", torch.bfloat16),
+                                           ("avx2", torch.float32)])
 def test_the_tied_lm_head_shares_the_embedding_weight(kernel, dtype):
     needs(kernel, dtype)
     model = copy.deepcopy(tiny_model("llama", dtype=dtype).model)

@@ -21,8 +21,9 @@ MACHINES = {  # the CPU kinds users have, as the probe sees them
     "no-avx2": "sse4_2 avx",
 }
 EXPECTED = {  # machine -> (float32 kernel, bfloat16 kernel) that "auto" picks
-    "avx2": ("avx2", "torch"), "avx512": ("avx2", "onednn"), "avx512-bf16": ("avx2", "onednn"),
-    "amx": ("avx2", "mkl"), "no-avx2": ("torch", "torch"),
+    "avx2": ("avx2", "torch"), "avx512": ("avx2", "onednn"),
+    "avx512-bf16": ("avx2", "avx512bf16"), "amx": ("avx2", "avx512bf16"),
+    "no-avx2": ("torch", "torch"),
 }
 
 
@@ -35,6 +36,7 @@ def every_build(monkeypatch):
     """The run-time parts (a C compiler, torch's oneDNN and MKL) present, so that the choice
     depends on the simulated flags alone."""
     monkeypatch.setattr(gemv, "available", lambda: True)
+    monkeypatch.setattr(gemv, "available_bf16", lambda: True)
     monkeypatch.setattr(mkl, "available", lambda: True)
     monkeypatch.setattr(kernels, "onednn_prepack_works", lambda: True)
     monkeypatch.delenv("WORKBENCH_KERNEL", raising=False)
@@ -52,6 +54,9 @@ def test_auto_picks_by_capability(machine, every_build):
 def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
     monkeypatch.setattr(gemv, "available", lambda: False)  # no C compiler
     assert kernels.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
+    monkeypatch.setattr(gemv, "available_bf16", lambda: False)  # a compiler without AVX-512 BF16
+    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "mkl"
+    assert kernels.choose(torch.bfloat16, features=simulated("avx512-bf16")).kernel == "onednn"
     monkeypatch.setattr(mkl, "available", lambda: False)  # no MKL bf16 GEMM in torch
     assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
 
@@ -59,6 +64,7 @@ def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
 @pytest.mark.parametrize("kernel, dtype, words", [
     ("onednn", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("mkl", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
+    ("avx512bf16", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("avx2", torch.bfloat16, "float32"),
     ("onednn", torch.float32, "bfloat16"),
 ])
@@ -81,6 +87,27 @@ def test_bf16_is_emulated_only_without_native_bf16():
 def test_mkl_needs_amx(every_build):
     with pytest.raises(ValidationError, match="AMX BF16"):
         kernels.choose(torch.bfloat16, "cpu", "mkl", features=simulated("avx512-bf16"))
+
+
+def test_avx512bf16_needs_the_isa_and_a_compiler_that_targets_it(every_build, monkeypatch):
+    with pytest.raises(ValidationError, match="AVX-512 BF16 \\(this one has"):
+        kernels.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("avx512"))
+    monkeypatch.setattr(gemv, "available_bf16", lambda: False)
+    with pytest.raises(ValidationError, match="C compiler that targets AVX-512 BF16"):
+        kernels.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("amx"))
+
+
+def test_the_bf16_c_kernel_is_never_called_without_the_isa(monkeypatch):
+    """`available_bf16` probes the flags before it runs a product (which would fault)."""
+    from workbench.engine import gemv as real
+
+    monkeypatch.setattr(real, "cpu_features", lambda: simulated("avx512"))
+    monkeypatch.setattr(real, "library", lambda: pytest.fail("the library was loaded"))
+    real.available_bf16.cache_clear()
+    try:
+        assert not real.available_bf16()
+    finally:
+        real.available_bf16.cache_clear()
 
 
 def test_unknown_kernel_names_and_cuda(every_build):
@@ -113,7 +140,8 @@ def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_buil
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("amx"))
     monkeypatch.setattr(kernels, "cpu_features", lambda: simulated("amx"))
     titles = [title for title, _ in script.runs()]
-    assert titles == ["kernel onednn", "kernel torch", "torch and oneDNN limited to AVX2"]
+    assert titles == ["kernel mkl", "kernel onednn", "kernel torch",
+                      "torch and oneDNN limited to AVX2"]
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("avx2"))
     assert [title for title, _ in script.runs()] == ["kernel torch"]
 

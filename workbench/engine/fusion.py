@@ -13,6 +13,10 @@ Two changes, in every dtype:
     than BLAS's, so outputs differ from `F.linear` in the last bits;
   - "onednn" (bfloat16): the weight prepacked in oneDNN's blocked layout, bit-identical to
     `F.linear`;
+  - "avx512bf16" (bfloat16): as "onednn", except products of up to `BF16_MAX_ROWS` rows (a
+    sequence or two decoding), which go through `gemv.c`'s AVX-512 BF16 kernel on a plain copy
+    of the weight (the same copy as "mkl"'s): fp32 accumulation and one rounding, a product
+    may differ from oneDNN's in the last bit of bf16;
   - "mkl" (bfloat16): as "onednn", except one-row products (a single sequence decoding), which go
     through MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight; the copy costs the
     projection weights' size again (the LM head shares its plain weight with tied embeddings).
@@ -33,6 +37,7 @@ from torch import nn
 from workbench.engine import gemv, kernels, mkl
 
 AVX2_MAX_ROWS = 48  # longer products go to BLAS (its GEMM is tuned for many rows)
+BF16_MAX_ROWS = 2  # the C kernel beats oneDNN at one and two rows, ties at three, then loses
 
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 _SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
@@ -54,7 +59,7 @@ class FastLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel
         weight = weight.detach()
-        prepack = kernel in ("onednn", "mkl")
+        prepack = kernel in ("onednn", "mkl", "avx512bf16")
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if prepack else None
         plain = weight.contiguous() if kernel != "onednn" else None
         self.register_buffer("weight", plain, persistent=False)  # [out, in] or None
@@ -68,6 +73,8 @@ class FastLinear(nn.Module):
         tensors: dict[str, Any] = self._buffers
         if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and x.dtype == torch.float32:
             return gemv.linear(x, tensors["weight"], tensors["bias"])
+        if self.kernel == "avx512bf16" and rows <= BF16_MAX_ROWS and x.dtype == torch.bfloat16:
+            return gemv.linear_bf16(x, tensors["weight"], tensors["bias"])
         if self.kernel == "mkl" and rows == 1 and x.dtype == torch.bfloat16:
             return mkl.linear(x, tensors["weight"], tensors["bias"])
         if tensors["packed_weight"] is not None:

@@ -1,12 +1,14 @@
-"""The "avx2" kernel: few-row float32 products from `gemv.c`, compiled once per machine.
+"""The C kernels: few-row products from `gemv.c`, compiled once per machine.
 
 The C source ships beside this module. `library()` compiles it with the system's C compiler
 (`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
 of the source, the flags and the compiler, so a change of any of them builds a new one; the
 build takes about a second and happens at most once per machine (`make install` does it ahead).
-`linear(x, w, b)` calls it through ctypes on the tensors' memory. Nothing here is used unless
-the kernel choice (`engine/kernels.py`) picked "avx2", which needs the CPU's AVX2 and FMA and a
-library that built and computed a known product correctly (`available()`).
+`linear(x, w, b)` (float32, the "avx2" kernel) and `linear_bf16(x, w, b)` (bfloat16, the
+"avx512bf16" kernel) call it through ctypes on the tensors' memory. Nothing here is used unless
+the kernel choice (`engine/kernels.py`) picked one of them, which needs the CPU's AVX2 and FMA
+(`available()`), or AVX-512 BF16 (`available_bf16()`), and a library that built and computed a
+known product correctly.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 
 from workbench.models.cache import cache_dir
+from workbench.models.cpu import cpu_features
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +64,22 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None (with the reason logged) when it cannot be."""
     cc = compiler()
     if cc is None:
-        logger.warning("no C compiler (set CC, or install gcc): the avx2 kernel is unavailable")
+        logger.warning("no C compiler (set CC, or install gcc): the C kernels (avx2, "
+                       "avx512bf16) are unavailable")
         return None
     try:
         lib = ctypes.CDLL(str(build(cc)))  # after torch: OpenMP resolves to the runtime it loaded
     except (OSError, subprocess.SubprocessError) as error:
         detail = getattr(error, "stderr", "") or error
-        logger.warning("the avx2 kernel did not build with %s: %s", cc, detail)
+        logger.warning("the C kernels did not build with %s: %s", cc, detail)
         return None
     fn = lib.wb_linear_f32
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
+    bf16 = getattr(lib, "wb_linear_bf16", None)  # absent when the compiler predates AVX-512 BF16
+    if bf16 is not None:
+        bf16.argtypes = fn.argtypes
+        bf16.restype = None
     return lib
 
 
@@ -104,3 +112,40 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 @functools.cache
 def _function():
     return library().wb_linear_f32
+
+
+@functools.cache
+def available_bf16() -> bool:
+    """Whether this CPU has AVX-512 BF16 (probed first: the function would fault without it)
+    and the library built it and computes a known product within one bf16 rounding."""
+    if not cpu_features().has("avx512f", "avx512bw", "avx512_bf16"):
+        return False
+    lib = library()
+    if lib is None or getattr(lib, "wb_linear_bf16", None) is None:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(3, 45, generator=gen).to(torch.bfloat16),
+               torch.randn(19, 45, generator=gen).to(torch.bfloat16),
+               torch.randn(19, generator=gen).to(torch.bfloat16))
+    expected = x.double() @ w.double().T + b.double()
+    return torch.allclose(linear_bf16(x, w, b).double(), expected, rtol=2 ** -7, atol=1e-2)
+
+
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` for bfloat16 CPU tensors, x [..., K], a contiguous weight [N, K]
+    and bias [N]: float32 sums rounded once (the caller checks dtypes and layout)."""
+    x = x.contiguous()
+    k, n = x.shape[-1], weight.shape[0]
+    m = x.numel() // k
+    out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16)
+    if m:
+        _function_bf16()(x.data_ptr(), weight.data_ptr(),
+                         None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k,
+                         torch.get_num_threads())
+    return out
+
+
+@functools.cache
+def _function_bf16():
+    return library().wb_linear_bf16

@@ -1,14 +1,19 @@
 """Which kernel runs the model's projections: chosen once per process from the CPU's features.
 
-| kernel   | dtype    | needs                                              | what it does
-|----------|----------|----------------------------------------------------|-----------------------------
-| "avx2"   | float32  | AVX2 + FMA, a C compiler (`engine/gemv.py`)        | few-row products (decoding,
-|          |          |                                                    | beams, small batches) in C;
-|          |          |                                                    | prefill chunks via `F.linear`
-| "mkl"    | bfloat16 | "onednn"'s needs + AMX BF16, MKL's bf16 GEMM       | one-row products via MKL,
-|          |          | exported by torch (`engine/mkl.py`)                | more rows as "onednn"
-| "onednn" | bfloat16 | AVX-512 BW/VL/DQ or AVX-NE-CONVERT, oneDNN in torch| weights prepacked by oneDNN
-| "torch"  | any      | nothing                                            | `F.linear`
+| kernel       | dtype    | needs                                               | what it does
+|--------------|----------|-----------------------------------------------------|-------------------------
+| "avx2"       | float32  | AVX2 + FMA, a C compiler (`engine/gemv.py`)         | few-row products
+|              |          |                                                     | (decoding, beams, small
+|              |          |                                                     | batches) in C; prefill
+|              |          |                                                     | chunks via `F.linear`
+| "avx512bf16" | bfloat16 | "onednn"'s needs + AVX-512 BF16, a C compiler       | one- and two-row
+|              |          | (`engine/gemv.py`)                                  | products in C; more
+|              |          |                                                     | rows as "onednn"
+| "mkl"        | bfloat16 | "onednn"'s needs + AMX BF16, MKL's bf16 GEMM        | one-row products via
+|              |          | exported by torch (`engine/mkl.py`)                 | MKL; more as "onednn"
+| "onednn"     | bfloat16 | AVX-512 BW/VL/DQ or AVX-NE-CONVERT, oneDNN in torch | weights prepacked by
+|              |          |                                                     | oneDNN
+| "torch"      | any      | nothing                                             | `F.linear`
 |
 `choose(dtype, device)` takes the first that this process can run, in the order above for its
 dtype ("auto"), or checks the one asked for (`kernel=` / `--kernel`) and refuses it at start-up,
@@ -30,9 +35,11 @@ from workbench.engine import gemv, mkl
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
 
-KERNELS = ("avx2", "mkl", "onednn", "torch")
-DTYPE_OF = {"avx2": torch.float32, "mkl": torch.bfloat16, "onednn": torch.bfloat16}  # torch: any
-_AUTO_ORDER = {torch.float32: ("avx2", "torch"), torch.bfloat16: ("mkl", "onednn", "torch")}
+KERNELS = ("avx2", "avx512bf16", "mkl", "onednn", "torch")
+DTYPE_OF = {"avx2": torch.float32, "avx512bf16": torch.bfloat16, "mkl": torch.bfloat16,
+            "onednn": torch.bfloat16}  # torch: any
+_AUTO_ORDER = {torch.float32: ("avx2", "torch"),
+               torch.bfloat16: ("avx512bf16", "mkl", "onednn", "torch")}
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,12 @@ def missing(kernel: str, dtype: torch.dtype, features: CpuFeatures) -> str | Non
                 f"(this one has: {features.summary()})")
     if not onednn_prepack_works():
         return "a torch build with oneDNN's prepacked linear weights"
+    if kernel == "avx512bf16":
+        if not features.has("avx512f", "avx512bw", "avx512_bf16"):
+            return f"a CPU with AVX-512 BF16 (this one has: {features.summary()})"
+        if not gemv.available_bf16():
+            return ("a C compiler that targets AVX-512 BF16 (GCC 10 or clang 9 and later; set "
+                    "CC; the log says what failed)")
     if kernel == "mkl":
         if not features.has("amx_bf16"):
             return f"a CPU with AMX BF16 (this one has: {features.summary()})"
