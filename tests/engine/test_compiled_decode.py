@@ -58,3 +58,28 @@ def test_compiled_steps_decode_what_the_eager_loop_decodes(tiny_llama, monkeypat
             assert step_graph.keys() == step_eager.keys()
             for tok in step_eager:
                 assert step_graph[tok].logprob == pytest.approx(step_eager[tok].logprob, abs=1e-4)
+
+
+def test_with_the_avx512bf16_kernel_the_graph_calls_its_c_products(tiny_llama, monkeypatch):
+    """The C kernel as an operator of its own: a compiled graph calls it (the same bits as
+    eager, it is opaque to inductor), and the decode graph of a bf16 model on that kernel uses
+    it for every projection."""
+    import torch
+
+    from workbench.engine import gemv, kernels
+    from workbench.models.cpu import cpu_features
+
+    lack = kernels.missing("avx512bf16", torch.bfloat16, cpu_features())
+    if lack is not None:
+        pytest.skip(f"the avx512bf16 kernel needs {lack}")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 96, generator=gen).to(torch.bfloat16)
+    w = torch.randn(40, 96, generator=gen).to(torch.bfloat16)
+    step = torch.compile(lambda a, b: torch.relu(gemv.linear_bf16_op(a, b)) * 2, dynamic=False)
+    assert torch.equal(step(x, w), torch.relu(gemv.linear_bf16(x, w)) * 2)
+
+    monkeypatch.setenv(compiled.ENV, "1")
+    loaded = dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model).bfloat16())
+    llm = make_llm(loaded, block_size=4, kernel="avx512bf16")
+    graph = llm.llm_engine.runner.compiled.graph
+    assert graph._orig_mod.linear is gemv.linear_bf16_op

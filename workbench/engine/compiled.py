@@ -3,7 +3,8 @@
 Eager, a third of such a step is dispatch of the few hundred small operators between the
 projections. `CompiledDecode` runs the layers for one token as one `torch.compile` graph on
 inductor's CPU backend (as vLLM's CPU worker does): weights frozen (inductor's own oneDNN-packed
-copy), a C++ wrapper, norms, rotary, residuals and activation fused. Attention stays paged: K/V
+copy; with the `avx512bf16` kernel the products call its C function instead, as an operator of
+their own, on the plain weights), a C++ wrapper, norms, rotary, residuals and activation fused. Attention stays paged: K/V
 written into the cache, the context gathered through its slots, padded to a power-of-two bucket
 and masked; each bucket compiles once, in tens of seconds. Not bit-identical to the eager loop,
 which stays the reference and the default and takes every other step (batches, prefills, LoRA).
@@ -16,6 +17,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from workbench.engine import gemv
 from workbench.engine.attention import AttentionContext
 from workbench.engine.decoder import DecoderStack, _rms_norm, _rotate, _signed_sin
 
@@ -45,9 +47,10 @@ class _DecodeGraph(torch.nn.Module):
     """The stack's layers for one token [1, H], as a module (its projection weights are its
     parameters, sharing the runner's tensors)."""
 
-    def __init__(self, stack: DecoderStack, weights: list[torch.Tensor]):
+    def __init__(self, stack: DecoderStack, weights: list[torch.Tensor], c_kernel: bool):
         super().__init__()
         self.stack = stack
+        self.linear = gemv.linear_bf16_op if c_kernel else F.linear
         for i, weight in enumerate(weights):  # parameters: what freezing prepacks
             self.register_parameter(f"w{i}", torch.nn.Parameter(weight, requires_grad=False))
 
@@ -57,7 +60,7 @@ class _DecodeGraph(torch.nn.Module):
         cos, sin = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)  # [1, 1, D]
         for i, ((w1, eps1), _, _, (w2, eps2), _, _, act, scaling) in enumerate(stack.plan):
             wqkv, wo, wgu, wd = (getattr(self, f"w{4 * i + j}") for j in range(4))
-            qkv = F.linear(_rms_norm(hidden, w1, eps1), wqkv)
+            qkv = self.linear(_rms_norm(hidden, w1, eps1), wqkv)
             qk = _rotate(qkv[:, :(hq + hkv) * d].view(1, hq + hkv, d), cos, sin)
             v = qkv[:, (hq + hkv) * d:].view(1, hkv, d)
             k_cache, v_cache = kv_caches[i]
@@ -67,9 +70,9 @@ class _DecodeGraph(torch.nn.Module):
             vd = v_cache.index_select(0, ctx_slots).view(1, -1, hkv, d).transpose(1, 2)
             q = qk[:, :hq].reshape(1, hkv, hq // hkv, d)  # as attention.decode_attention
             out = F.scaled_dot_product_attention(q, kd, vd, attn_mask=mask, scale=scaling)
-            hidden = hidden + F.linear(out.reshape(1, hq * d), wo)
-            gate, up = F.linear(_rms_norm(hidden, w2, eps2), wgu).chunk(2, dim=-1)
-            hidden = hidden + F.linear(act(gate) * up, wd)
+            hidden = hidden + self.linear(out.reshape(1, hq * d), wo)
+            gate, up = self.linear(_rms_norm(hidden, w2, eps2), wgu).chunk(2, dim=-1)
+            hidden = hidden + self.linear(act(gate) * up, wd)
         return hidden
 
 
@@ -77,9 +80,11 @@ class CompiledDecode:
     """Compiled single-stream decode steps over a runner's stack and KV cache."""
 
     def __init__(self, stack: DecoderStack, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
-        weights = [linear.weight for linear in _projections(stack)]  # plain [out, in], no bias
+        projections = list(_projections(stack))
+        weights = [linear.weight for linear in projections]  # plain [out, in], no bias
+        c_kernel = all(linear.kernel == "avx512bf16" for linear in projections)
         self.kv_caches = kv_caches
-        self.graph = torch.compile(_DecodeGraph(stack, weights), dynamic=False)
+        self.graph = torch.compile(_DecodeGraph(stack, weights, c_kernel), dynamic=False)
         # inductor's settings for the graph, set around each call: compilation (each new
         # bucket's) reads them then (as torch.compile's options= torch 2.13 drops freezing)
         from torch._inductor import config  # deferred: inductor loads only when opted in

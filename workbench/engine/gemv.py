@@ -149,3 +149,15 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 @functools.cache
 def _function_bf16():
     return library().wb_linear_bf16
+
+
+@torch.library.custom_op("workbench::linear_bf16", mutates_args=())
+def linear_bf16_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`linear_bf16` as a torch operator, so that a compiled graph (`engine/compiled.py`) calls
+    the C kernel for its products instead of tracing into ctypes."""
+    return linear_bf16(x, weight)
+
+
+@linear_bf16_op.register_fake
+def _linear_bf16_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
