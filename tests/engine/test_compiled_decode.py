@@ -60,7 +60,7 @@ def test_compiled_steps_decode_what_the_eager_loop_decodes(tiny_llama, monkeypat
                 assert step_graph[tok].logprob == pytest.approx(step_eager[tok].logprob, abs=1e-4)
 
 
-def test_with_the_avx512bf16_kernel_the_graph_calls_its_c_products(tiny_llama, monkeypatch):
+def test_with_the_avx512bf16_kernel_the_graph_calls_its_c_products(monkeypatch):
     """The C kernel as an operator of its own: a compiled graph calls it (the same bits as
     eager, it is opaque to inductor), and the decode graph of a bf16 model on that kernel uses
     it for every projection."""
@@ -79,7 +79,9 @@ def test_with_the_avx512bf16_kernel_the_graph_calls_its_c_products(tiny_llama, m
     assert torch.equal(step(x, w), torch.relu(gemv.linear_bf16(x, w)) * 2)
 
     monkeypatch.setenv(compiled.ENV, "1")
-    loaded = dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model).bfloat16())
+    from workbench.models import tiny_model
+
+    loaded = tiny_model("llama", dtype="bfloat16")  # unfused (an engine fuses its model in place)
     llm = make_llm(loaded, block_size=4, kernel="avx512bf16")
     graph = llm.llm_engine.runner.compiled.graph
     assert graph._orig_mod.linear is gemv.linear_bf16_op
