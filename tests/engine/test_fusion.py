@@ -78,18 +78,22 @@ def test_avx2_products_equal_float64_within_float32_rounding(rows, bias):
     torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
 
 
-def test_avx2_products_do_not_depend_on_the_thread_count():
-    needs("avx2", torch.float32)
+@pytest.mark.parametrize("kernel, dtype, rows", [("avx2", torch.float32, 3),
+                                                 ("avx512bf16", torch.bfloat16, 2)])
+def test_c_products_do_not_depend_on_the_thread_count(kernel, dtype, rows):
+    needs(kernel, dtype)
     from workbench.engine import gemv
 
+    linear = gemv.linear if kernel == "avx2" else gemv.linear_bf16
     gen = torch.Generator().manual_seed(1)
-    weight, x = torch.randn(517, 96, generator=gen), torch.randn(3, 96, generator=gen)
+    weight = torch.randn(517, 96, generator=gen).to(dtype)
+    x = torch.randn(rows, 96, generator=gen).to(dtype)
     before = torch.get_num_threads()
     try:
         results = []
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            results.append(gemv.linear(x, weight))
+            results.append(linear(x, weight))
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(results[0], r) for r in results[1:])
@@ -145,24 +149,6 @@ def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias
         assert torch.equal(got, reference)
     else:
         assert (got != reference).float().mean() < 0.05
-
-
-def test_avx512bf16_products_do_not_depend_on_the_thread_count():
-    needs("avx512bf16", torch.bfloat16)
-    from workbench.engine import gemv
-
-    gen = torch.Generator().manual_seed(1)
-    weight = torch.randn(517, 96, generator=gen).to(torch.bfloat16)
-    x = torch.randn(2, 96, generator=gen).to(torch.bfloat16)
-    before = torch.get_num_threads()
-    try:
-        results = []
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            results.append(gemv.linear_bf16(x, weight))
-    finally:
-        torch.set_num_threads(before)
-    assert all(torch.equal(results[0], r) for r in results[1:])
 
 
 @pytest.mark.parametrize("kernel, dtype", [("mkl", torch.bfloat16), ("avx512bf16", torch.bfloat16),

@@ -24,6 +24,7 @@ from workbench.serving.context import ServeContext
 from workbench.serving.errors import GenerationError
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.common import PromptTokenUsageInfo
+from workbench.serving.recorder import engine_first_token_time
 from workbench.serving.streaming import ChoiceDelta, choice_deltas, merge_async_iterators
 
 logger = logging.getLogger("workbench.serving")
@@ -199,5 +200,5 @@ def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams
 def since_first_token(output: Any) -> float:
     """Seconds since the engine produced `output`'s first token (0 if it does not say): a
     non-streaming request's one output arrives when it finishes, not at its first token."""
-    first = getattr(getattr(output, "metrics", None), "first_token_time", None)
+    first = engine_first_token_time(output)
     return 0.0 if first is None else max(0.0, time.time() - first)

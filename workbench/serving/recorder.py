@@ -73,7 +73,7 @@ class PipelineRecorder:
     def output(self, index: int, output: Any) -> None:
         """Keeps the prompt's latest output; `first_output_at`: when the engine produced the
         first token of any of them (a non-streaming request's output arrives only at its end)."""
-        first = getattr(getattr(output, "metrics", None), "first_token_time", None) or time.time()
+        first = engine_first_token_time(output) or time.time()
         if self.first_output_at is None or first < self.first_output_at:
             self.first_output_at = first
         self.outputs[index] = output
@@ -138,3 +138,8 @@ class PipelineRecorder:
         if added:
             self.add("stop_token_ids", "sampling params", "coerced", "stop_token_ids",
                      f"the model's generation_config adds {added}", params.stop_token_ids)
+
+
+def engine_first_token_time(output: Any) -> float | None:
+    """When the engine produced `output`'s first token (`time.time()`), if it says."""
+    return getattr(getattr(output, "metrics", None), "first_token_time", None)
