@@ -46,6 +46,8 @@ def test_span_reads_what_the_gather_reads(dtype, monkeypatch):
     results = []
     for use_span in (True, False):
         llm = make_llm(dataclasses.replace(base, model=copy.deepcopy(base.model)), block_size=4)
+        runner = llm.llm_engine.runner  # the span is SDPA's: C attention reads slots in place
+        runner.kernel = dataclasses.replace(runner.kernel, attention="sdpa")
         if not use_span:
             llm.llm_engine.runner._decode_span = lambda decodes: None
         out = llm.generate(PROMPT, params)[0].outputs[0]

@@ -6,9 +6,11 @@ tokens of all sequences into one ragged row (`[1, T, hidden]`, no padding in the
 the step's `AttentionContext`, built once and passed down as a keyword argument, says where each
 token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
-Decode tokens (one query per sequence) are attended together in one SDPA call over their
-gathered contexts, padded to the longest (a lone decode whose blocks are consecutive reads its
-context as a view of the cache instead); each prefill chunk gets its own causal SDPA call. Called
+Decode tokens (one query per sequence) are attended together: in C, reading each context in place
+through its slots (`gemv.decode_attention`, where the kernel choice says attention "c"), else in
+one SDPA call over their gathered contexts, padded to the longest (a lone decode whose blocks are
+consecutive reads its context as a view of the cache instead). Each prefill chunk gets its own
+causal SDPA call. Called
 without a context, it is plain SDPA, so the same model object still works with `generate`.
 """
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from workbench.engine import gemv
 
 ATTENTION_NAME = "workbench_paged"
 
@@ -43,6 +47,8 @@ class AttentionContext:
     # (first slot, Lmax) when the only decode's context is one run of slots (its blocks are
     # consecutive, as a lone stream's usually are): read as a view of the cache, no gather
     decode_span: tuple[int, int] | None = None
+    decode_lengths: torch.Tensor | None = None  # [B] int64: each decode's context length
+    c_attention: bool = False  # decodes through gemv.decode_attention (`KernelChoice.attention`)
     decode_flat_slots: torch.Tensor | None = field(init=False)  # [B * Lmax], gathered per layer
 
     def __post_init__(self):
@@ -97,6 +103,12 @@ def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tens
                     v_cache: torch.Tensor, scaling: float | None) -> torch.Tensor:
     """The decode queries qd [B, Hq, D] against their gathered contexts -> [B, Hq, D]."""
     assert ctx.decode_slots is not None and ctx.decode_flat_slots is not None  # decodes run
+    scale = scaling or qd.shape[-1] ** -0.5
+    if ctx.c_attention and ctx.decode_lengths is not None:
+        out = gemv.decode_attention(qd, k_cache, v_cache, ctx.decode_slots, ctx.decode_lengths,
+                                    scale)
+        if out is not None:
+            return out
     shape = (*ctx.decode_slots.shape, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
     if ctx.decode_span is not None:
         first, length = ctx.decode_span
@@ -106,7 +118,7 @@ def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tens
         flat = ctx.decode_flat_slots  # index_select: faster than k_cache[slots] here
         kd = k_cache.index_select(0, flat).view(shape)
         vd = v_cache.index_select(0, flat).view(shape)
-    return decode_attention(qd, kd, vd, ctx.decode_mask, scaling or qd.shape[-1] ** -0.5)
+    return decode_attention(qd, kd, vd, ctx.decode_mask, scale)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

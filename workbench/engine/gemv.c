@@ -93,17 +93,7 @@ void wb_linear_f32(const float *x, const float *w, const float *b, float *y, int
     }
 }
 
-/* bfloat16 few-row products on CPUs with AVX-512 BF16 (VDPBF16PS): y[m, n] = sum_k x[m, k] *
- * w[n, k] (+ b[n]), bf16 in, float32 accumulation, one rounding to bf16 (nearest even) at the
- * end, as oneDNN and MKL compute it. Weight rows are read eight at a time, each block of them
- * prefetched a block ahead, and every row of x reads the block while it is in L1: the weights
- * stream once per call at close to the memory's read bandwidth (MKL's bf16 GEMM read ~70% of
- * it for one row). A row's sum is one thread's, in a fixed order: the same bits for any thread
- * count. Compiled for AVX-512 BF16 only in this function (the library still loads on AVX2
- * CPUs); compilers older than GCC 10 / clang 9 leave it out and the kernel is unavailable. */
-#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
-#define WB_BF16_ROWS 8
-
+/* bfloat16 <-> float32: round to nearest even, as torch does. */
 static inline uint16_t wb_round_bf16(float f) {
     uint32_t u;
     __builtin_memcpy(&u, &f, 4);
@@ -118,6 +108,17 @@ static inline float wb_bf16_to_f32(uint16_t h) {
     __builtin_memcpy(&f, &u, 4);
     return f;
 }
+
+/* bfloat16 few-row products on CPUs with AVX-512 BF16 (VDPBF16PS): y[m, n] = sum_k x[m, k] *
+ * w[n, k] (+ b[n]), bf16 in, float32 accumulation, one rounding to bf16 (nearest even) at the
+ * end, as oneDNN and MKL compute it. Weight rows are read eight at a time, each block of them
+ * prefetched a block ahead, and every row of x reads the block while it is in L1: the weights
+ * stream once per call at close to the memory's read bandwidth (MKL's bf16 GEMM read ~70% of
+ * it for one row). A row's sum is one thread's, in a fixed order: the same bits for any thread
+ * count. Compiled for AVX-512 BF16 only in this function (the library still loads on AVX2
+ * CPUs); compilers older than GCC 10 / clang 9 leave it out and the kernel is unavailable. */
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
+#define WB_BF16_ROWS 8
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 void wb_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
@@ -158,3 +159,152 @@ void wb_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uin
     }
 }
 #endif
+
+/* Decode attention over a paged KV cache: one query token per sequence against its context,
+ * read in place through its cache slots (no gathered copy), in float32 or bfloat16.
+ *
+ * q [B, Hq, D] (q_stride elements between sequences); k_cache, v_cache [S, Hkv, D]; slots
+ * [B, Lmax] (slot_stride elements between rows; row b's first lengths[b] are its context, in
+ * order); out [B, Hq, D]; D a multiple
+ * of 8. Query head h reads KV head
+ * h / (Hq / Hkv), as transformers' repeat_kv. Scores, softmax (max subtracted; exp to within
+ * 2 ulp) and the weighted sum of values in float32, rounded once into out's dtype. One
+ * (sequence, KV head) pair is one thread's, its G query heads together so that each key and
+ * value row is read once; four keys at a time (independent sums). Fixed order: the same bits
+ * for any thread count. Returns 0, or -1 for shapes it does not take (the caller falls back). */
+#define WB_ATTN_MAX_D 256
+#define WB_ATTN_MAX_G 16
+
+static inline __m256 wb_load8(const void *src, int bf16, int64_t i) {
+    if (bf16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)src + i);
+}
+
+/* e^x for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n). */
+static inline __m256 wb_exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                  23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static void wb_attend_one(const void *q, const void *k_cache, const void *v_cache,
+                          const int64_t *slots, int64_t L, void *out, int64_t Hkv, int64_t h,
+                          int64_t G, int64_t D, float scale, int bf16, float *scores) {
+    const int64_t esize = bf16 ? 2 : 4, row = Hkv * D;
+    float qf[WB_ATTN_MAX_G][WB_ATTN_MAX_D], acc[WB_ATTN_MAX_G][WB_ATTN_MAX_D];
+    float mx[WB_ATTN_MAX_G], sum[WB_ATTN_MAX_G];
+    for (int64_t g = 0; g < G; ++g) {
+        const void *qg = (const char *)q + (h * G + g) * D * esize;
+        for (int64_t d = 0; d < D; d += 8) {
+            _mm256_storeu_ps(qf[g] + d, _mm256_mul_ps(wb_load8(qg, bf16, d),
+                                                      _mm256_set1_ps(scale)));
+            _mm256_storeu_ps(acc[g] + d, _mm256_setzero_ps());
+        }
+        mx[g] = -__builtin_inff();
+    }
+    for (int64_t l = 0; l < L; l += 4) {  /* scores, four keys at a time */
+        const void *kr[4];
+        for (int j = 0; j < 4; ++j)
+            kr[j] = (const char *)k_cache + (slots[l + j < L ? l + j : L - 1] * row + h * D) * esize;
+        for (int64_t g = 0; g < G; ++g) {
+            __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                           _mm256_setzero_ps()};
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(qf[g] + d);
+                for (int j = 0; j < 4; ++j) s[j] = _mm256_fmadd_ps(qv, wb_load8(kr[j], bf16, d), s[j]);
+            }
+            for (int j = 0; j < 4 && l + j < L; ++j) {
+                const float v = hsum(s[j]);
+                scores[g * L + l + j] = v;
+                if (v > mx[g]) mx[g] = v;
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; ++g) {  /* softmax numerators and their sum */
+        float *sg = scores + g * L;
+        const __m256 m = _mm256_set1_ps(mx[g]);
+        __m256 total = _mm256_setzero_ps();
+        int64_t l = 0;
+        for (; l + 8 <= L; l += 8) {
+            const __m256 e = wb_exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + l), m));
+            _mm256_storeu_ps(sg + l, e);
+            total = _mm256_add_ps(total, e);
+        }
+        float t = hsum(total);
+        if (l < L) {
+            float tail[8] = {0};
+            for (int64_t j = l; j < L; ++j) tail[j - l] = sg[j] - mx[g];
+            float e8[8];
+            _mm256_storeu_ps(e8, wb_exp8(_mm256_loadu_ps(tail)));
+            for (int64_t j = l; j < L; ++j) {
+                sg[j] = e8[j - l];
+                t += e8[j - l];
+            }
+        }
+        sum[g] = t;
+    }
+    for (int64_t l = 0; l < L; ++l) {  /* the weighted sum of values */
+        const void *vr = (const char *)v_cache + (slots[l] * row + h * D) * esize;
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 v = wb_load8(vr, bf16, d);
+            for (int64_t g = 0; g < G; ++g)
+                _mm256_storeu_ps(acc[g] + d, _mm256_fmadd_ps(_mm256_set1_ps(scores[g * L + l]), v,
+                                                            _mm256_loadu_ps(acc[g] + d)));
+        }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+        const float inv = 1.0f / sum[g];
+        const int64_t at = (h * G + g) * D;
+        for (int64_t d = 0; d < D; ++d) {
+            const float o = acc[g][d] * inv;
+            if (bf16) ((uint16_t *)out)[at + d] = wb_round_bf16(o);
+            else ((float *)out)[at + d] = o;
+        }
+    }
+}
+
+int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
+                        const void *v_cache, const int64_t *slots, int64_t slot_stride,
+                        const int64_t *lengths, void *out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t Lmax,
+                        float scale, int bf16, int threads) {
+    const int64_t G = Hkv > 0 ? Hq / Hkv : 0, esize = bf16 ? 2 : 4, items = B * Hkv;
+    if (D % 8 || D > WB_ATTN_MAX_D || G < 1 || G > WB_ATTN_MAX_G || G * Hkv != Hq) return -1;
+    for (int64_t b = 0; b < B; ++b)
+        if (lengths[b] < 1 || lengths[b] > Lmax) return -1;
+    if (threads > items) threads = (int)items;
+    if (threads < 1) threads = 1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = (float *)__builtin_malloc(sizeof(float) * (size_t)(G * Lmax));
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < items; ++item) {
+            const int64_t b = item / Hkv;
+            if (scores)
+                wb_attend_one((const char *)q + b * q_stride * esize, k_cache, v_cache,
+                              slots + b * slot_stride, lengths[b], (char *)out + b * Hq * D * esize, Hkv,
+                              item % Hkv, G, D, scale, bf16, scores);
+            else {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        __builtin_free(scores);
+    }
+    return failed ? -2 : 0;
+}

@@ -1,14 +1,15 @@
-"""The C kernels: few-row products from `gemv.c`, compiled once per machine.
+"""The C kernels: few-row products and decode attention from `gemv.c`, compiled once per machine.
 
 The C source ships beside this module. `library()` compiles it with the system's C compiler
 (`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
 of the source, the flags and the compiler, so a change of any of them builds a new one; the
 build takes about a second and happens at most once per machine (`make install` does it ahead).
-`linear(x, w, b)` (float32, the "avx2" kernel) and `linear_bf16(x, w, b)` (bfloat16, the
-"avx512bf16" kernel) call it through ctypes on the tensors' memory. Nothing here is used unless
-the kernel choice (`engine/kernels.py`) picked one of them, which needs the CPU's AVX2 and FMA
-(`available()`), or AVX-512 BF16 (`available_bf16()`), and a library that built and computed a
-known product correctly.
+`linear(x, w, b)` (float32, the "avx2" kernel), `linear_bf16(x, w, b)` (bfloat16, the
+"avx512bf16" kernel) and `decode_attention` (both dtypes, every kernel but "torch") call it
+through ctypes on the tensors' memory. Nothing here is used unless the kernel choice
+(`engine/kernels.py`) picked it, which needs the CPU's AVX2 and FMA (`available()`), or
+AVX-512 BF16 (`available_bf16()`), and a library that built and computed a known product
+correctly.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ def library() -> ctypes.CDLL | None:
     if bf16 is not None:
         bf16.argtypes = fn.argtypes
         bf16.restype = None
+    attend = lib.wb_decode_attention
+    attend.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
+        [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + \
+        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    attend.restype = ctypes.c_int
     return lib
 
 
@@ -149,6 +155,33 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 @functools.cache
 def _function_bf16():
     return library().wb_linear_bf16
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slots: torch.Tensor, lengths: torch.Tensor, scale: float
+                     ) -> torch.Tensor | None:
+    """One query token per sequence against its context, read in place through its cache slots
+    (`wb_decode_attention`): q [B, Hq, D]; k_cache, v_cache [S, Hkv, D]; slots [B, Lmax] int64
+    (row b's first lengths[b] are its context); lengths [B] int64 -> [B, Hq, D] in q's dtype
+    (float32 or bfloat16, the caches' too; q and slots may be row slices of larger tensors). None where the C function does not take the shape
+    (a head size that is not a multiple of 8, more than 256 or over 16 query heads per KV head):
+    the caller computes it otherwise."""
+    b, hq, d = q.shape
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    if slots.stride(1) != 1:
+        slots = slots.contiguous()
+    out = torch.empty((b, hq, d), dtype=q.dtype)
+    code = _function_attention()(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+        slots.stride(0), lengths.data_ptr(), out.data_ptr(), b, hq, k_cache.shape[1], d, slots.shape[1], scale,
+        q.dtype == torch.bfloat16, torch.get_num_threads())
+    return out if code == 0 else None
+
+
+@functools.cache
+def _function_attention():
+    return library().wb_decode_attention
 
 
 @torch.library.custom_op("workbench::linear_bf16", mutates_args=())

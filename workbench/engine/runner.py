@@ -130,7 +130,8 @@ class ModelRunner:
         return table[0] * self.block_size, length
 
     def _decode_context(self, decodes: list[ScheduledSequence]):
-        """Padded slot table [B, Lmax] and mask [B, Lmax] (None if no padding) of the decodes."""
+        """Padded slot table [B, Lmax], mask [B, Lmax] (None if no padding) and context lengths
+        [B] of the decodes."""
         bs = self.block_size
         lengths = [s.seq.num_computed_tokens + 1 for s in decodes]
         max_blocks = -(-max(lengths) // bs)
@@ -142,11 +143,11 @@ class ModelRunner:
         slots = (table.unsqueeze(2) * bs + self._arange_block).view(len(decodes), -1)
         lmax = max(lengths)
         slots = slots[:, :lmax]
-        if min(lengths) == lmax:  # nothing padded (always so for a single sequence)
-            return slots, None
         lens = torch.tensor(lengths, device=self.device)
+        if min(lengths) == lmax:  # nothing padded (always so for a single sequence)
+            return slots, None, lens
         mask = torch.arange(lmax, device=self.device).unsqueeze(0) < lens.unsqueeze(1)
-        return slots, mask
+        return slots, mask, lens
 
     def _prepare(self, scheduled: list[ScheduledSequence]):
         decodes = [s for s in scheduled if s.num_tokens == 1]
@@ -169,9 +170,9 @@ class ModelRunner:
             else:
                 slot_parts.append(self._slots(seq.block_table, c, c + 1))
             start += n
-        decode_slots = decode_mask = None
+        decode_slots = decode_mask = decode_lengths = None
         if decodes:
-            decode_slots, decode_mask = self._decode_context(decodes)
+            decode_slots, decode_mask, decode_lengths = self._decode_context(decodes)
         ctx = AttentionContext(
             slot_mapping=torch.cat(slot_parts),
             num_decode=len(decodes),
@@ -180,6 +181,8 @@ class ModelRunner:
             prefills=chunks,
             kv_caches=self.kv_caches,
             decode_span=self._decode_span(decodes),
+            decode_lengths=decode_lengths,
+            c_attention=self.kernel.attention == "c",
         )
         input_ids = torch.tensor(ids, device=self.device)
         pos = torch.cat(positions).to(self.device)
