@@ -217,7 +217,8 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     runner = side.ours.llm_engine.runner
     choice = runner.kernel
     figures = {"device": choice.device, "cpu_flags": choice.cpu_flags,
-               "dtype": str(choice.dtype).removeprefix("torch."), "kernel": choice.kernel}
+               "dtype": str(choice.dtype).removeprefix("torch."), "kernel": choice.kernel,
+               "ops": choice.ops}
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
     gb_s = memory_read_gb_s()

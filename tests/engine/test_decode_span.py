@@ -47,7 +47,7 @@ def test_span_reads_what_the_gather_reads(dtype, monkeypatch):
     for use_span in (True, False):
         llm = make_llm(dataclasses.replace(base, model=copy.deepcopy(base.model)), block_size=4)
         runner = llm.llm_engine.runner  # the span is SDPA's: C attention reads slots in place
-        runner.kernel = dataclasses.replace(runner.kernel, attention="sdpa")
+        runner.kernel = dataclasses.replace(runner.kernel, ops="torch")
         if not use_span:
             llm.llm_engine.runner._decode_span = lambda decodes: None
         out = llm.generate(PROMPT, params)[0].outputs[0]

@@ -165,7 +165,7 @@ def test_the_runner_says_which_kernel(tiny_llama, caplog):
         llm = make_llm(loaded)
     choice = llm.llm_engine.runner.kernel
     assert choice.kernel == kernels.choose(torch.float32).kernel and choice.dtype == torch.float32
-    assert f"kernel {choice.kernel}, attention {choice.attention} (float32 on cpu" in caplog.text
+    assert f"kernel {choice.kernel}, ops {choice.ops} (float32 on cpu" in caplog.text
 
 
 def hf_steps(loaded, prompt: str, tokens: int) -> tuple[list[int], list[torch.Tensor]]:

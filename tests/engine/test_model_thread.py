@@ -34,6 +34,23 @@ def test_the_callers_torch_thread_count_applies():
         torch.set_num_threads(before)
 
 
+def test_denormals_are_flushed_on_every_thread_of_the_team():
+    """A parallel product whose every result is denormal gives zeros in each thread's share
+    (the model thread's workers inherit its FTZ/DAZ mode); this thread is left as it was."""
+    tiny = torch.full((1 << 20,), 1e-30)  # 2**20 elements: split across the team
+
+    def denormal_results() -> int:
+        return int((tiny * 1e-10).count_nonzero())
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert on_model_thread(denormal_results) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert denormal_results() == tiny.numel()  # the caller's own mode is untouched
+
+
 def test_llm_and_a_served_engine_step_on_the_model_thread(tiny_llama):
     """A notebook's `LLM` in the main thread and `serve_in_kernel`'s loop thread share one
     engine; each step ran on the model thread."""

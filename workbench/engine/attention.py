@@ -7,7 +7,7 @@ the step's `AttentionContext`, built once and passed down as a keyword argument,
 token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
 Decode tokens (one query per sequence) are attended together: in C, reading each context in place
-through its slots (`gemv.decode_attention`, where the kernel choice says attention "c"), else in
+through its slots (`gemv.decode_attention`, where the kernel choice's ops are "c"), else in
 one SDPA call over their gathered contexts, padded to the longest (a lone decode whose blocks are
 consecutive reads its context as a view of the cache instead). Each prefill chunk gets its own
 causal SDPA call. Called
@@ -48,7 +48,7 @@ class AttentionContext:
     # consecutive, as a lone stream's usually are): read as a view of the cache, no gather
     decode_span: tuple[int, int] | None = None
     decode_lengths: torch.Tensor | None = None  # [B] int64: each decode's context length
-    c_attention: bool = False  # decodes through gemv.decode_attention (`KernelChoice.attention`)
+    c_attention: bool = False  # decodes through gemv.decode_attention (`KernelChoice.ops`)
     decode_flat_slots: torch.Tensor | None = field(init=False)  # [B * Lmax], gathered per layer
 
     def __post_init__(self):

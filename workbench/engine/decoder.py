@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.engine import gemv
 from workbench.engine.attention import AttentionContext, attend
 from workbench.engine.fusion import FusedPart
 
@@ -57,8 +58,11 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
 class DecoderStack:
     """Runs `model.model.layers` on a packed row (see the module docstring)."""
 
-    def __init__(self, model):
+    def __init__(self, model, c_norms: bool = False):
         self.layers = list(model.model.layers)
+        # residual adds and RMSNorms in C (`gemv.add_rms_norm`, where the kernel choice's ops
+        # are "c"): not bit-identical to the layers (the mean's order), torch's ops otherwise
+        self.c_norms = c_norms
         cfg = model.config
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -87,16 +91,31 @@ class DecoderStack:
         t = hidden.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)  # [T, 1, D]
+        add_norm = self._add_norm
+        delta = None  # the last layer's MLP output, added with the next layer's input norm
         for i, ((w1, eps1), qkv_proj, o_proj, (w2, eps2), gate_up_proj, down_proj, act,
                 scaling) in enumerate(self.plan):
-            qkv = qkv_proj(_rms_norm(hidden, w1, eps1))  # [T, (Hq + 2Hkv) D]
+            hidden, x = add_norm(hidden, delta, w1, eps1)
+            qkv = qkv_proj(x)  # [T, (Hq + 2Hkv) D]
             qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
             v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
             out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling)  # [T, Hq, D]
-            hidden = hidden + o_proj(out.reshape(t, hq * d))
-            gate, up = gate_up_proj(_rms_norm(hidden, w2, eps2)).chunk(2, dim=-1)
-            hidden = hidden + down_proj(act(gate) * up)
-        return hidden
+            hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
+            gate, up = gate_up_proj(x).chunk(2, dim=-1)
+            delta = down_proj(act(gate) * up)
+        return hidden if delta is None else hidden + delta
+
+    def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden + delta, its RMSNorm): in C in one pass when `c_norms` (and the C function
+        takes the shape), else torch's ops, bit-identical to the layers'."""
+        if self.c_norms:
+            both = gemv.add_rms_norm(hidden, delta, weight, eps)
+            if both is not None:
+                return both
+        if delta is not None:
+            hidden = hidden + delta
+        return hidden, _rms_norm(hidden, weight, eps)
 
     def refresh(self) -> None:
         """Looks the layers' modules up again (after LoRA wrappers replaced projections)."""

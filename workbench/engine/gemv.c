@@ -308,3 +308,61 @@ int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     }
     return failed ? -2 : 0;
 }
+
+/* The residual add and RMSNorm of a pre-norm decoder layer, float32 or bfloat16, in one pass:
+ * sum = hidden (+ delta), rounded to the dtype as torch's add; normed = dtype(dtype(sum *
+ * 1 / sqrt(mean(sum^2) + eps)) * weight), the ops and roundings of transformers' Llama-family
+ * RMSNorm (statistics in float32), the mean summed in a fixed order (torch's own order may
+ * differ in the last bit). hidden, delta, sum, normed [M, H], H <= WB_NORM_MAX_H (else -1,
+ * and the caller computes it otherwise); weight [H]; delta may be NULL (sum is not written).
+ * Rows are split across threads only when there are many (a decode step's few rows stay on
+ * one: a parallel region costs more than they do). */
+#define WB_NORM_MAX_H 16384
+
+int wb_add_rms_norm(const void *hidden, const void *delta, const void *weight, void *sum,
+                    void *normed, int64_t M, int64_t H, float eps, int bf16, int threads) {
+    if (H > WB_NORM_MAX_H) return -1;
+    if (M * H < 65536) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+        float r[WB_NORM_MAX_H];
+        __m256 acc = _mm256_setzero_ps();
+        float ss = 0.0f;
+        int64_t h8 = H & ~(int64_t)7;
+        const int64_t at = m * H;
+        for (int64_t h = 0; h < H; ++h) {
+            float v = bf16 ? wb_bf16_to_f32(((const uint16_t *)hidden)[at + h])
+                           : ((const float *)hidden)[at + h];
+            if (delta) {
+                v += bf16 ? wb_bf16_to_f32(((const uint16_t *)delta)[at + h])
+                          : ((const float *)delta)[at + h];
+                if (bf16) {
+                    const uint16_t rounded = wb_round_bf16(v);
+                    ((uint16_t *)sum)[at + h] = rounded;
+                    v = wb_bf16_to_f32(rounded);
+                } else {
+                    ((float *)sum)[at + h] = v;
+                }
+            }
+            r[h] = v;
+        }
+        for (int64_t h = 0; h < h8; h += 8) {
+            const __m256 v = _mm256_loadu_ps(r + h);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        ss = hsum(acc);
+        for (int64_t h = h8; h < H; ++h) ss += r[h] * r[h];
+        const float inv = 1.0f / __builtin_sqrtf(ss / (float)H + eps);
+        for (int64_t h = 0; h < H; ++h) {
+            float n = r[h] * inv;
+            if (bf16) {
+                n = wb_bf16_to_f32(wb_round_bf16(n)) *
+                    wb_bf16_to_f32(((const uint16_t *)weight)[h]);
+                ((uint16_t *)normed)[at + h] = wb_round_bf16(n);
+            } else {
+                ((float *)normed)[at + h] = n * ((const float *)weight)[h];
+            }
+        }
+    }
+    return 0;
+}

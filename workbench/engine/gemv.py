@@ -1,12 +1,12 @@
-"""The C kernels: few-row products and decode attention from `gemv.c`, compiled once per machine.
+"""The C kernels from `gemv.c` (few-row products, decode attention, RMSNorm), built once per machine.
 
 The C source ships beside this module. `library()` compiles it with the system's C compiler
 (`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
 of the source, the flags and the compiler, so a change of any of them builds a new one; the
 build takes about a second and happens at most once per machine (`make install` does it ahead).
 `linear(x, w, b)` (float32, the "avx2" kernel), `linear_bf16(x, w, b)` (bfloat16, the
-"avx512bf16" kernel) and `decode_attention` (both dtypes, every kernel but "torch") call it
-through ctypes on the tensors' memory. Nothing here is used unless the kernel choice
+"avx512bf16" kernel), `decode_attention` and `add_rms_norm` (both dtypes, every kernel but
+"torch": the "c" ops) call it through ctypes on the tensors' memory. Nothing here is used unless the kernel choice
 (`engine/kernels.py`) picked it, which needs the CPU's AVX2 and FMA (`available()`), or
 AVX-512 BF16 (`available_bf16()`), and a library that built and computed a known product
 correctly.
@@ -86,6 +86,10 @@ def library() -> ctypes.CDLL | None:
         [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + \
         [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     attend.restype = ctypes.c_int
+    norm = lib.wb_add_rms_norm
+    norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + \
+        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    norm.restype = ctypes.c_int
     return lib
 
 
@@ -157,6 +161,9 @@ def _function_bf16():
     return library().wb_linear_bf16
 
 
+_DTYPES = (torch.float32, torch.bfloat16)  # what the C functions compute in
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      slots: torch.Tensor, lengths: torch.Tensor, scale: float
                      ) -> torch.Tensor | None:
@@ -164,9 +171,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (`wb_decode_attention`): q [B, Hq, D]; k_cache, v_cache [S, Hkv, D]; slots [B, Lmax] int64
     (row b's first lengths[b] are its context); lengths [B] int64 -> [B, Hq, D] in q's dtype
     (float32 or bfloat16, the caches' too; q and slots may be row slices of larger tensors). None where the C function does not take the shape
-    (a head size that is not a multiple of 8, more than 256 or over 16 query heads per KV head):
+    (another dtype, a head size that is not a multiple of 8, more than 256 or over 16 query heads
+    per KV head):
     the caller computes it otherwise."""
     b, hq, d = q.shape
+    if not q.dtype == k_cache.dtype == v_cache.dtype in _DTYPES:
+        return None
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     if slots.stride(1) != 1:
@@ -182,6 +192,29 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 @functools.cache
 def _function_attention():
     return library().wb_decode_attention
+
+
+def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A pre-norm layer's residual add and RMSNorm in one pass (`wb_add_rms_norm`): hidden,
+    delta [M, H] contiguous, weight [H], all float32 or all bfloat16 -> (hidden + delta, or
+    hidden itself without delta; transformers' RMSNorm of that with `weight`). None where the C
+    function does not take them (another dtype or layout, a hidden size over 16,384)."""
+    m, h = hidden.shape
+    if not (hidden.dtype == weight.dtype in _DTYPES and hidden.is_contiguous()
+            and (delta is None or (delta.dtype == hidden.dtype and delta.is_contiguous()))):
+        return None
+    out = torch.empty_like(hidden) if delta is not None else hidden
+    normed = torch.empty_like(hidden)
+    code = _function_norm()(hidden.data_ptr(), None if delta is None else delta.data_ptr(),
+                            weight.data_ptr(), out.data_ptr(), normed.data_ptr(), m, h, eps,
+                            hidden.dtype == torch.bfloat16, torch.get_num_threads())
+    return (out, normed) if code == 0 else None
+
+
+@functools.cache
+def _function_norm():
+    return library().wb_add_rms_norm
 
 
 @torch.library.custom_op("workbench::linear_bf16", mutates_args=())

@@ -15,10 +15,12 @@
 |              |          |                                                     | oneDNN
 | "torch"      | any      | nothing                                             | `F.linear`
 |
-Decode attention (one query token per sequence, `engine/attention.py`) reads the KV cache in
-place in C (`gemv.decode_attention`, float32 and bfloat16) wherever the C library is available
-and the kernel is not "torch"; with "torch", or without the library, it is torch's SDPA over the
-gathered context (`KernelChoice.attention`: "c" or "sdpa").
+The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
+library is available and the kernel is not "torch" ("c"): decode attention reading the KV cache
+in place (`gemv.decode_attention`), each residual add with the RMSNorm after it in one pass
+(`gemv.add_rms_norm`), both float32 and bfloat16. With "torch", or without the library, they
+are torch's ops ("torch": SDPA over the gathered context, torch's RMSNorm, bit-identical to
+transformers' layers).
 
 `choose(dtype, device)` takes the first that this process can run, in the order above for its
 dtype ("auto"), or checks the one asked for (`kernel=` / `--kernel`) and refuses it at start-up,
@@ -55,12 +57,12 @@ class KernelChoice:
     dtype: torch.dtype
     device: str
     cpu_flags: str  # the probed flags that matter here ("" on CUDA)
-    attention: str = "sdpa"  # decode attention: "c" (gemv.decode_attention) or "sdpa"
+    ops: str = "torch"  # attention and norms between the projections: "c" (gemv.c) or "torch"
 
     def describe(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
         flags = f", cpu flags: {self.cpu_flags}" if self.cpu_flags else ""
-        return f"kernel {self.kernel}, attention {self.attention} ({dtype} on {self.device}{flags})"
+        return f"kernel {self.kernel}, ops {self.ops} ({dtype} on {self.device}{flags})"
 
 
 def missing(kernel: str, dtype: torch.dtype, features: CpuFeatures) -> str | None:
@@ -136,9 +138,9 @@ def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
             raise ValidationError(f"kernel {requested!r} (--kernel) cannot run here: it needs "
                                   f"{lack}.", parameter="kernel", value=requested)
         kernel = requested
-    attention = "c" if kernel != "torch" and features.has("avx2", "fma") and gemv.available() \
-        else "sdpa"
-    return KernelChoice(kernel, dtype, "cpu", features.summary(), attention)
+    ops = "c" if kernel != "torch" and features.has("avx2", "fma") and gemv.available() \
+        else "torch"
+    return KernelChoice(kernel, dtype, "cpu", features.summary(), ops)
 
 
 def emulated(dtype: torch.dtype, device: str = "cpu", features: CpuFeatures | None = None

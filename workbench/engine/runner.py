@@ -93,7 +93,8 @@ class ModelRunner:
         self.model = model
         self.base = model.model
         # transformers' layers for the families the lean loop does not know
-        self.stack = DecoderStack(model) if DecoderStack.supports(model) else None
+        self.stack = DecoderStack(model, c_norms=self.kernel.ops == "c") \
+            if DecoderStack.supports(model) else None
         self.config = model.config
         self.block_size = block_size
         self.device = next(model.parameters()).device
@@ -182,7 +183,7 @@ class ModelRunner:
             kv_caches=self.kv_caches,
             decode_span=self._decode_span(decodes),
             decode_lengths=decode_lengths,
-            c_attention=self.kernel.attention == "c",
+            c_attention=self.kernel.ops == "c",
         )
         input_ids = torch.tensor(ids, device=self.device)
         pos = torch.cat(positions).to(self.device)

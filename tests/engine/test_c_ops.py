@@ -1,7 +1,8 @@
-"""Decode attention in C (`gemv.decode_attention`, chosen as `KernelChoice.attention == "c"`):
-the same function as SDPA over the gathered context, within float32 (or one bf16) rounding, for
-grouped-query heads, padded batches and contexts of any length; the same bits for any thread
-count; and the engine's tokens and logprobs with it as with SDPA."""
+"""The small ops in C (`KernelChoice.ops == "c"`): decode attention (`gemv.decode_attention`) is
+SDPA over the gathered context within float32 (or one bf16) rounding, for grouped-query heads,
+padded batches and contexts of any length, the same bits for any thread count; the residual
+add and RMSNorm (`gemv.add_rms_norm`) are transformers' RMSNorm within the same; the engine's
+tokens and logprobs with them are those with torch's ops."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.engine.helpers import make_llm
 from tests.engine.test_kernels import every_build, simulated  # noqa: F401 (a fixture)
 from workbench.engine import gemv, kernels
 from workbench.engine.attention import decode_attention
+from workbench.engine.decoder import _rms_norm
 from workbench.models import tiny_model
 from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
@@ -77,44 +79,75 @@ def test_shapes_it_does_not_take_fall_back():
     assert gemv.decode_attention(q, k_cache, v_cache, slots, lens, scale) is None  # 17 per head
 
 
-@pytest.mark.parametrize("machine, dtype, kernel, attention", [
+@pytest.mark.parametrize("machine, dtype, kernel, ops", [
     ("avx2", torch.float32, "auto", "c"), ("amx", torch.bfloat16, "auto", "c"),
-    ("avx512", torch.bfloat16, "onednn", "c"), ("amx", torch.float32, "torch", "sdpa"),
-    ("no-avx2", torch.float32, "auto", "sdpa"),
+    ("avx512", torch.bfloat16, "onednn", "c"), ("amx", torch.float32, "torch", "torch"),
+    ("no-avx2", torch.float32, "auto", "torch"),
 ])
-def test_the_choice_names_the_attention(machine, dtype, kernel, attention, every_build):  # noqa: F811
+def test_the_choice_names_the_ops(machine, dtype, kernel, ops, every_build):  # noqa: F811
     choice = kernels.choose(dtype, "cpu", kernel, features=simulated(machine))
-    assert choice.attention == attention and f"attention {attention}" in choice.describe()
-    assert kernels.choose(dtype, "cuda").attention == "sdpa"
+    assert choice.ops == ops and f"ops {ops}" in choice.describe()
+    assert kernels.choose(dtype, "cuda").ops == "torch"
 
 
-def test_without_the_library_attention_is_sdpa(every_build, monkeypatch):  # noqa: F811
+def test_without_the_library_the_ops_are_torch(every_build, monkeypatch):  # noqa: F811
     monkeypatch.setattr(gemv, "available", lambda: False)
-    assert kernels.choose(torch.bfloat16, "cpu", features=simulated("amx")).attention == "sdpa"
+    assert kernels.choose(torch.bfloat16, "cpu", features=simulated("amx")).ops == "torch"
 
 
 @needs_c
-def test_the_engine_gives_the_same_tokens_with_c_and_sdpa_attention(monkeypatch):
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 2 ** -7)])
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (16, 64), (300, 520), (3, 13)])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_c_add_rms_norm_equals_transformers_rms_norm(dtype, tol, rows, hidden, with_delta):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=gen).to(dtype)
+    delta = torch.randn(rows, hidden, generator=gen).to(dtype) if with_delta else None
+    weight = (torch.rand(hidden, generator=gen) + 0.5).to(dtype)
+    total, normed = gemv.add_rms_norm(x, delta, weight, 1e-5)
+    expected_total = x if delta is None else x + delta
+    assert torch.equal(total, expected_total)  # the add rounds as torch's
+    expected = _rms_norm(expected_total, weight, 1e-5)
+    assert normed.dtype == dtype and torch.allclose(normed.double(), expected.double(),
+                                                    rtol=tol, atol=tol)
+
+
+@needs_c
+def test_add_rms_norm_declines_what_it_does_not_take():
+    x = torch.randn(2, 8)
+    assert gemv.add_rms_norm(x, None, torch.ones(8, dtype=torch.bfloat16), 1e-5) is None
+    assert gemv.add_rms_norm(x.t(), None, torch.ones(2), 1e-5) is None  # not contiguous
+    assert gemv.add_rms_norm(x.half(), None, torch.ones(8).half(), 1e-5) is None
+    assert gemv.add_rms_norm(torch.randn(1, 16385), None, torch.ones(16385), 1e-5) is None
+
+
+@needs_c
+def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
     """Four sequences of different lengths decoding together (padded batches), greedy, float32
     (a random tiny model's bf16 logits tie too often for tokens to be compared across
-    kernels; the bf16 function itself is checked above)."""
+    kernels; the bf16 functions themselves are checked above)."""
     base = tiny_model("llama", dtype="float32")
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40, 9)]
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=2, ignore_eos=True)
     computed = []
-    real = gemv.decode_attention
-    monkeypatch.setattr(gemv, "decode_attention",
-                        lambda *args: computed.append(real(*args)) or computed[-1])
+    for name in ("decode_attention", "add_rms_norm"):
+        real = getattr(gemv, name)
+        monkeypatch.setattr(gemv, name, lambda *args, real=real: computed.append(
+            (real.__name__, real(*args))) or computed[-1][1])
     results = {}
-    for attention in ("c", "sdpa"):
+    for ops in ("c", "torch"):
         llm = make_llm(dataclasses.replace(base, model=copy.deepcopy(base.model)), block_size=4)
         runner = llm.llm_engine.runner
-        runner.kernel = dataclasses.replace(runner.kernel, attention=attention)
-        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-        results[attention] = outs
-        assert (attention == "c") == bool(computed) and None not in computed
+        runner.kernel = dataclasses.replace(runner.kernel, ops=ops)
+        runner.stack.c_norms = ops == "c"
+        results[ops] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        if ops == "c":  # both ran, on every call
+            assert {name for name, _ in computed} == {"decode_attention", "add_rms_norm"}
+            assert all(out is not None for _, out in computed)
+        else:
+            assert not computed
         computed.clear()
-    for c, sdpa in zip(results["c"], results["sdpa"], strict=True):
+    for c, sdpa in zip(results["c"], results["torch"], strict=True):
         assert c.token_ids == sdpa.token_ids
         for step_c, step_s in zip(c.logprobs, sdpa.logprobs, strict=True):
             for token, lp in step_c.items():
