@@ -16,7 +16,7 @@ from tests.engine.helpers import make_llm
 from tests.engine.test_kernels import every_build, simulated  # noqa: F401 (a fixture)
 from workbench.engine import gemv, kernels
 from workbench.engine.attention import decode_attention
-from workbench.engine.decoder import _rms_norm
+from workbench.engine.decoder import _rms_norm, _rotate, _signed_sin
 from workbench.models import tiny_model
 from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
@@ -113,6 +113,43 @@ def test_c_add_rms_norm_equals_transformers_rms_norm(dtype, tol, rows, hidden, w
 
 
 @needs_c
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 3, 200])
+def test_c_rope_and_kv_write_are_torch_ops_bit_for_bit(dtype, tokens):
+    hq, hkv, d, slots_total = 9, 3, 64, 512
+    gen = torch.Generator().manual_seed(tokens)
+    wide = torch.randn(tokens, (hq + 2 * hkv) * d + 5, generator=gen).to(dtype)
+    qkv = wide[:, :(hq + 2 * hkv) * d]  # rows strided, as a LoRA-free fused projection's slice
+    angles = torch.rand(tokens, d // 2, generator=gen) * 100
+    cos = torch.cat([angles.cos(), angles.cos()], -1).to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1).to(dtype)
+    slots = torch.randperm(slots_total, generator=gen)[:tokens]
+    caches = [torch.zeros(slots_total, hkv, d, dtype=dtype) for _ in range(4)]
+    q = gemv.rope_write_kv(qkv, cos, _signed_sin(sin), slots, caches[0], caches[1], hq, hkv)
+    qk = _rotate(qkv[:, :(hq + hkv) * d].reshape(tokens, hq + hkv, d), cos.unsqueeze(1),
+                 _signed_sin(sin).unsqueeze(1))
+    caches[2].index_copy_(0, slots, qk[:, hq:])
+    caches[3].index_copy_(0, slots, qkv[:, (hq + hkv) * d:].reshape(tokens, hkv, d))
+    assert torch.equal(q, qk[:, :hq])
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@needs_c
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2 ** -7)])
+@pytest.mark.parametrize("rows", [1, 16, 100])
+def test_c_silu_mul_equals_torch_ops(dtype, tol, rows):
+    gen = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 1536, generator=gen) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 200.0])  # past exp's float range
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    out = gemv.silu_mul(gate_up)
+    assert out is not None and out.dtype == dtype
+    assert torch.allclose(out.double(), expected.double(), rtol=tol, atol=1e-30)
+    assert gemv.silu_mul(gate_up[:, :12]) is None  # not contiguous (and F not a multiple of 8)
+
+
+@needs_c
 def test_add_rms_norm_declines_what_it_does_not_take():
     x = torch.randn(2, 8)
     assert gemv.add_rms_norm(x, None, torch.ones(8, dtype=torch.bfloat16), 1e-5) is None
@@ -130,7 +167,7 @@ def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40, 9)]
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=2, ignore_eos=True)
     computed = []
-    for name in ("decode_attention", "add_rms_norm"):
+    for name in ("decode_attention", "add_rms_norm", "rope_write_kv", "silu_mul"):
         real = getattr(gemv, name)
         monkeypatch.setattr(gemv, name, lambda *args, real=real: computed.append(
             (real.__name__, real(*args))) or computed[-1][1])
@@ -139,10 +176,11 @@ def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
         llm = make_llm(dataclasses.replace(base, model=copy.deepcopy(base.model)), block_size=4)
         runner = llm.llm_engine.runner
         runner.kernel = dataclasses.replace(runner.kernel, ops=ops)
-        runner.stack.c_norms = ops == "c"
+        runner.stack.c_ops = ops == "c"
         results[ops] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         if ops == "c":  # both ran, on every call
-            assert {name for name, _ in computed} == {"decode_attention", "add_rms_norm"}
+            assert {name for name, _ in computed} == {"decode_attention", "add_rms_norm",
+                                                      "rope_write_kv", "silu_mul"}
             assert all(out is not None for _, out in computed)
         else:
             assert not computed

@@ -25,7 +25,7 @@ def _pair(arch: str, dtype: str):
         llm = make_llm(loaded, max_num_batched_tokens=24, enable_prefix_caching=True)
         runner = llm.llm_engine.runner
         assert runner.stack is not None  # a supported family, in any dtype
-        runner.stack.c_norms = False  # torch's norms: the C ones differ in the last bit
+        runner.stack.c_ops = False  # torch's ops: the C norms differ in the last bit
         if not lean:
             runner.stack = None  # transformers' decoder layers, called one by one
         llms.append(llm)

@@ -74,14 +74,15 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     return out.unsqueeze(0), None
 
 
-def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
-           v: torch.Tensor, scaling: float | None) -> torch.Tensor:
-    """Writes the step's K/V into layer `layer_idx`'s cache, then attends every query to its
-    context. q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]."""
+def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None,
+           v: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+    """Writes the step's K/V into layer `layer_idx`'s cache (unless k and v are None: already
+    written), then attends every query to its context. q: [T, Hq, D]; k, v: [T, Hkv, D] ->
+    [T, Hq, D]."""
     k_cache, v_cache = ctx.kv_caches[layer_idx]
-    # write this step's K/V first, so that gathers below see them
-    k_cache.index_copy_(0, ctx.slot_mapping, k)
-    v_cache.index_copy_(0, ctx.slot_mapping, v)
+    if k is not None and v is not None:  # written first, so that the reads below see them
+        k_cache.index_copy_(0, ctx.slot_mapping, k)
+        v_cache.index_copy_(0, ctx.slot_mapping, v)
     nd = ctx.num_decode
     if nd == q.shape[0]:  # decodes only (every step of plain generation): no output to splice
         return _attend_decodes(ctx, q, k_cache, v_cache, scaling)

@@ -58,11 +58,15 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
 class DecoderStack:
     """Runs `model.model.layers` on a packed row (see the module docstring)."""
 
-    def __init__(self, model, c_norms: bool = False):
+    def __init__(self, model, c_ops: bool = False):
         self.layers = list(model.model.layers)
-        # residual adds and RMSNorms in C (`gemv.add_rms_norm`, where the kernel choice's ops
-        # are "c"): not bit-identical to the layers (the mean's order), torch's ops otherwise
-        self.c_norms = c_norms
+        # where the kernel choice's ops are "c": rotary embedding and the KV write in C
+        # (`gemv.rope_write_kv`, bit for bit torch's), each residual add with the norm after it
+        # (`gemv.add_rms_norm`) and SiLU's gating (`gemv.silu_mul`): these two not bit-identical
+        # to the layers (the mean's order, exp's last bit)
+        self.c_ops = c_ops
+        self.silu = all(type(layer.mlp.act_fn).__name__ in ("SiLU", "SiLUActivation")
+                        for layer in self.layers)  # what `gemv.silu_mul` computes
         cfg = model.config
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -90,26 +94,38 @@ class DecoderStack:
         """hidden: [T, H]; cos, sin: [T, D] -> [T, H] after the last layer (before the norm)."""
         t = hidden.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        cos, sin = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)  # [T, 1, D]
+        c_ops = self.c_ops
+        c_silu = c_ops and self.silu
+        cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
+        cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
         add_norm = self._add_norm
         delta = None  # the last layer's MLP output, added with the next layer's input norm
         for i, ((w1, eps1), qkv_proj, o_proj, (w2, eps2), gate_up_proj, down_proj, act,
                 scaling) in enumerate(self.plan):
             hidden, x = add_norm(hidden, delta, w1, eps1)
             qkv = qkv_proj(x)  # [T, (Hq + 2Hkv) D]
-            qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
-            v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
-            out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling)  # [T, Hq, D]
+            q = gemv.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping, *ctx.kv_caches[i],
+                                   hq, hkv) if c_ops else None
+            if q is not None:  # K/V rotated and written in C
+                out = attend(ctx, i, q, None, None, scaling)  # [T, Hq, D]
+            else:
+                qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
+                v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+                out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling)
             hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
-            gate, up = gate_up_proj(x).chunk(2, dim=-1)
-            delta = down_proj(act(gate) * up)
+            gate_up = gate_up_proj(x)
+            y = gemv.silu_mul(gate_up) if c_silu else None
+            if y is None:
+                gate, up = gate_up.chunk(2, dim=-1)
+                y = act(gate) * up
+            delta = down_proj(y)
         return hidden if delta is None else hidden + delta
 
     def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden + delta, its RMSNorm): in C in one pass when `c_norms` (and the C function
+        """(hidden + delta, its RMSNorm): in C in one pass when `c_ops` (and the C function
         takes the shape), else torch's ops, bit-identical to the layers'."""
-        if self.c_norms:
+        if self.c_ops:
             both = gemv.add_rms_norm(hidden, delta, weight, eps)
             if both is not None:
                 return both

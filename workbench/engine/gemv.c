@@ -183,9 +183,11 @@ static inline __m256 wb_load8(const void *src, int bf16, int64_t i) {
     return _mm256_loadu_ps((const float *)src + i);
 }
 
-/* e^x for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n). */
+/* e^x for x <= 88 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), x
+ * clamped at -86 below: never a denormal result (each costs a slow microcode assist), and
+ * e^-86 is nothing beside the terms that softmax or silu add it to. */
 static inline __m256 wb_exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-86.0f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -362,6 +364,98 @@ int wb_add_rms_norm(const void *hidden, const void *delta, const void *weight, v
             } else {
                 ((float *)normed)[at + h] = n * ((const float *)weight)[h];
             }
+        }
+    }
+    return 0;
+}
+
+/* Rotary embedding of a step's queries and keys, and its keys and values written into the KV
+ * cache, in one pass, float32 or bfloat16: qkv [T, (Hq + 2 Hkv) D] (ld elements between rows;
+ * queries, keys, values), cos and signed_sin [T, D] (sin with its first half negated) ->
+ * q_out [T, Hq, D], and rows slots[t] of k_cache and v_cache [S, Hkv, D]. Each element is
+ * x * cos + rotate_half(x) * signed_sin with the roundings of torch's ops in that dtype (the
+ * products, then their sum), so the result is bit for bit the decoder's `_rotate`. */
+static inline float wb_round_to(float v, int bf16) {
+    return bf16 ? wb_bf16_to_f32(wb_round_bf16(v)) : v;
+}
+
+static inline float wb_get(const void *p, int64_t i, int bf16) {
+    return bf16 ? wb_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void wb_put(void *p, int64_t i, float v, int bf16) {
+    if (bf16) ((uint16_t *)p)[i] = wb_round_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+static void wb_rotate_head(const void *x, int64_t at, const void *cos, const void *sin,
+                           int64_t ct, int64_t D, int bf16, void *dst, int64_t dat) {
+    const int64_t half = D / 2;
+    for (int64_t j = 0; j < D; ++j) {
+        const float a = wb_round_to(wb_get(x, at + j, bf16) * wb_get(cos, ct + j, bf16), bf16);
+        const float r = wb_get(x, at + (j < half ? j + half : j - half), bf16);
+        const float b = wb_round_to(r * wb_get(sin, ct + j, bf16), bf16);
+        wb_put(dst, dat + j, a + b, bf16);
+    }
+}
+
+int wb_rope_write_kv(const void *qkv, int64_t ld, const void *cos, const void *sin,
+                     const int64_t *slots, void *q_out, void *k_cache, void *v_cache, int64_t T,
+                     int64_t Hq, int64_t Hkv, int64_t D, int bf16, int threads) {
+    const int64_t esize = bf16 ? 2 : 4;
+    if (D % 2) return -1;
+    if (T * (Hq + 2 * Hkv) * D < 65536) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = t * ld, ct = t * D, slot = slots[t];
+        for (int64_t h = 0; h < Hq; ++h)
+            wb_rotate_head(qkv, row + h * D, cos, sin, ct, D, bf16, q_out, (t * Hq + h) * D);
+        for (int64_t h = 0; h < Hkv; ++h)
+            wb_rotate_head(qkv, row + (Hq + h) * D, cos, sin, ct, D, bf16, k_cache,
+                           (slot * Hkv + h) * D);
+        __builtin_memcpy((char *)v_cache + slot * Hkv * D * esize,
+                         (const char *)qkv + (row + (Hq + Hkv) * D) * esize,
+                         (size_t)(Hkv * D * esize));
+    }
+    return 0;
+}
+
+/* A gated MLP's activation: gate_up [M, 2F] (gate, then up, per row) -> out [M, F] =
+ * silu(gate) * up, float32 or bfloat16; silu(g) = g / (1 + e^-g) in float32 (exp as
+ * `wb_exp8`, within 2 ulp: torch's own differs in the last bit), rounded to the dtype, then the
+ * product rounded, as torch's two ops. */
+static inline __m256 wb_silu8(__m256 g) {
+    /* e^-g for any g: the exponent clamped to float's range (silu is g or 0 beyond it) */
+    const __m256 e = wb_exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g),
+                                           _mm256_set1_ps(86.0f)));
+    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+static inline void wb_store8(void *p, int64_t i, __m256 v, int bf16) {
+    if (bf16) {
+        float f[8];
+        _mm256_storeu_ps(f, v);
+        for (int j = 0; j < 8; ++j) ((uint16_t *)p)[i + j] = wb_round_bf16(f[j]);
+    } else {
+        _mm256_storeu_ps((float *)p + i, v);
+    }
+}
+
+int wb_silu_mul(const void *gate_up, void *out, int64_t M, int64_t F, int bf16, int threads) {
+    if (F % 8) return -1;
+    if (M * F < 65536) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+        const int64_t g0 = m * 2 * F, u0 = g0 + F;
+        for (int64_t f = 0; f < F; f += 8) {
+            __m256 s = wb_silu8(wb_load8(gate_up, bf16, g0 + f));
+            if (bf16) {  /* round silu's result before the product, as torch's two ops */
+                float v[8];
+                _mm256_storeu_ps(v, s);
+                for (int j = 0; j < 8; ++j) v[j] = wb_round_to(v[j], 1);
+                s = _mm256_loadu_ps(v);
+            }
+            wb_store8(out, m * F + f, _mm256_mul_ps(s, wb_load8(gate_up, bf16, u0 + f)), bf16);
         }
     }
     return 0;

@@ -1,12 +1,13 @@
-"""The C kernels from `gemv.c` (few-row products, decode attention, RMSNorm), built once per machine.
+"""The C kernels of `gemv.c` (few-row products, the small ops between them), built per machine.
 
 The C source ships beside this module. `library()` compiles it with the system's C compiler
 (`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
 of the source, the flags and the compiler, so a change of any of them builds a new one; the
 build takes about a second and happens at most once per machine (`make install` does it ahead).
 `linear(x, w, b)` (float32, the "avx2" kernel), `linear_bf16(x, w, b)` (bfloat16, the
-"avx512bf16" kernel), `decode_attention` and `add_rms_norm` (both dtypes, every kernel but
-"torch": the "c" ops) call it through ctypes on the tensors' memory. Nothing here is used unless the kernel choice
+"avx512bf16" kernel), `decode_attention`, `add_rms_norm`, `rope_write_kv` and `silu_mul`
+(both dtypes, every kernel but "torch": the "c" ops) call it through ctypes on the tensors'
+memory. Nothing here is used unless the kernel choice
 (`engine/kernels.py`) picked it, which needs the CPU's AVX2 and FMA (`available()`), or
 AVX-512 BF16 (`available_bf16()`), and a library that built and computed a known product
 correctly.
@@ -32,7 +33,9 @@ from workbench.models.cpu import cpu_features
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("gemv.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# no contraction of a * b + c into one rounding: the C code rounds where it says (fused
+# multiply-adds are written as intrinsics where they are meant)
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 
 
 def compiler() -> str | None:
@@ -90,6 +93,13 @@ def library() -> ctypes.CDLL | None:
     norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + \
         [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     norm.restype = ctypes.c_int
+    rope = lib.wb_rope_write_kv
+    rope.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 6 + \
+        [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int]
+    rope.restype = ctypes.c_int
+    silu = lib.wb_silu_mul
+    silu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int, ctypes.c_int]
+    silu.restype = ctypes.c_int
     return lib
 
 
@@ -215,6 +225,54 @@ def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch
 @functools.cache
 def _function_norm():
     return library().wb_add_rms_norm
+
+
+def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
+    """A step's rotary embedding and KV-cache write in one pass (`wb_rope_write_kv`): qkv
+    [T, (Hq + 2 Hkv) D] (rows may be strided), cos and signed_sin [T, D] (the decoder's
+    `_signed_sin`), slots [T] int64 -> the rotated queries [T, Hq, D]; the rotated keys and the
+    values are written at `slots` of k_cache and v_cache [S, Hkv, D]. Bit for bit the
+    decoder's `_rotate` and `index_copy_`. None where the C function does not take them (other
+    dtypes or layouts): the caller computes it otherwise."""
+    t, width = qkv.shape
+    d = k_cache.shape[-1]
+    if not (qkv.dtype == cos.dtype == signed_sin.dtype == k_cache.dtype == v_cache.dtype
+            in _DTYPES and qkv.stride(1) == 1 and cos.is_contiguous()
+            and signed_sin.is_contiguous() and slots.dtype == torch.int64
+            and slots.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and width == (num_heads + 2 * num_kv_heads) * d and cos.shape == (t, d)):
+        return None
+    q = torch.empty((t, num_heads, d), dtype=qkv.dtype)
+    code = _function_rope()(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(),
+                            slots.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
+                            v_cache.data_ptr(), t, num_heads, num_kv_heads, d,
+                            qkv.dtype == torch.bfloat16, torch.get_num_threads())
+    return q if code == 0 else None
+
+
+@functools.cache
+def _function_rope():
+    return library().wb_rope_write_kv
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """`silu(gate) * up` of a fused gate/up projection's output [M, 2F] (`wb_silu_mul`) ->
+    [M, F], as torch's two ops within the last bit of silu's exp. None where the C function does
+    not take it (another dtype or layout, F not a multiple of 8)."""
+    m, width = gate_up.shape
+    if not (gate_up.dtype in _DTYPES and gate_up.is_contiguous()):
+        return None
+    out = torch.empty((m, width // 2), dtype=gate_up.dtype)
+    code = _function_silu()(gate_up.data_ptr(), out.data_ptr(), m, width // 2,
+                            gate_up.dtype == torch.bfloat16, torch.get_num_threads())
+    return out if code == 0 else None
+
+
+@functools.cache
+def _function_silu():
+    return library().wb_silu_mul
 
 
 @torch.library.custom_op("workbench::linear_bf16", mutates_args=())

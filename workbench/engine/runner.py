@@ -93,7 +93,7 @@ class ModelRunner:
         self.model = model
         self.base = model.model
         # transformers' layers for the families the lean loop does not know
-        self.stack = DecoderStack(model, c_norms=self.kernel.ops == "c") \
+        self.stack = DecoderStack(model, c_ops=self.kernel.ops == "c") \
             if DecoderStack.supports(model) else None
         self.config = model.config
         self.block_size = block_size
