@@ -97,7 +97,7 @@ def test_without_the_library_the_ops_are_torch(every_build, monkeypatch):  # noq
 
 @needs_c
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 2 ** -7)])
-@pytest.mark.parametrize("rows, hidden", [(1, 576), (16, 64), (300, 520), (3, 13)])
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (16, 64), (300, 520), (3, 8)])
 @pytest.mark.parametrize("with_delta", [True, False])
 def test_c_add_rms_norm_equals_transformers_rms_norm(dtype, tol, rows, hidden, with_delta):
     gen = torch.Generator().manual_seed(rows)
@@ -155,7 +155,10 @@ def test_add_rms_norm_declines_what_it_does_not_take():
     assert gemv.add_rms_norm(x, None, torch.ones(8, dtype=torch.bfloat16), 1e-5) is None
     assert gemv.add_rms_norm(x.t(), None, torch.ones(2), 1e-5) is None  # not contiguous
     assert gemv.add_rms_norm(x.half(), None, torch.ones(8).half(), 1e-5) is None
-    assert gemv.add_rms_norm(torch.randn(1, 16385), None, torch.ones(16385), 1e-5) is None
+    assert gemv.add_rms_norm(torch.randn(1, 12), None, torch.ones(12), 1e-5) is None  # 12 % 8
+    qkv, caches = torch.randn(1, 3 * 8), torch.zeros(2, 1, 8)  # a head size of 8: not rotated
+    assert gemv.rope_write_kv(qkv, torch.ones(1, 8), torch.ones(1, 8), torch.tensor([0]),
+                              caches, caches.clone(), 1, 1) is None
 
 
 @needs_c

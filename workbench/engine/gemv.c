@@ -160,20 +160,11 @@ void wb_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uin
 }
 #endif
 
-/* Decode attention over a paged KV cache: one query token per sequence against its context,
- * read in place through its cache slots (no gathered copy), in float32 or bfloat16.
- *
- * q [B, Hq, D] (q_stride elements between sequences); k_cache, v_cache [S, Hkv, D]; slots
- * [B, Lmax] (slot_stride elements between rows; row b's first lengths[b] are its context, in
- * order); out [B, Hq, D]; D a multiple
- * of 8. Query head h reads KV head
- * h / (Hq / Hkv), as transformers' repeat_kv. Scores, softmax (max subtracted; exp to within
- * 2 ulp) and the weighted sum of values in float32, rounded once into out's dtype. One
- * (sequence, KV head) pair is one thread's, its G query heads together so that each key and
- * value row is read once; four keys at a time (independent sums). Fixed order: the same bits
- * for any thread count. Returns 0, or -1 for shapes it does not take (the caller falls back). */
-#define WB_ATTN_MAX_D 256
-#define WB_ATTN_MAX_G 16
+/* The small ops between the projections (decode attention, residual add + RMSNorm, rotary
+ * embedding + KV write, SiLU gating), float32 or bfloat16 (`bf16`), eight floats at a time in
+ * AVX2. Each computes in float32 and rounds to the dtype where torch's ops would; sizes must be
+ * multiples of 8 (of 16 for a rotated head), else the function returns -1 and the caller runs
+ * torch's ops instead. */
 
 static inline __m256 wb_load8(const void *src, int bf16, int64_t i) {
     if (bf16) {
@@ -183,9 +174,35 @@ static inline __m256 wb_load8(const void *src, int bf16, int64_t i) {
     return _mm256_loadu_ps((const float *)src + i);
 }
 
-/* e^x for x <= 88 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), x
- * clamped at -86 below: never a denormal result (each costs a slow microcode assist), and
- * e^-86 is nothing beside the terms that softmax or silu add it to. */
+/* v rounded to bfloat16 (nearest even; NaN stays a quiet NaN), as the high halves of 8 words */
+static inline __m256i wb_bf16_bits8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+    return _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+}
+
+/* v rounded to the dtype and back to float32 (what a torch op in that dtype leaves) */
+static inline __m256 wb_round8(__m256 v, int bf16) {
+    return bf16 ? _mm256_castsi256_ps(wb_bf16_bits8(v)) : v;
+}
+
+static inline void wb_store8(void *dst, int64_t i, __m256 v, int bf16) {
+    if (bf16) {
+        const __m256i hi = _mm256_srli_epi32(wb_bf16_bits8(v), 16);
+        _mm_storeu_si128((__m128i *)((uint16_t *)dst + i),
+                         _mm_packus_epi32(_mm256_castsi256_si128(hi),
+                                          _mm256_extracti128_si256(hi, 1)));
+    } else {
+        _mm256_storeu_ps((float *)dst + i, v);
+    }
+}
+
+/* e^x for x <= 88 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n; within
+ * 2 ulp), x clamped at -86 below: never a denormal result (each costs a slow microcode
+ * assist), and e^-86 is nothing beside the terms that softmax or silu add it to. */
 static inline __m256 wb_exp8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-86.0f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
@@ -203,6 +220,24 @@ static inline __m256 wb_exp8(__m256 x) {
                                   23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+
+/* Few rows' work stays on the calling thread: a parallel region costs more than it does. */
+static inline int wb_threads_for(int64_t elements, int threads) {
+    return elements < 65536 ? 1 : threads;
+}
+
+/* Decode attention over a paged KV cache: one query token per sequence against its context,
+ * read in place through its cache slots (no gathered copy).
+ *
+ * q [B, Hq, D] (q_stride elements between sequences); k_cache, v_cache [S, Hkv, D]; slots
+ * [B, Lmax] (slot_stride elements between rows; row b's first lengths[b] are its context, in
+ * order); out [B, Hq, D]. Query head h reads KV head h / (Hq / Hkv), as transformers'
+ * repeat_kv. Scores, softmax (max subtracted) and the weighted sum of values in float32,
+ * rounded once into out's dtype. One (sequence, KV head) pair is one thread's, its G query
+ * heads together so that each key and value row is read once; four keys at a time
+ * (independent sums). Fixed order: the same bits for any thread count. */
+#define WB_ATTN_MAX_D 256
+#define WB_ATTN_MAX_G 16
 
 static void wb_attend_one(const void *q, const void *k_cache, const void *v_cache,
                           const int64_t *slots, int64_t L, void *out, int64_t Hkv, int64_t h,
@@ -249,9 +284,8 @@ static void wb_attend_one(const void *q, const void *k_cache, const void *v_cach
         }
         float t = hsum(total);
         if (l < L) {
-            float tail[8] = {0};
+            float tail[8] = {0}, e8[8];
             for (int64_t j = l; j < L; ++j) tail[j - l] = sg[j] - mx[g];
-            float e8[8];
             _mm256_storeu_ps(e8, wb_exp8(_mm256_loadu_ps(tail)));
             for (int64_t j = l; j < L; ++j) {
                 sg[j] = e8[j - l];
@@ -270,20 +304,17 @@ static void wb_attend_one(const void *q, const void *k_cache, const void *v_cach
         }
     }
     for (int64_t g = 0; g < G; ++g) {
-        const float inv = 1.0f / sum[g];
-        const int64_t at = (h * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) {
-            const float o = acc[g][d] * inv;
-            if (bf16) ((uint16_t *)out)[at + d] = wb_round_bf16(o);
-            else ((float *)out)[at + d] = o;
-        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sum[g]);
+        for (int64_t d = 0; d < D; d += 8)
+            wb_store8(out, (h * G + g) * D + d, _mm256_mul_ps(_mm256_loadu_ps(acc[g] + d), inv),
+                      bf16);
     }
 }
 
 int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                         const void *v_cache, const int64_t *slots, int64_t slot_stride,
-                        const int64_t *lengths, void *out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t Lmax,
-                        float scale, int bf16, int threads) {
+                        const int64_t *lengths, void *out, int64_t B, int64_t Hq, int64_t Hkv,
+                        int64_t D, int64_t Lmax, float scale, int bf16, int threads) {
     const int64_t G = Hkv > 0 ? Hq / Hkv : 0, esize = bf16 ? 2 : 4, items = B * Hkv;
     if (D % 8 || D > WB_ATTN_MAX_D || G < 1 || G > WB_ATTN_MAX_G || G * Hkv != Hq) return -1;
     for (int64_t b = 0; b < B; ++b)
@@ -299,8 +330,9 @@ int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
             const int64_t b = item / Hkv;
             if (scores)
                 wb_attend_one((const char *)q + b * q_stride * esize, k_cache, v_cache,
-                              slots + b * slot_stride, lengths[b], (char *)out + b * Hq * D * esize, Hkv,
-                              item % Hkv, G, D, scale, bf16, scores);
+                              slots + b * slot_stride, lengths[b],
+                              (char *)out + b * Hq * D * esize, Hkv, item % Hkv, G, D, scale,
+                              bf16, scores);
             else {
 #pragma omp atomic write
                 failed = 1;
@@ -311,91 +343,53 @@ int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     return failed ? -2 : 0;
 }
 
-/* The residual add and RMSNorm of a pre-norm decoder layer, float32 or bfloat16, in one pass:
- * sum = hidden (+ delta), rounded to the dtype as torch's add; normed = dtype(dtype(sum *
- * 1 / sqrt(mean(sum^2) + eps)) * weight), the ops and roundings of transformers' Llama-family
- * RMSNorm (statistics in float32), the mean summed in a fixed order (torch's own order may
- * differ in the last bit). hidden, delta, sum, normed [M, H], H <= WB_NORM_MAX_H (else -1,
- * and the caller computes it otherwise); weight [H]; delta may be NULL (sum is not written).
- * Rows are split across threads only when there are many (a decode step's few rows stay on
- * one: a parallel region costs more than they do). */
-#define WB_NORM_MAX_H 16384
-
+/* The residual add and RMSNorm of a pre-norm decoder layer in one pass: sum = hidden (+ delta),
+ * rounded to the dtype as torch's add; normed = dtype(dtype(sum * 1 / sqrt(mean(sum^2) + eps))
+ * * weight), the ops and roundings of transformers' Llama-family RMSNorm (statistics in
+ * float32), the mean summed in a fixed order (torch's own order may differ in the last bit).
+ * hidden, delta, sum, normed [M, H]; weight [H]; delta may be NULL (sum is then not written). */
 int wb_add_rms_norm(const void *hidden, const void *delta, const void *weight, void *sum,
                     void *normed, int64_t M, int64_t H, float eps, int bf16, int threads) {
-    if (H > WB_NORM_MAX_H) return -1;
-    if (M * H < 65536) threads = 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
+    if (H % 8) return -1;
+#pragma omp parallel for num_threads(wb_threads_for(M * H, threads)) schedule(static)
     for (int64_t m = 0; m < M; ++m) {
-        float r[WB_NORM_MAX_H];
-        __m256 acc = _mm256_setzero_ps();
-        float ss = 0.0f;
-        int64_t h8 = H & ~(int64_t)7;
         const int64_t at = m * H;
-        for (int64_t h = 0; h < H; ++h) {
-            float v = bf16 ? wb_bf16_to_f32(((const uint16_t *)hidden)[at + h])
-                           : ((const float *)hidden)[at + h];
-            if (delta) {
-                v += bf16 ? wb_bf16_to_f32(((const uint16_t *)delta)[at + h])
-                          : ((const float *)delta)[at + h];
-                if (bf16) {
-                    const uint16_t rounded = wb_round_bf16(v);
-                    ((uint16_t *)sum)[at + h] = rounded;
-                    v = wb_bf16_to_f32(rounded);
-                } else {
-                    ((float *)sum)[at + h] = v;
-                }
-            }
-            r[h] = v;
+        const void *src = hidden;
+        __m256 acc = _mm256_setzero_ps();
+        if (delta) {
+            for (int64_t h = 0; h < H; h += 8)
+                wb_store8(sum, at + h, _mm256_add_ps(wb_load8(hidden, bf16, at + h),
+                                                     wb_load8(delta, bf16, at + h)), bf16);
+            src = sum;  /* the rounded sum, what torch's norm reads */
         }
-        for (int64_t h = 0; h < h8; h += 8) {
-            const __m256 v = _mm256_loadu_ps(r + h);
+        for (int64_t h = 0; h < H; h += 8) {
+            const __m256 v = wb_load8(src, bf16, at + h);
             acc = _mm256_fmadd_ps(v, v, acc);
         }
-        ss = hsum(acc);
-        for (int64_t h = h8; h < H; ++h) ss += r[h] * r[h];
-        const float inv = 1.0f / __builtin_sqrtf(ss / (float)H + eps);
-        for (int64_t h = 0; h < H; ++h) {
-            float n = r[h] * inv;
-            if (bf16) {
-                n = wb_bf16_to_f32(wb_round_bf16(n)) *
-                    wb_bf16_to_f32(((const uint16_t *)weight)[h]);
-                ((uint16_t *)normed)[at + h] = wb_round_bf16(n);
-            } else {
-                ((float *)normed)[at + h] = n * ((const float *)weight)[h];
-            }
+        const __m256 inv = _mm256_set1_ps(1.0f / __builtin_sqrtf(hsum(acc) / (float)H + eps));
+        for (int64_t h = 0; h < H; h += 8) {
+            const __m256 n = wb_round8(_mm256_mul_ps(wb_load8(src, bf16, at + h), inv), bf16);
+            wb_store8(normed, at + h, _mm256_mul_ps(n, wb_load8(weight, bf16, h)), bf16);
         }
     }
     return 0;
 }
 
 /* Rotary embedding of a step's queries and keys, and its keys and values written into the KV
- * cache, in one pass, float32 or bfloat16: qkv [T, (Hq + 2 Hkv) D] (ld elements between rows;
- * queries, keys, values), cos and signed_sin [T, D] (sin with its first half negated) ->
- * q_out [T, Hq, D], and rows slots[t] of k_cache and v_cache [S, Hkv, D]. Each element is
- * x * cos + rotate_half(x) * signed_sin with the roundings of torch's ops in that dtype (the
- * products, then their sum), so the result is bit for bit the decoder's `_rotate`. */
-static inline float wb_round_to(float v, int bf16) {
-    return bf16 ? wb_bf16_to_f32(wb_round_bf16(v)) : v;
-}
-
-static inline float wb_get(const void *p, int64_t i, int bf16) {
-    return bf16 ? wb_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-static inline void wb_put(void *p, int64_t i, float v, int bf16) {
-    if (bf16) ((uint16_t *)p)[i] = wb_round_bf16(v);
-    else ((float *)p)[i] = v;
-}
-
-static void wb_rotate_head(const void *x, int64_t at, const void *cos, const void *sin,
-                           int64_t ct, int64_t D, int bf16, void *dst, int64_t dat) {
+ * cache, in one pass: qkv [T, (Hq + 2 Hkv) D] (ld elements between rows; queries, keys,
+ * values), cos and signed_sin [T, D] (sin with its first half negated) -> q_out [T, Hq, D],
+ * and rows slots[t] of k_cache and v_cache [S, Hkv, D]. Each element is x * cos +
+ * rotate_half(x) * signed_sin with the roundings of torch's ops in that dtype (the products,
+ * then their sum), so the result is bit for bit the decoder's `_rotate`. */
+static inline void wb_rotate_head(const void *x, int64_t at, const void *cos, const void *sin,
+                                  int64_t ct, int64_t D, int bf16, void *dst, int64_t dat) {
     const int64_t half = D / 2;
-    for (int64_t j = 0; j < D; ++j) {
-        const float a = wb_round_to(wb_get(x, at + j, bf16) * wb_get(cos, ct + j, bf16), bf16);
-        const float r = wb_get(x, at + (j < half ? j + half : j - half), bf16);
-        const float b = wb_round_to(r * wb_get(sin, ct + j, bf16), bf16);
-        wb_put(dst, dat + j, a + b, bf16);
+    for (int64_t j = 0; j < D; j += 8) {
+        const __m256 a = wb_round8(_mm256_mul_ps(wb_load8(x, bf16, at + j),
+                                                 wb_load8(cos, bf16, ct + j)), bf16);
+        const __m256 r = wb_load8(x, bf16, at + (j < half ? j + half : j - half));
+        const __m256 b = wb_round8(_mm256_mul_ps(r, wb_load8(sin, bf16, ct + j)), bf16);
+        wb_store8(dst, dat + j, _mm256_add_ps(a, b), bf16);
     }
 }
 
@@ -403,9 +397,9 @@ int wb_rope_write_kv(const void *qkv, int64_t ld, const void *cos, const void *s
                      const int64_t *slots, void *q_out, void *k_cache, void *v_cache, int64_t T,
                      int64_t Hq, int64_t Hkv, int64_t D, int bf16, int threads) {
     const int64_t esize = bf16 ? 2 : 4;
-    if (D % 2) return -1;
-    if (T * (Hq + 2 * Hkv) * D < 65536) threads = 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
+    if (D % 16) return -1;
+#pragma omp parallel for num_threads(wb_threads_for(T * (Hq + 2 * Hkv) * D, threads)) \
+    schedule(static)
     for (int64_t t = 0; t < T; ++t) {
         const int64_t row = t * ld, ct = t * D, slot = slots[t];
         for (int64_t h = 0; h < Hq; ++h)
@@ -421,41 +415,22 @@ int wb_rope_write_kv(const void *qkv, int64_t ld, const void *cos, const void *s
 }
 
 /* A gated MLP's activation: gate_up [M, 2F] (gate, then up, per row) -> out [M, F] =
- * silu(gate) * up, float32 or bfloat16; silu(g) = g / (1 + e^-g) in float32 (exp as
- * `wb_exp8`, within 2 ulp: torch's own differs in the last bit), rounded to the dtype, then the
- * product rounded, as torch's two ops. */
-static inline __m256 wb_silu8(__m256 g) {
-    /* e^-g for any g: the exponent clamped to float's range (silu is g or 0 beyond it) */
-    const __m256 e = wb_exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g),
-                                           _mm256_set1_ps(86.0f)));
-    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-}
-
-static inline void wb_store8(void *p, int64_t i, __m256 v, int bf16) {
-    if (bf16) {
-        float f[8];
-        _mm256_storeu_ps(f, v);
-        for (int j = 0; j < 8; ++j) ((uint16_t *)p)[i + j] = wb_round_bf16(f[j]);
-    } else {
-        _mm256_storeu_ps((float *)p + i, v);
-    }
-}
-
+ * silu(gate) * up; silu(g) = g / (1 + e^-g) in float32 (exp as `wb_exp8`: torch's own
+ * differs in the last bit), rounded to the dtype, then the product rounded, as torch's two
+ * ops. */
 int wb_silu_mul(const void *gate_up, void *out, int64_t M, int64_t F, int bf16, int threads) {
     if (F % 8) return -1;
-    if (M * F < 65536) threads = 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(wb_threads_for(M * F, threads)) schedule(static)
     for (int64_t m = 0; m < M; ++m) {
         const int64_t g0 = m * 2 * F, u0 = g0 + F;
         for (int64_t f = 0; f < F; f += 8) {
-            __m256 s = wb_silu8(wb_load8(gate_up, bf16, g0 + f));
-            if (bf16) {  /* round silu's result before the product, as torch's two ops */
-                float v[8];
-                _mm256_storeu_ps(v, s);
-                for (int j = 0; j < 8; ++j) v[j] = wb_round_to(v[j], 1);
-                s = _mm256_loadu_ps(v);
-            }
-            wb_store8(out, m * F + f, _mm256_mul_ps(s, wb_load8(gate_up, bf16, u0 + f)), bf16);
+            const __m256 g = wb_load8(gate_up, bf16, g0 + f);
+            /* e^-g, its exponent clamped to float's range (silu is g or 0 beyond it) */
+            const __m256 e = wb_exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g),
+                                                   _mm256_set1_ps(86.0f)));
+            const __m256 silu = wb_round8(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                          bf16);
+            wb_store8(out, m * F + f, _mm256_mul_ps(silu, wb_load8(gate_up, bf16, u0 + f)), bf16);
         }
     }
     return 0;

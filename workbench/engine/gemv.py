@@ -209,7 +209,7 @@ def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch
     """A pre-norm layer's residual add and RMSNorm in one pass (`wb_add_rms_norm`): hidden,
     delta [M, H] contiguous, weight [H], all float32 or all bfloat16 -> (hidden + delta, or
     hidden itself without delta; transformers' RMSNorm of that with `weight`). None where the C
-    function does not take them (another dtype or layout, a hidden size over 16,384)."""
+    function does not take them (another dtype or layout, a hidden size not a multiple of 8)."""
     m, h = hidden.shape
     if not (hidden.dtype == weight.dtype in _DTYPES and hidden.is_contiguous()
             and (delta is None or (delta.dtype == hidden.dtype and delta.is_contiguous()))):
@@ -235,7 +235,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
     `_signed_sin`), slots [T] int64 -> the rotated queries [T, Hq, D]; the rotated keys and the
     values are written at `slots` of k_cache and v_cache [S, Hkv, D]. Bit for bit the
     decoder's `_rotate` and `index_copy_`. None where the C function does not take them (other
-    dtypes or layouts): the caller computes it otherwise."""
+    dtypes or layouts, a head size not a multiple of 16): the caller computes it otherwise."""
     t, width = qkv.shape
     d = k_cache.shape[-1]
     if not (qkv.dtype == cos.dtype == signed_sin.dtype == k_cache.dtype == v_cache.dtype
