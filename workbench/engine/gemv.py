@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,13 +64,25 @@ def build(cc: str) -> Path:
     return path
 
 
+_P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: arguments, result
+    "wb_linear_f32": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_linear_bf16": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_decode_attention": ([_P, _I64, _P, _P, _P, _I64, _P, _P] + [_I64] * 5
+                            + [_F32, _INT, _INT], _INT),
+    "wb_add_rms_norm": ([_P] * 5 + [_I64] * 2 + [_F32, _INT, _INT], _INT),
+    "wb_rope_write_kv": ([_P, _I64] + [_P] * 6 + [_I64] * 4 + [_INT, _INT], _INT),
+    "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
+}
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None (with the reason logged) when it cannot be."""
     cc = compiler()
     if cc is None:
         logger.warning("no C compiler (set CC, or install gcc): the C kernels (avx2, "
-                       "avx512bf16) are unavailable")
+                       "avx512bf16) and ops are unavailable")
         return None
     try:
         lib = ctypes.CDLL(str(build(cc)))  # after torch: OpenMP resolves to the runtime it loaded
@@ -77,29 +90,10 @@ def library() -> ctypes.CDLL | None:
         detail = getattr(error, "stderr", "") or error
         logger.warning("the C kernels did not build with %s: %s", cc, detail)
         return None
-    fn = lib.wb_linear_f32
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    fn.restype = None
-    bf16 = getattr(lib, "wb_linear_bf16", None)  # absent when the compiler predates AVX-512 BF16
-    if bf16 is not None:
-        bf16.argtypes = fn.argtypes
-        bf16.restype = None
-    attend = lib.wb_decode_attention
-    attend.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
-        [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    attend.restype = ctypes.c_int
-    norm = lib.wb_add_rms_norm
-    norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    norm.restype = ctypes.c_int
-    rope = lib.wb_rope_write_kv
-    rope.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 6 + \
-        [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int]
-    rope.restype = ctypes.c_int
-    silu = lib.wb_silu_mul
-    silu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int, ctypes.c_int]
-    silu.restype = ctypes.c_int
+    for name, (args, result) in _SIGNATURES.items():
+        fn = getattr(lib, name, None)  # wb_linear_bf16: absent if the compiler predates the ISA
+        if fn is not None:
+            fn.argtypes, fn.restype = args, result
     return lib
 
 

@@ -157,14 +157,15 @@ def runnable(dtype: torch.dtype, features: CpuFeatures | None = None) -> list[st
 
 
 def main() -> None:
-    """Prints this machine's probed flags, the kernel `auto` picks per dtype, and every kernel
-    it can run (one line each: `make test-portable` reads the last)."""
+    """Prints this machine's probed flags, the kernel (and ops) `auto` picks per dtype, and
+    every kernel it can run (one line each: `make test-portable` reads the last)."""
     features = cpu_features()
     limits = f" (limits: {', '.join(features.limits)})" if features.limits else ""
     print(f"cpu flags: {features.summary()}{limits}")
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        print(f"{name}: auto picks {choose(dtype, 'cpu', features=features).kernel}; runnable: "
+        choice = choose(dtype, "cpu", features=features)
+        print(f"{name}: auto picks {choice.kernel} (ops {choice.ops}); runnable: "
               f"{' '.join(runnable(dtype, features))}")
     print("runnable:", " ".join(k for k in KERNELS if any(
         missing(k, d, features) is None for d in (torch.float32, torch.bfloat16))))
