@@ -93,6 +93,54 @@ void wb_linear_f32(const float *x, const float *w, const float *b, float *y, int
     }
 }
 
+/* The same products on CPUs with AVX-512F: sixteen floats a vector and 32 registers, so four
+ * input rows share each block of four weight rows (16 sums in registers; the weights are read
+ * from L1 a quarter as often as with AVX2's two rows). K's tail through masked loads. Fixed
+ * order: the same bits for any thread count (not the AVX2 function's bits: other lanes). */
+__attribute__((target("avx512f")))
+void wb_linear_f32_avx512(const float *x, const float *w, const float *b, float *y, int64_t M,
+                          int64_t N, int64_t K, int threads) {
+    const int64_t blocks = (N + 3) / 4, K16 = K & ~(int64_t)15;
+    const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * 4, R = N - n0 < 4 ? N - n0 : 4;
+        const float *wr[4];
+        for (int r = 0; r < 4; ++r) wr[r] = w + (n0 + (r < R ? r : 0)) * K;  /* extra: discarded */
+        for (int64_t m = 0; m < M; m += 4) {
+            const int64_t P = M - m < 4 ? M - m : 4;
+            const float *xr[4];
+            for (int p = 0; p < 4; ++p) xr[p] = x + (m + (p < P ? p : 0)) * K;
+            __m512 a[4][4];
+            for (int p = 0; p < 4; ++p)
+                for (int r = 0; r < 4; ++r) a[p][r] = _mm512_setzero_ps();
+            for (int64_t k = 0; k < K16; k += 16) {
+                if (m == 0)
+                    for (int r = 0; r < 4; ++r)
+                        _mm_prefetch((const char *)(w + (n0 + 4 + r) * K + k), _MM_HINT_T0);
+                __m512 wv[4];
+                for (int r = 0; r < 4; ++r) wv[r] = _mm512_loadu_ps(wr[r] + k);
+                for (int p = 0; p < 4; ++p) {
+                    const __m512 xv = _mm512_loadu_ps(xr[p] + k);
+                    for (int r = 0; r < 4; ++r) a[p][r] = _mm512_fmadd_ps(wv[r], xv, a[p][r]);
+                }
+            }
+            if (tail) {
+                __m512 wv[4];
+                for (int r = 0; r < 4; ++r) wv[r] = _mm512_maskz_loadu_ps(tail, wr[r] + K16);
+                for (int p = 0; p < 4; ++p) {
+                    const __m512 xv = _mm512_maskz_loadu_ps(tail, xr[p] + K16);
+                    for (int r = 0; r < 4; ++r) a[p][r] = _mm512_fmadd_ps(wv[r], xv, a[p][r]);
+                }
+            }
+            for (int64_t p = 0; p < P; ++p)
+                for (int64_t r = 0; r < R; ++r)
+                    y[(m + p) * N + n0 + r] = _mm512_reduce_add_ps(a[p][r]) +
+                                              (b ? b[n0 + r] : 0.0f);
+        }
+    }
+}
+
 /* bfloat16 <-> float32: round to nearest even, as torch does. */
 static inline uint16_t wb_round_bf16(float f) {
     uint32_t u;
