@@ -78,6 +78,31 @@ def test_avx2_products_equal_float64_within_float32_rounding(rows, bias):
     torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("function", ["wb_linear_f32", "wb_linear_f32_avx512"])
+@pytest.mark.parametrize("rows, k", [(1, 67), (3, 16), (5, 33), (16, 576), (7, 5)])
+def test_both_float32_c_functions_equal_float64(function, rows, k):
+    """The AVX2 and the AVX-512F function, each called directly (the kernel uses the second
+    where the CPU has AVX-512F): partial blocks of weight and input rows, K tails; the same bits
+    with one thread and three."""
+    needs("avx2", torch.float32)
+    from workbench.engine import gemv
+
+    if function.endswith("avx512") and not gemv.available_avx512():
+        pytest.skip("this CPU has no AVX-512F")
+    fn = getattr(gemv.library(), function)
+    gen = torch.Generator().manual_seed(rows)
+    weight, b = torch.randn(99, k, generator=gen), torch.randn(99, generator=gen)
+    x = torch.randn(rows, k, generator=gen)
+    outs = []
+    for threads in (1, 3):
+        out = torch.empty(rows, 99)
+        fn(x.data_ptr(), weight.data_ptr(), b.data_ptr(), out.data_ptr(), rows, 99, k, threads)
+        outs.append(out)
+    exact = x.double() @ weight.double().T + b.double()
+    torch.testing.assert_close(outs[0].double(), exact, rtol=1e-5, atol=1e-6 * k)  # k sums
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("kernel, dtype, rows", [("avx2", torch.float32, 3),
                                                  ("avx512bf16", torch.bfloat16, 2)])
 def test_c_products_do_not_depend_on_the_thread_count(kernel, dtype, rows):

@@ -4,7 +4,7 @@ The C source ships beside this module. `library()` compiles it with the system's
 (`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
 of the source, the flags and the compiler, so a change of any of them builds a new one; the
 build takes about a second and happens at most once per machine (`make install` does it ahead).
-`linear(x, w, b)` (float32, the "avx2" kernel), `linear_bf16(x, w, b)` (bfloat16, the
+`linear(x, w, b)` (float32, the "avx2" kernel; its AVX-512F function where the CPU has it), `linear_bf16(x, w, b)` (bfloat16, the
 "avx512bf16" kernel), `decode_attention`, `add_rms_norm`, `rope_write_kv` and `silu_mul`
 (both dtypes, every kernel but "torch": the "c" ops) call it through ctypes on the tensors'
 memory. Nothing here is used unless the kernel choice
@@ -67,6 +67,7 @@ def build(cc: str) -> Path:
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: arguments, result
     "wb_linear_f32": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_linear_f32_avx512": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_bf16": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_decode_attention": ([_P, _I64, _P, _P, _P, _I64, _P, _P] + [_I64] * 5
                             + [_F32, _INT, _INT], _INT),
@@ -100,13 +101,8 @@ def library() -> ctypes.CDLL | None:
 @functools.cache
 def available() -> bool:
     """Whether the library built and computes a known product within float32 rounding."""
-    if library() is None:
-        return False
-    gen = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(3, 43, generator=gen), torch.randn(13, 43, generator=gen), \
-        torch.randn(13, generator=gen)
-    expected = x.double() @ w.double().T + b.double()
-    return torch.allclose(linear(x, w, b).double(), expected, rtol=1e-5, atol=1e-5)
+    lib = library()
+    return lib is not None and _known_product_holds(lib.wb_linear_f32)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -125,7 +121,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 @functools.cache
 def _function():
-    return library().wb_linear_f32
+    """The float32 products: the AVX-512F function where the CPU has it, else AVX2's."""
+    lib = library()
+    return lib.wb_linear_f32_avx512 if available_avx512() else lib.wb_linear_f32
+
+
+@functools.cache
+def available_avx512() -> bool:
+    """Whether this CPU has AVX-512F (probed first: the function would fault without it) and
+    the library's AVX-512 products compute a known product within float32 rounding."""
+    lib = library()
+    if not cpu_features().has("avx512f") or lib is None:
+        return False
+    return _known_product_holds(lib.wb_linear_f32_avx512)
+
+
+def _known_product_holds(fn) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(5, 43, generator=gen), torch.randn(13, 43, generator=gen), \
+        torch.randn(13, generator=gen)
+    expected = x.double() @ w.double().T + b.double()
+    out = torch.empty(5, 13)
+    fn(x.data_ptr(), w.data_ptr(), b.data_ptr(), out.data_ptr(), 5, 13, 43, 1)
+    return torch.allclose(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 @functools.cache
