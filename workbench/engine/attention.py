@@ -6,12 +6,12 @@ tokens of all sequences into one ragged row (`[1, T, hidden]`, no padding in the
 the step's `AttentionContext`, built once and passed down as a keyword argument, says where each
 token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
-Decode tokens (one query per sequence) are attended together: in C, reading each context in place
-through its slots (`gemv.decode_attention`, where the kernel choice's ops are "c"), else in
-one SDPA call over their gathered contexts, padded to the longest (a lone decode whose blocks are
-consecutive reads its context as a view of the cache instead). Each prefill chunk gets its own
-causal SDPA call. Called
-without a context, it is plain SDPA, so the same model object still works with `generate`.
+Decode tokens (one query per sequence) are attended together: in C, reading each context in
+place through its slots (`gemv.decode_attention`, where the kernel choice's ops are "c"), else in
+one SDPA call over their gathered contexts, padded to the longest (a lone decode whose blocks
+are consecutive reads its context as a view of the cache instead). Each prefill chunk gets its
+own causal SDPA call. Called without a context, it is plain SDPA, so the same model object still
+works with `generate`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ and decorators per call, rotary embeddings applied to queries and keys apart. `D
 runs the same computation on the packed `[T, hidden]` row with the layer's own modules (its
 RMSNorms, fused projections, activation) and `attention.attend`, in the same order and the same
 dtypes, so the result is bit-identical to calling the layers (`tests/engine/test_decoder.py`),
-with about a third of the operator calls per layer.
+with about a third of the operator calls per layer. Where the kernel choice's ops are "c", the
+small operators between the projections run in C instead (`engine/gemv.py`: each residual add
+with the norm after it, rotary embedding with the KV write, SiLU gating; the norm and SiLU
+within the last bit of torch's, `tests/engine/test_c_ops.py`).
 
 It is used in every dtype once `engine/fusion.py` has fused Q/K/V and gate/up, for the families
 whose layers are exactly pre-norm attention + gated MLP (`FAMILIES`); anything else (other

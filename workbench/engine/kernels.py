@@ -16,11 +16,12 @@
 | "torch"      | any      | nothing                                             | `F.linear`
 |
 The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
-library is available and the kernel is not "torch" ("c"): decode attention reading the KV cache
-in place (`gemv.decode_attention`), each residual add with the RMSNorm after it in one pass
-(`gemv.add_rms_norm`), both float32 and bfloat16. With "torch", or without the library, they
-are torch's ops ("torch": SDPA over the gathered context, torch's RMSNorm, bit-identical to
-transformers' layers).
+library is available and the kernel is not "torch" ("c"), in float32 and bfloat16: decode
+attention reading the KV cache in place (`gemv.decode_attention`), each residual add with the
+RMSNorm after it (`gemv.add_rms_norm`), rotary embedding with the KV write
+(`gemv.rope_write_kv`) and SiLU gating (`gemv.silu_mul`). With "torch", or without the library,
+they are torch's ops ("torch": SDPA over the gathered context, bit-identical to transformers'
+layers).
 
 `choose(dtype, device)` takes the first that this process can run, in the order above for its
 dtype ("auto"), or checks the one asked for (`kernel=` / `--kernel`) and refuses it at start-up,
@@ -57,7 +58,7 @@ class KernelChoice:
     dtype: torch.dtype
     device: str
     cpu_flags: str  # the probed flags that matter here ("" on CUDA)
-    ops: str = "torch"  # attention and norms between the projections: "c" (gemv.c) or "torch"
+    ops: str = "torch"  # the small ops between the projections: "c" (gemv.c) or "torch"
 
     def describe(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
