@@ -282,8 +282,9 @@ static inline int wb_threads_for(int64_t elements, int threads) {
  * order); out [B, Hq, D]. Query head h reads KV head h / (Hq / Hkv), as transformers'
  * repeat_kv. Scores, softmax (max subtracted) and the weighted sum of values in float32,
  * rounded once into out's dtype. One (sequence, KV head) pair is one thread's, its G query
- * heads together so that each key and value row is read once; four keys at a time
- * (independent sums). Fixed order: the same bits for any thread count. */
+ * heads together so that each key and value row is read (and converted) once for up to four
+ * of them; two keys at a time (independent sums). Fixed order: the same bits for any thread
+ * count. */
 #define WB_ATTN_MAX_D 256
 #define WB_ATTN_MAX_G 16
 
@@ -302,22 +303,29 @@ static void wb_attend_one(const void *q, const void *k_cache, const void *v_cach
         }
         mx[g] = -__builtin_inff();
     }
-    for (int64_t l = 0; l < L; l += 4) {  /* scores, four keys at a time */
-        const void *kr[4];
-        for (int j = 0; j < 4; ++j)
-            kr[j] = (const char *)k_cache + (slots[l + j < L ? l + j : L - 1] * row + h * D) * esize;
-        for (int64_t g = 0; g < G; ++g) {
-            __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                           _mm256_setzero_ps()};
+    for (int64_t l = 0; l < L; l += 2) {  /* scores: two keys, up to four heads at a time */
+        const void *k0 = (const char *)k_cache + (slots[l] * row + h * D) * esize;
+        const void *k1 = l + 1 < L ? (const char *)k_cache + (slots[l + 1] * row + h * D) * esize
+                                   : k0;
+        for (int64_t g0 = 0; g0 < G; g0 += 4) {
+            const int64_t gn = G - g0 < 4 ? G - g0 : 4;
+            __m256 s[4][2];
+            for (int g = 0; g < 4; ++g) s[g][0] = s[g][1] = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) {
-                const __m256 qv = _mm256_loadu_ps(qf[g] + d);
-                for (int j = 0; j < 4; ++j) s[j] = _mm256_fmadd_ps(qv, wb_load8(kr[j], bf16, d), s[j]);
+                const __m256 a = wb_load8(k0, bf16, d), b = wb_load8(k1, bf16, d);
+                for (int g = 0; g < 4; ++g)
+                    if (g < gn) {
+                        const __m256 qv = _mm256_loadu_ps(qf[g0 + g] + d);
+                        s[g][0] = _mm256_fmadd_ps(qv, a, s[g][0]);
+                        s[g][1] = _mm256_fmadd_ps(qv, b, s[g][1]);
+                    }
             }
-            for (int j = 0; j < 4 && l + j < L; ++j) {
-                const float v = hsum(s[j]);
-                scores[g * L + l + j] = v;
-                if (v > mx[g]) mx[g] = v;
-            }
+            for (int64_t g = 0; g < gn; ++g)
+                for (int j = 0; j < 2 && l + j < L; ++j) {
+                    const float v = hsum(s[g][j]);
+                    scores[(g0 + g) * L + l + j] = v;
+                    if (v > mx[g0 + g]) mx[g0 + g] = v;
+                }
         }
     }
     for (int64_t g = 0; g < G; ++g) {  /* softmax numerators and their sum */
