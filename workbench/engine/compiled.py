@@ -4,10 +4,11 @@ Eager, a third of such a step is dispatch of the few hundred small operators bet
 projections. `CompiledDecode` runs the layers for one token as one `torch.compile` graph on
 inductor's CPU backend (as vLLM's CPU worker does): weights frozen (inductor's own oneDNN-packed
 copy; with the `avx512bf16` kernel the products call its C function instead, as an operator of
-their own, on the plain weights), a C++ wrapper, norms, rotary, residuals and activation fused. Attention stays paged: K/V
-written into the cache, the context gathered through its slots, padded to a power-of-two bucket
-and masked; each bucket compiles once, in tens of seconds. Not bit-identical to the eager loop,
-which stays the reference and the default and takes every other step (batches, prefills, LoRA).
+their own, on the plain weights), a C++ wrapper, norms, rotary, residuals and activation fused.
+Attention stays paged: K/V written into the cache, the context gathered through its slots,
+padded to a power-of-two bucket and masked; each bucket compiles once, in tens of seconds. Not
+bit-identical to the eager loop, which stays the reference and the default and takes every
+other step (batches, prefills, LoRA).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ The C source ships beside this module. `library()` compiles it with the system's
 (`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
 of the source, the flags and the compiler, so a change of any of them builds a new one; the
 build takes about a second and happens at most once per machine (`make install` does it ahead).
-`linear(x, w, b)` (float32, the "avx2" kernel; its AVX-512F function where the CPU has it), `linear_bf16(x, w, b)` (bfloat16, the
-"avx512bf16" kernel), `decode_attention`, `add_rms_norm`, `rope_write_kv` and `silu_mul`
-(both dtypes, every kernel but "torch": the "c" ops) call it through ctypes on the tensors'
-memory. Nothing here is used unless the kernel choice
-(`engine/kernels.py`) picked it, which needs the CPU's AVX2 and FMA (`available()`), or
+`linear(x, w, b)` (float32, the "avx2" kernel; its AVX-512F function where the CPU has it),
+`linear_bf16(x, w, b)` (bfloat16, the "avx512bf16" kernel), `decode_attention`,
+`add_rms_norm`, `rope_write_kv` and `silu_mul` (both dtypes, every kernel but "torch": the "c"
+ops) call it through ctypes on the tensors' memory. Nothing here is used unless the kernel
+choice (`engine/kernels.py`) picked it, which needs the CPU's AVX2 and FMA (`available()`), or
 AVX-512 BF16 (`available_bf16()`), and a library that built and computed a known product
 correctly.
 """
@@ -127,6 +127,12 @@ def _function():
 
 
 @functools.cache
+def _c(name: str):
+    """The library's function `name` (called only once its kernel or ops were chosen)."""
+    return getattr(library(), name)
+
+
+@functools.cache
 def available_avx512() -> bool:
     """Whether this CPU has AVX-512F (probed first: the function would fault without it) and
     the library's AVX-512 products compute a known product within float32 rounding."""
@@ -172,15 +178,10 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     m = x.numel() // k
     out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16)
     if m:
-        _function_bf16()(x.data_ptr(), weight.data_ptr(),
-                         None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k,
-                         torch.get_num_threads())
+        _c("wb_linear_bf16")(x.data_ptr(), weight.data_ptr(),
+                             None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k,
+                             torch.get_num_threads())
     return out
-
-
-@functools.cache
-def _function_bf16():
-    return library().wb_linear_bf16
 
 
 _DTYPES = (torch.float32, torch.bfloat16)  # what the C functions compute in
@@ -192,10 +193,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """One query token per sequence against its context, read in place through its cache slots
     (`wb_decode_attention`): q [B, Hq, D]; k_cache, v_cache [S, Hkv, D]; slots [B, Lmax] int64
     (row b's first lengths[b] are its context); lengths [B] int64 -> [B, Hq, D] in q's dtype
-    (float32 or bfloat16, the caches' too; q and slots may be row slices of larger tensors). None where the C function does not take the shape
-    (another dtype, a head size that is not a multiple of 8, more than 256 or over 16 query heads
-    per KV head):
-    the caller computes it otherwise."""
+    (float32 or bfloat16, the caches' too; q and slots may be row slices of larger tensors).
+    None where the C function does not take the shape (another dtype, a head size that is not a
+    multiple of 8, more than 256 or over 16 query heads per KV head): the caller computes it
+    otherwise."""
     b, hq, d = q.shape
     if not q.dtype == k_cache.dtype == v_cache.dtype in _DTYPES:
         return None
@@ -204,16 +205,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if slots.stride(1) != 1:
         slots = slots.contiguous()
     out = torch.empty((b, hq, d), dtype=q.dtype)
-    code = _function_attention()(
+    code = _c("wb_decode_attention")(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-        slots.stride(0), lengths.data_ptr(), out.data_ptr(), b, hq, k_cache.shape[1], d, slots.shape[1], scale,
-        q.dtype == torch.bfloat16, torch.get_num_threads())
+        slots.stride(0), lengths.data_ptr(), out.data_ptr(), b, hq, k_cache.shape[1], d,
+        slots.shape[1], scale, q.dtype == torch.bfloat16, torch.get_num_threads())
     return out if code == 0 else None
-
-
-@functools.cache
-def _function_attention():
-    return library().wb_decode_attention
 
 
 def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -228,15 +224,11 @@ def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch
         return None
     out = torch.empty_like(hidden) if delta is not None else hidden
     normed = torch.empty_like(hidden)
-    code = _function_norm()(hidden.data_ptr(), None if delta is None else delta.data_ptr(),
-                            weight.data_ptr(), out.data_ptr(), normed.data_ptr(), m, h, eps,
-                            hidden.dtype == torch.bfloat16, torch.get_num_threads())
+    code = _c("wb_add_rms_norm")(
+        hidden.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
+        out.data_ptr(), normed.data_ptr(), m, h, eps, hidden.dtype == torch.bfloat16,
+        torch.get_num_threads())
     return (out, normed) if code == 0 else None
-
-
-@functools.cache
-def _function_norm():
-    return library().wb_add_rms_norm
 
 
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
@@ -257,16 +249,11 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
             and width == (num_heads + 2 * num_kv_heads) * d and cos.shape == (t, d)):
         return None
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype)
-    code = _function_rope()(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(),
-                            slots.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
-                            v_cache.data_ptr(), t, num_heads, num_kv_heads, d,
-                            qkv.dtype == torch.bfloat16, torch.get_num_threads())
+    code = _c("wb_rope_write_kv")(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(), slots.data_ptr(),
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), t, num_heads, num_kv_heads, d,
+        qkv.dtype == torch.bfloat16, torch.get_num_threads())
     return q if code == 0 else None
-
-
-@functools.cache
-def _function_rope():
-    return library().wb_rope_write_kv
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
@@ -277,14 +264,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     if not (gate_up.dtype in _DTYPES and gate_up.is_contiguous()):
         return None
     out = torch.empty((m, width // 2), dtype=gate_up.dtype)
-    code = _function_silu()(gate_up.data_ptr(), out.data_ptr(), m, width // 2,
-                            gate_up.dtype == torch.bfloat16, torch.get_num_threads())
+    code = _c("wb_silu_mul")(gate_up.data_ptr(), out.data_ptr(), m, width // 2,
+                             gate_up.dtype == torch.bfloat16, torch.get_num_threads())
     return out if code == 0 else None
-
-
-@functools.cache
-def _function_silu():
-    return library().wb_silu_mul
 
 
 @torch.library.custom_op("workbench::linear_bf16", mutates_args=())
