@@ -62,7 +62,7 @@ def test_a_part_called_alone_computes_its_own_slice():
     torch.testing.assert_close(k, x @ k_weight.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, AVX2_MAX_ROWS, AVX2_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 16, AVX2_MAX_ROWS, AVX2_MAX_ROWS + 1])
 @pytest.mark.parametrize("bias", [True, False])
 def test_avx2_products_equal_float64_within_float32_rounding(rows, bias):
     """Few rows go through the C kernel, more through BLAS; shapes that leave partial blocks
@@ -79,11 +79,13 @@ def test_avx2_products_equal_float64_within_float32_rounding(rows, bias):
 
 
 @pytest.mark.parametrize("function", ["wb_linear_f32", "wb_linear_f32_avx512"])
-@pytest.mark.parametrize("rows, k", [(1, 67), (3, 16), (5, 33), (16, 576), (7, 5)])
+@pytest.mark.parametrize("rows, k", [(1, 67), (3, 16), (5, 33), (6, 40), (16, 576), (7, 5),
+                                     (9, 67), (17, 1536), (25, 13), (48, 96)])
 def test_both_float32_c_functions_equal_float64(function, rows, k):
     """The AVX2 and the AVX-512F function, each called directly (the kernel uses the second
-    where the CPU has AVX-512F): partial blocks of weight and input rows, K tails; the same bits
-    with one thread and three."""
+    where the CPU has AVX-512F): partial blocks of weight and input rows, K tails, the AVX2
+    function's dot products (up to six rows) and broadcast tiles (seven on: one or two columns
+    of eight rows, some padded); the same bits with one thread and three."""
     needs("avx2", torch.float32)
     from workbench.engine import gemv
 
@@ -101,6 +103,29 @@ def test_both_float32_c_functions_equal_float64(function, rows, k):
     exact = x.double() @ weight.double().T + b.double()
     torch.testing.assert_close(outs[0].double(), exact, rtol=1e-5, atol=1e-6 * k)  # k sums
     assert torch.equal(outs[0], outs[1])
+
+
+def test_avx2_broadcast_tiles_give_a_row_the_same_bits_in_any_batch():
+    """From seven rows on, each sum runs over k in one order whatever the other rows: a row's
+    output does not depend on how many rows share the call or where it sits among them."""
+    needs("avx2", torch.float32)
+    from workbench.engine import gemv
+
+    fn = gemv.library().wb_linear_f32
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(50, 200, generator=gen)
+    x = torch.randn(40, 200, generator=gen)
+
+    def product(rows: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(rows.shape[0], 50)
+        fn(rows.data_ptr(), weight.data_ptr(), None, out.data_ptr(), rows.shape[0], 50, 200, 2)
+        return out
+
+    full = product(x)
+    for start, stop in ((0, 7), (3, 12), (10, 26), (0, 40), (33, 40)):
+        assert torch.equal(product(x[start:stop].contiguous()), full[start:stop]), (start, stop)
+    exact = x.double() @ weight.double().T
+    torch.testing.assert_close(full.double(), exact, rtol=1e-5, atol=1e-6 * 200)
 
 
 @pytest.mark.parametrize("kernel, dtype, rows", [("avx2", torch.float32, 3),
