@@ -156,19 +156,26 @@ static void transpose_rows(const float *x, int64_t M, int64_t K, float *xt, int6
     }
 }
 
-static void linear_broadcast(const float *x, const float *w, const float *b, float *y,
-                             int64_t M, int64_t N, int64_t K, int threads) {
-    static __thread float *xt = 0;  /* grown as needed, kept for the next call of this thread */
+/* x transposed into this thread's scratch columns (grown as needed, kept for its next call);
+ * NULL if memory ran out. */
+static float *columns(const float *x, int64_t M, int64_t K, int64_t ld) {
+    static __thread float *xt = 0;
     static __thread int64_t xt_size = 0;
-    const int64_t ld = (M + 7) & ~(int64_t)7;
     if (ld * K > xt_size) {
         free(xt);
         xt = aligned_alloc(64, (size_t)((ld * K * 4 + 63) & ~(int64_t)63));
         xt_size = xt ? ld * K : 0;
-        if (!xt) return;
+        if (!xt) return 0;
     }
-    float *cols = xt;
-    transpose_rows(x, M, K, cols, ld);
+    transpose_rows(x, M, K, xt, ld);
+    return xt;
+}
+
+static void linear_broadcast(const float *x, const float *w, const float *b, float *y,
+                             int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t ld = (M + 7) & ~(int64_t)7;
+    float *cols = columns(x, M, K, ld);
+    if (!cols) return;
     const int64_t blocks = (N + 5) / 6;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -393,9 +400,10 @@ static inline __m256 wb_exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* Few rows' work stays on the calling thread: a parallel region costs more than it does. */
+/* A single row's work stays on the calling thread: a parallel region costs more than it does.
+ * From about four rows on, both: a product just wrote half of their input from each core. */
 static inline int wb_threads_for(int64_t elements, int threads) {
-    return elements < 65536 ? 1 : threads;
+    return elements < 4096 ? 1 : threads;
 }
 
 /* Decode attention over a paged KV cache: one query token per sequence against its context,
@@ -411,44 +419,106 @@ static inline int wb_threads_for(int64_t elements, int threads) {
  * count. */
 #define WB_ATTN_MAX_D 256
 #define WB_ATTN_MAX_G 16
+#define WB_ATTN_AHEAD 8
+
+/* Scores of two keys k0, k1 against GN (<= 4) query heads qf (scaled, float32): out[g][j].
+ * Inlined with constant GN and bf16, so the sums stay in registers. */
+static inline __attribute__((always_inline)) void
+wb_scores2(const void *k0, const void *k1, const float (*qf)[WB_ATTN_MAX_D], int64_t D,
+           const int bf16, const int GN, float out[4][2]) {
+    __m256 s[4][2];
+    for (int g = 0; g < GN; ++g) s[g][0] = s[g][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 a = wb_load8(k0, bf16, d), b = wb_load8(k1, bf16, d);
+        for (int g = 0; g < GN; ++g) {
+            const __m256 qv = _mm256_loadu_ps(qf[g] + d);
+            s[g][0] = _mm256_fmadd_ps(qv, a, s[g][0]);
+            s[g][1] = _mm256_fmadd_ps(qv, b, s[g][1]);
+        }
+    }
+    for (int g = 0; g < GN; ++g) {
+        out[g][0] = hsum(s[g][0]);
+        out[g][1] = hsum(s[g][1]);
+    }
+}
+
+/* The weighted sum of the L value rows (v: the first of head h's dims d0.. in slot 0's row)
+ * for GN (<= 3) heads and NV (<= 4) vectors of 8 dims: 12 sums in registers at most, each
+ * value row read and converted once for the GN heads. out = sum * inv[g]. */
+static inline __attribute__((always_inline)) void
+wb_values(const void *v, const int64_t *slots, int64_t L, int64_t row, const float *scores,
+          const float *inv, void *out, int64_t out_at, int64_t D, const int bf16, const int GN,
+          const int NV) {
+    const int64_t esize = bf16 ? 2 : 4;
+    __m256 a[3][4];
+    for (int g = 0; g < GN; ++g)
+        for (int j = 0; j < NV; ++j) a[g][j] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < L; ++l) {
+        const void *vr = (const char *)v + slots[l] * row * esize;
+        __m256 x[4];
+        for (int j = 0; j < NV; ++j) x[j] = wb_load8(vr, bf16, 8 * j);
+        for (int g = 0; g < GN; ++g) {
+            const __m256 p = _mm256_set1_ps(scores[g * L + l]);
+            for (int j = 0; j < NV; ++j) a[g][j] = _mm256_fmadd_ps(p, x[j], a[g][j]);
+        }
+    }
+    for (int g = 0; g < GN; ++g)
+        for (int j = 0; j < NV; ++j)
+            wb_store8(out, out_at + g * D + 8 * j, _mm256_mul_ps(a[g][j], _mm256_set1_ps(inv[g])),
+                      bf16);
+}
 
 static void wb_attend_one(const void *q, const void *k_cache, const void *v_cache,
                           const int64_t *slots, int64_t L, void *out, int64_t Hkv, int64_t h,
                           int64_t G, int64_t D, float scale, int bf16, float *scores) {
     const int64_t esize = bf16 ? 2 : 4, row = Hkv * D;
-    float qf[WB_ATTN_MAX_G][WB_ATTN_MAX_D], acc[WB_ATTN_MAX_G][WB_ATTN_MAX_D];
+    float qf[WB_ATTN_MAX_G][WB_ATTN_MAX_D];
     float mx[WB_ATTN_MAX_G], sum[WB_ATTN_MAX_G];
     for (int64_t g = 0; g < G; ++g) {
         const void *qg = (const char *)q + (h * G + g) * D * esize;
         for (int64_t d = 0; d < D; d += 8) {
             _mm256_storeu_ps(qf[g] + d, _mm256_mul_ps(wb_load8(qg, bf16, d),
                                                       _mm256_set1_ps(scale)));
-            _mm256_storeu_ps(acc[g] + d, _mm256_setzero_ps());
         }
         mx[g] = -__builtin_inff();
     }
+    const int64_t bytes = D * esize;
+    for (int64_t l = 0; l < WB_ATTN_AHEAD && l < L; ++l)
+        for (int64_t c = 0; c < bytes; c += 64)
+            _mm_prefetch((const char *)k_cache + (slots[l] * row + h * D) * esize + c,
+                         _MM_HINT_T0);
     for (int64_t l = 0; l < L; l += 2) {  /* scores: two keys, up to four heads at a time */
         const void *k0 = (const char *)k_cache + (slots[l] * row + h * D) * esize;
         const void *k1 = l + 1 < L ? (const char *)k_cache + (slots[l + 1] * row + h * D) * esize
                                    : k0;
+        /* the context is scattered over the cache's blocks, out of the prefetchers' sight: the
+         * keys WB_ATTN_AHEAD ahead, and the values of these two (read after the softmax) */
+        for (int64_t j = l; j < l + 2 && j < L; ++j)
+            for (int64_t c = 0; c < bytes; c += 64) {
+                if (j + WB_ATTN_AHEAD < L)
+                    _mm_prefetch((const char *)k_cache + (slots[j + WB_ATTN_AHEAD] * row + h * D)
+                                 * esize + c, _MM_HINT_T0);
+                _mm_prefetch((const char *)v_cache + (slots[j] * row + h * D) * esize + c,
+                             _MM_HINT_T0);
+            }
         for (int64_t g0 = 0; g0 < G; g0 += 4) {
             const int64_t gn = G - g0 < 4 ? G - g0 : 4;
-            __m256 s[4][2];
-            for (int g = 0; g < 4; ++g) s[g][0] = s[g][1] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < D; d += 8) {
-                const __m256 a = wb_load8(k0, bf16, d), b = wb_load8(k1, bf16, d);
-                for (int g = 0; g < 4; ++g)
-                    if (g < gn) {
-                        const __m256 qv = _mm256_loadu_ps(qf[g0 + g] + d);
-                        s[g][0] = _mm256_fmadd_ps(qv, a, s[g][0]);
-                        s[g][1] = _mm256_fmadd_ps(qv, b, s[g][1]);
-                    }
+            const float (*qg)[WB_ATTN_MAX_D] = qf + g0;
+            float sc[4][2];
+            switch (gn + 4 * !!bf16) {
+            case 1: wb_scores2(k0, k1, qg, D, 0, 1, sc); break;
+            case 2: wb_scores2(k0, k1, qg, D, 0, 2, sc); break;
+            case 3: wb_scores2(k0, k1, qg, D, 0, 3, sc); break;
+            case 4: wb_scores2(k0, k1, qg, D, 0, 4, sc); break;
+            case 5: wb_scores2(k0, k1, qg, D, 1, 1, sc); break;
+            case 6: wb_scores2(k0, k1, qg, D, 1, 2, sc); break;
+            case 7: wb_scores2(k0, k1, qg, D, 1, 3, sc); break;
+            default: wb_scores2(k0, k1, qg, D, 1, 4, sc); break;
             }
             for (int64_t g = 0; g < gn; ++g)
                 for (int j = 0; j < 2 && l + j < L; ++j) {
-                    const float v = hsum(s[g][j]);
-                    scores[(g0 + g) * L + l + j] = v;
-                    if (v > mx[g0 + g]) mx[g0 + g] = v;
+                    scores[(g0 + g) * L + l + j] = sc[g][j];
+                    if (sc[g][j] > mx[g0 + g]) mx[g0 + g] = sc[g][j];
                 }
         }
     }
@@ -474,20 +544,28 @@ static void wb_attend_one(const void *q, const void *k_cache, const void *v_cach
         }
         sum[g] = t;
     }
-    for (int64_t l = 0; l < L; ++l) {  /* the weighted sum of values */
-        const void *vr = (const char *)v_cache + (slots[l] * row + h * D) * esize;
-        for (int64_t d = 0; d < D; d += 8) {
-            const __m256 v = wb_load8(vr, bf16, d);
-            for (int64_t g = 0; g < G; ++g)
-                _mm256_storeu_ps(acc[g] + d, _mm256_fmadd_ps(_mm256_set1_ps(scores[g * L + l]), v,
-                                                            _mm256_loadu_ps(acc[g] + d)));
+    float inv[WB_ATTN_MAX_G];
+    for (int64_t g = 0; g < G; ++g) inv[g] = 1.0f / sum[g];
+    for (int64_t g0 = 0; g0 < G; g0 += 3) {  /* the weighted sums of values */
+        const int64_t gn = G - g0 < 3 ? G - g0 : 3;
+        for (int64_t d0 = 0; d0 < D; d0 += 32) {
+            const void *v = (const char *)v_cache + (h * D + d0) * esize;
+            const float *sg = scores + g0 * L, *ig = inv + g0;
+            const int64_t at = (h * G + g0) * D + d0;
+            switch ((D - d0 >= 32 ? 4 : (D - d0) / 8) * 8 + gn * 2 + !!bf16) {
+#define WB_VALUES(NV, GN, BF) \
+            case NV * 8 + GN * 2 + BF: \
+                wb_values(v, slots, L, row, sg, ig, out, at, D, BF, GN, NV); \
+                break;
+            WB_VALUES(4, 3, 0) WB_VALUES(4, 3, 1) WB_VALUES(4, 2, 0) WB_VALUES(4, 2, 1)
+            WB_VALUES(4, 1, 0) WB_VALUES(4, 1, 1) WB_VALUES(3, 3, 0) WB_VALUES(3, 3, 1)
+            WB_VALUES(3, 2, 0) WB_VALUES(3, 2, 1) WB_VALUES(3, 1, 0) WB_VALUES(3, 1, 1)
+            WB_VALUES(2, 3, 0) WB_VALUES(2, 3, 1) WB_VALUES(2, 2, 0) WB_VALUES(2, 2, 1)
+            WB_VALUES(2, 1, 0) WB_VALUES(2, 1, 1) WB_VALUES(1, 3, 0) WB_VALUES(1, 3, 1)
+            WB_VALUES(1, 2, 0) WB_VALUES(1, 2, 1) WB_VALUES(1, 1, 0) WB_VALUES(1, 1, 1)
+#undef WB_VALUES
+            }
         }
-    }
-    for (int64_t g = 0; g < G; ++g) {
-        const __m256 inv = _mm256_set1_ps(1.0f / sum[g]);
-        for (int64_t d = 0; d < D; d += 8)
-            wb_store8(out, (h * G + g) * D + d, _mm256_mul_ps(_mm256_loadu_ps(acc[g] + d), inv),
-                      bf16);
     }
 }
 
