@@ -165,32 +165,76 @@ def test_add_rms_norm_declines_what_it_does_not_take():
 def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
     """Four sequences of different lengths decoding together (padded batches), greedy, float32
     (a random tiny model's bf16 logits tie too often for tokens to be compared across
-    kernels; the bf16 functions themselves are checked above)."""
+    kernels; the bf16 functions themselves are checked above). Three runs: decode steps in one
+    C call through every layer (`gemv.decode_stack`, the default), the decoder's loop calling
+    the same C functions one by one (bit for bit the same), and torch's ops."""
     base = tiny_model("llama", dtype="float32")
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40, 9)]
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=2, ignore_eos=True)
     computed = []
-    for name in ("decode_attention", "add_rms_norm", "rope_write_kv", "silu_mul"):
+    for name in ("decode_attention", "add_rms_norm", "rope_write_kv", "silu_mul",
+                 "decode_stack"):
         real = getattr(gemv, name)
         monkeypatch.setattr(gemv, name, lambda *args, real=real: computed.append(
             (real.__name__, real(*args))) or computed[-1][1])
     results = {}
-    for ops in ("c", "torch"):
+    loop = {"decode_attention", "add_rms_norm", "rope_write_kv", "silu_mul"}
+    for run in ("stack", "loop", "torch"):
         llm = make_llm(dataclasses.replace(base, model=copy.deepcopy(base.model)), block_size=4)
         runner = llm.llm_engine.runner
+        ops = "torch" if run == "torch" else "c"
         runner.kernel = dataclasses.replace(runner.kernel, ops=ops)
         runner.stack.c_ops = ops == "c"
-        results[ops] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-        if ops == "c":  # both ran, on every call
-            assert {name for name, _ in computed} == {"decode_attention", "add_rms_norm",
-                                                      "rope_write_kv", "silu_mul"}
-            assert all(out is not None for _, out in computed)
+        if run == "loop":
+            runner.stack.c_layers = None
+        results[run] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        called = {name for name, _ in computed}
+        assert all(out is not None for _, out in computed)  # none declined
+        if run == "stack":  # the prefill steps (no decodes) through the loop's C functions
+            assert called == {"add_rms_norm", "rope_write_kv", "silu_mul", "decode_stack"}
+        elif run == "loop":
+            assert called == loop
         else:
             assert not computed
         computed.clear()
-    for c, sdpa in zip(results["c"], results["torch"], strict=True):
+    for stack, loop_out in zip(results["stack"], results["loop"], strict=True):
+        assert stack.token_ids == loop_out.token_ids
+        assert stack.logprobs == loop_out.logprobs  # the same functions on the same values
+    for c, sdpa in zip(results["loop"], results["torch"], strict=True):
         assert c.token_ids == sdpa.token_ids
         for step_c, step_s in zip(c.logprobs, sdpa.logprobs, strict=True):
             for token, lp in step_c.items():
                 if token in step_s:
                     assert abs(lp.logprob - step_s[token].logprob) < 1e-5
+
+
+@needs_c
+@pytest.mark.parametrize("dtype, rows", [("float32", 1), ("float32", 5), ("bfloat16", 1),
+                                         ("bfloat16", 2), ("bfloat16", 5)])
+def test_a_decode_step_in_one_c_call_is_bit_for_bit_the_loop(monkeypatch, dtype, rows):
+    """`gemv.decode_stack` runs the loop's C functions in the loop's order: the same tokens and
+    logprobs to the last bit, in both dtypes; batches larger than the C products take (five
+    bf16 rows: oneDNN's) go through the loop."""
+    base = tiny_model("llama", dtype=dtype)
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40, 9, 6)[:rows]]
+    params = SamplingParams(max_tokens=12, temperature=0, logprobs=3, ignore_eos=True)
+    outs = {}
+    for run in ("stack", "loop"):
+        llm = make_llm(dataclasses.replace(base, model=copy.deepcopy(base.model)), block_size=4)
+        runner = llm.llm_engine.runner
+        stack = runner.stack
+        if stack.c_layers is None:
+            pytest.skip(f"no C products here ({runner.kernel.describe()})")
+        applies = stack.c_layers[0][1].c_function(rows, stack.c_layers[0][1].weight.dtype)
+        calls = []
+        real = gemv.decode_stack
+        monkeypatch.setattr(gemv, "decode_stack",
+                            lambda *a, calls=calls, real=real: calls.append(1) or real(*a))
+        if run == "loop":
+            stack.c_layers = None
+        outs[run] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert bool(calls) == (run == "stack" and applies is not None)
+        monkeypatch.undo()
+    for stack_out, loop_out in zip(outs["stack"], outs["loop"], strict=True):
+        assert stack_out.token_ids == loop_out.token_ids
+        assert stack_out.logprobs == loop_out.logprobs

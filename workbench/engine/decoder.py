@@ -23,7 +23,7 @@ import torch
 
 from workbench.engine import gemv
 from workbench.engine.attention import AttentionContext, attend
-from workbench.engine.fusion import FusedPart
+from workbench.engine.fusion import FastLinear, FusedPart
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2"})
 
@@ -100,6 +100,10 @@ class DecoderStack:
         c_ops = self.c_ops
         c_silu = c_ops and self.silu
         cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
+        if c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention:
+            out = self._c_step(hidden, cos_c, sin_c, ctx)
+            if out is not None:
+                return out
         cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
         add_norm = self._add_norm
         delta = None  # the last layer's MLP output, added with the next layer's input norm
@@ -136,9 +140,62 @@ class DecoderStack:
             hidden = hidden + delta
         return hidden, _rms_norm(hidden, weight, eps)
 
+    def _c_step(self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                ctx: AttentionContext) -> torch.Tensor | None:
+        """A step of decodes only through every layer in one C call (`gemv.decode_stack`): the
+        loop's C functions in the loop's order, without the interpreter between them. None
+        where it does not apply (more rows than the C products take, another dtype): the
+        loop runs instead."""
+        assert self.c_layers is not None
+        fn = self.c_layers[0][1].c_function(hidden.shape[0], hidden.dtype)
+        if fn is None or ctx.decode_slots is None or ctx.decode_lengths is None:
+            return None
+        if self._c_tables_for is not ctx.kv_caches:  # the caches' addresses, once per runner
+            layers = [(n1.weight, qkv.weight, qkv.bias, o.weight, o.bias, n2.weight, gu.weight,
+                       gu.bias, down.weight, down.bias, *kv)
+                      for (n1, qkv, o, n2, gu, down), kv in zip(self.c_layers, ctx.kv_caches)]
+            eps = [(n1.variance_epsilon, n2.variance_epsilon)
+                   for n1, _, _, n2, _, _ in self.c_layers]
+            self._c_tables = gemv.stack_table(layers, eps)
+            self._c_tables_for = ctx.kv_caches
+        return gemv.decode_stack(self._c_tables, len(self.layers), hidden, cos, signed_sin,
+                                 ctx.slot_mapping, ctx.decode_slots, ctx.decode_lengths,
+                                 self.num_heads, self.num_kv_heads,
+                                 self.c_layers[0][4].out_features // 2,
+                                 self.scaling or self.head_dim ** -0.5, fn)
+
     def refresh(self) -> None:
         """Looks the layers' modules up again (after LoRA wrappers replaced projections)."""
         self.plan = self._plan()
+        self.c_layers = self._c_layers()
+        self._c_tables_for = None
+
+    def _c_layers(self) -> list[tuple] | None:
+        """Per layer (input norm, Q/K/V, O, post-attention norm, gate/up, down) when a decode
+        step can run in one C call (`_c_step`): ops "c", SiLU, every projection a plain
+        `FastLinear` (no LoRA wrapper) on one kernel with C products, one scaling; else None."""
+        if not (self.c_ops and self.silu):
+            return None
+        layers, kernels = [], set()
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            row = (layer.input_layernorm, attn.q_proj.group.linear, attn.o_proj,
+                   layer.post_attention_layernorm, mlp.gate_proj.group.linear, mlp.down_proj)
+            linears = row[1:3] + row[4:]
+            if not all(type(lin) is FastLinear and lin.weight is not None for lin in linears):
+                return None
+            kernels.update(lin.kernel for lin in linears)
+            dtypes = {lin.weight.dtype for lin in linears} | {row[0].weight.dtype,
+                                                              row[3].weight.dtype}
+            if len(dtypes) != 1 or not all(t.is_contiguous() for t in (row[0].weight,
+                                                                        row[3].weight)):
+                return None
+            layers.append(row)
+        scalings = {layer.self_attn.scaling for layer in self.layers}
+        if len(kernels) != 1 or kernels & {"torch", "onednn", "mkl"} or len(scalings) != 1:
+            return None
+        self.scaling = scalings.pop()
+        return layers
 
     def _plan(self) -> list[tuple]:
         """Per layer, the norms' weights and the forward methods the loop calls, looked up

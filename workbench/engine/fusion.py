@@ -71,16 +71,24 @@ class FastLinear(nn.Module):
         # not self.weight: nn.Module's __getattr__ costs a microsecond; the kernel checks say
         # which buffers are set (Any: the dict's values are typed `Tensor | None`)
         tensors: dict[str, Any] = self._buffers
-        if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and x.dtype == torch.float32:
-            return gemv.linear(x, tensors["weight"], tensors["bias"])
-        if self.kernel == "avx512bf16" and rows <= BF16_MAX_ROWS and x.dtype == torch.bfloat16:
-            return gemv.linear_bf16(x, tensors["weight"], tensors["bias"])
+        fn = self.c_function(rows, x.dtype)
+        if fn is not None:
+            return gemv.product(fn, x, tensors["weight"], tensors["bias"])
         if self.kernel == "mkl" and rows == 1 and x.dtype == torch.bfloat16:
             return mkl.linear(x, tensors["weight"], tensors["bias"])
         if tensors["packed_weight"] is not None:
             return torch.ops.mkldnn._linear_pointwise(x, tensors["packed_weight"],
                                                       tensors["bias"], "none", [], "")
         return F.linear(x, tensors["weight"], tensors["bias"])
+
+    def c_function(self, rows: int, dtype: torch.dtype):
+        """The `gemv.c` product function that `rows` rows of `dtype` go through here, or None
+        (another kernel, more rows than it takes)."""
+        if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and dtype == torch.float32:
+            return gemv.linear_function()
+        if self.kernel == "avx512bf16" and rows <= BF16_MAX_ROWS and dtype == torch.bfloat16:
+            return gemv.linear_bf16_function()
+        return None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \

@@ -74,6 +74,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: argumen
     "wb_add_rms_norm": ([_P] * 5 + [_I64] * 2 + [_F32, _INT, _INT], _INT),
     "wb_rope_write_kv": ([_P, _I64] + [_P] * 6 + [_I64] * 4 + [_INT, _INT], _INT),
     "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
+    "wb_decode_stack": ([_P, _P, _I64] + [_P] * 6 + [_I64, _P] + [_I64] * 7
+                        + [_F32, _INT, _P, _INT], _INT),
 }
 
 
@@ -109,18 +111,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` for float32 CPU tensors, x [..., K], a contiguous weight [N, K]
     and bias [N] (the caller checks dtypes and layout: the C function reads raw memory)."""
+    return product(linear_function(), x, weight, bias)
+
+
+def product(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+            ) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` through the product function `fn` (`linear_function()` or
+    `linear_bf16_function()`), out in x's dtype."""
     x = x.contiguous()
     k, n = x.shape[-1], weight.shape[0]
     m = x.numel() // k
-    out = torch.empty(*x.shape[:-1], n)
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
     if m:
-        _function()(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                    out.data_ptr(), m, n, k, torch.get_num_threads())
+        fn(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+           out.data_ptr(), m, n, k, torch.get_num_threads())
     return out
 
 
 @functools.cache
-def _function():
+def linear_function():
     """The float32 products: the AVX-512F function where the CPU has it, else AVX2's."""
     lib = library()
     return lib.wb_linear_f32_avx512 if available_avx512() else lib.wb_linear_f32
@@ -173,15 +182,12 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` for bfloat16 CPU tensors, x [..., K], a contiguous weight [N, K]
     and bias [N]: float32 sums rounded once (the caller checks dtypes and layout)."""
-    x = x.contiguous()
-    k, n = x.shape[-1], weight.shape[0]
-    m = x.numel() // k
-    out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16)
-    if m:
-        _c("wb_linear_bf16")(x.data_ptr(), weight.data_ptr(),
-                             None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k,
-                             torch.get_num_threads())
-    return out
+    return product(linear_bf16_function(), x, weight, bias)
+
+
+def linear_bf16_function():
+    """The bfloat16 products (AVX-512 BF16)."""
+    return _c("wb_linear_bf16")
 
 
 _DTYPES = (torch.float32, torch.bfloat16)  # what the C functions compute in
@@ -266,6 +272,46 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty((m, width // 2), dtype=gate_up.dtype)
     code = _c("wb_silu_mul")(gate_up.data_ptr(), out.data_ptr(), m, width // 2,
                              gate_up.dtype == torch.bfloat16, torch.get_num_threads())
+    return out if code == 0 else None
+
+
+STACK_PTRS = 12  # gemv.c's WB_STACK_PTRS: the pointers `decode_stack` reads per layer
+
+
+def stack_table(layers: list[tuple[torch.Tensor | None, ...]], eps: list[tuple[float, float]]
+                ) -> tuple[Any, Any]:
+    """`decode_stack`'s tables: per layer its `STACK_PTRS` tensors in gemv.c's order (the input
+    norm's weight, Q/K/V's weight and bias, O's, the post-attention norm's weight, gate/up's,
+    down's, the K and V caches; None for a missing bias) and its two norms' epsilons. The
+    caller keeps the tensors alive as long as the tables."""
+    flat = [None if t is None else t.data_ptr() for layer in layers for t in layer]
+    return ((ctypes.c_void_p * len(flat))(*flat),
+            (ctypes.c_float * (2 * len(eps)))(*(e for pair in eps for e in pair)))
+
+
+def decode_stack(tables: tuple[Any, Any], num_layers: int, hidden: torch.Tensor,
+                 cos: torch.Tensor, signed_sin: torch.Tensor, slot_mapping: torch.Tensor,
+                 slots: torch.Tensor, lengths: torch.Tensor, num_heads: int, num_kv_heads: int,
+                 intermediate: int, scale: float, fn) -> torch.Tensor | None:
+    """A decode step through every layer in one C call (`wb_decode_stack`): hidden [T, H]
+    (one token per sequence), cos and signed_sin [T, D], slot_mapping [T], slots [T, Lmax] and
+    lengths [T] as `rope_write_kv` and `decode_attention` take them, `fn` the product function
+    of every projection -> [T, H] before the final norm, bit for bit the decoder's loop over
+    the same C functions. None where a function refused the shapes (nothing then is half
+    done that the loop would not redo)."""
+    t, h = hidden.shape
+    d = cos.shape[1]
+    if not (hidden.is_contiguous() and cos.is_contiguous() and signed_sin.is_contiguous()
+            and slot_mapping.is_contiguous() and slots.stride(1) == 1
+            and hidden.dtype == cos.dtype == signed_sin.dtype in _DTYPES):
+        return None
+    out = torch.empty_like(hidden)
+    code = _c("wb_decode_stack")(
+        tables[0], tables[1], num_layers, hidden.data_ptr(), out.data_ptr(), cos.data_ptr(),
+        signed_sin.data_ptr(), slot_mapping.data_ptr(), slots.data_ptr(), slots.stride(0),
+        lengths.data_ptr(), slots.shape[1], t, h, num_heads, num_kv_heads, d, intermediate,
+        scale, hidden.dtype == torch.bfloat16, ctypes.cast(fn, ctypes.c_void_p),
+        torch.get_num_threads())
     return out if code == 0 else None
 
 
