@@ -19,6 +19,8 @@ Projections are looked up per call, so LoRA wrappers (`workbench/lora/layers.py`
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from workbench.engine import gemv
@@ -60,6 +62,10 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
 
 class DecoderStack:
     """Runs `model.model.layers` on a packed row (see the module docstring)."""
+
+    c_layers: list[tuple] | None  # see `_c_layers`
+    _c_tables_for: list | None = None  # the KV caches `_c_tables` holds the addresses of
+    _c_tables: tuple[Any, Any]
 
     def __init__(self, model, c_ops: bool = False):
         self.layers = list(model.model.layers)
@@ -176,7 +182,8 @@ class DecoderStack:
         `FastLinear` (no LoRA wrapper) on one kernel with C products, one scaling; else None."""
         if not (self.c_ops and self.silu):
             return None
-        layers, kernels = [], set()
+        layers: list[tuple] = []
+        kernels: set[str] = set()
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             row = (layer.input_layernorm, attn.q_proj.group.linear, attn.o_proj,

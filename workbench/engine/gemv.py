@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -278,8 +279,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
 STACK_PTRS = 12  # gemv.c's WB_STACK_PTRS: the pointers `decode_stack` reads per layer
 
 
-def stack_table(layers: list[tuple[torch.Tensor | None, ...]], eps: list[tuple[float, float]]
-                ) -> tuple[Any, Any]:
+def stack_table(layers: Sequence[tuple[torch.Tensor | None, ...]],
+                eps: Sequence[tuple[float, float]]) -> tuple[Any, Any]:
     """`decode_stack`'s tables: per layer its `STACK_PTRS` tensors in gemv.c's order (the input
     norm's weight, Q/K/V's weight and bias, O's, the post-attention norm's weight, gate/up's,
     down's, the K and V caches; None for a missing bias) and its two norms' epsilons. The
