@@ -79,7 +79,7 @@ def test_avx2_products_equal_float64_within_float32_rounding(rows, bias):
 
 
 @pytest.mark.parametrize("function", ["wb_linear_f32", "wb_linear_f32_avx512"])
-@pytest.mark.parametrize("rows, k", [(1, 67), (3, 16), (5, 33), (6, 40), (16, 576), (7, 5),
+@pytest.mark.parametrize("rows, k", [(1, 67), (3, 16), (5, 33), (6, 40), (16, 576), (13, 100), (7, 5),
                                      (9, 67), (17, 1536), (25, 13), (48, 96)])
 def test_both_float32_c_functions_equal_float64(function, rows, k):
     """The AVX2 and the AVX-512F function, each called directly (the kernel uses the second
@@ -103,6 +103,29 @@ def test_both_float32_c_functions_equal_float64(function, rows, k):
     exact = x.double() @ weight.double().T + b.double()
     torch.testing.assert_close(outs[0].double(), exact, rtol=1e-5, atol=1e-6 * k)  # k sums
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("rows", [13, 16])
+def test_avx512_broadcast_tiles_give_the_avx2_tiles_bits(rows):
+    """13 to 16 rows on AVX-512F: one column of sixteen rows a vector, each sum over k in the
+    AVX2 tiles' order and restarts, so the same bits as those (and within float32 rounding)."""
+    needs("avx2", torch.float32)
+    from workbench.engine import gemv
+
+    if not gemv.available_avx512():
+        pytest.skip("this CPU has no AVX-512F")
+    lib = gemv.library()
+    gen = torch.Generator().manual_seed(rows)
+    weight, b = torch.randn(203, 300, generator=gen), torch.randn(203, generator=gen)
+    x = torch.randn(rows, 300, generator=gen)
+    outs = []
+    for fn in (lib.wb_linear_f32, lib.wb_linear_f32_avx512):
+        out = torch.empty(rows, 203)
+        fn(x.data_ptr(), weight.data_ptr(), b.data_ptr(), out.data_ptr(), rows, 203, 300, 2)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    exact = x.double() @ weight.double().T + b.double()
+    torch.testing.assert_close(outs[1].double(), exact, rtol=1e-5, atol=1e-6 * 300)
 
 
 def test_avx2_broadcast_tiles_give_a_row_the_same_bits_in_any_batch():
