@@ -1,6 +1,6 @@
 """`make test-portable`: the engine tests on every kernel path this CPU can run, not only the one
-`auto` picks here, then with torch and oneDNN limited to AVX2 (so an AVX-512 or AMX machine also
-runs the AVX2 machines' paths). Kernels are forced through `WORKBENCH_KERNEL`, which applies to
+`auto` picks here, then with torch, oneDNN and MKL limited to AVX2 (so an AVX-512 or AMX
+machine also runs the AVX2 machines' paths). Kernels are forced through `WORKBENCH_KERNEL`, which applies to
 the models of the dtype each kernel computes in (`workbench/engine/kernels.py`)."""
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ def runs() -> list[tuple[str, dict[str, str]]]:
                                      for d in (torch.float32, torch.bfloat16))]
     if any(flag.startswith(("avx512", "amx", "avx_vnni", "avx_ne_convert"))
            for flag in features.flags):
-        out.append(("torch and oneDNN limited to AVX2",
-                    {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}))
+        out.append(("torch, oneDNN and MKL limited to AVX2",
+                    {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                     "MKL_ENABLE_INSTRUCTIONS": "AVX2"}))
     else:
         print("this CPU has nothing above AVX2: its `make test` run is the AVX2-limited run")
     return out

@@ -22,7 +22,8 @@ def test_flags_come_from_cpuinfo(cpuinfo):
     assert features.summary().startswith("avx2 fma f16c avx512f")
 
 
-@pytest.mark.parametrize("env", [{"ATEN_CPU_CAPABILITY": "avx2"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}])
+@pytest.mark.parametrize("env", [{"ATEN_CPU_CAPABILITY": "avx2"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+                                 {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}])
 def test_an_avx2_limit_leaves_an_avx2_machine(cpuinfo, env):
     features = probe(cpuinfo, env=env)
     assert features.has("avx2", "fma")

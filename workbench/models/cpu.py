@@ -4,8 +4,9 @@ Every choice that depends on the processor (the dtype `auto` picks, the projecti
 engine uses, which kernel tests run) reads `cpu_features()`, never a vendor or model name. The
 flags come from Linux's /proc/cpuinfo, then are cut down to what torch and oneDNN are allowed to
 use in this process, so the choices follow the documented limits:
-- `ATEN_CPU_CAPABILITY=avx2` (torch's own kernels) and `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's) remove
-  the AVX-512 and AMX flags, so an AVX-512 machine exercises the AVX2 code paths;
+- `ATEN_CPU_CAPABILITY=avx2` (torch's own kernels), `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's) and
+  `MKL_ENABLE_INSTRUCTIONS=AVX2` (MKL's, torch's float32 BLAS) remove the AVX-512 and AMX flags,
+  so an AVX-512 machine exercises the AVX2 code paths;
 - `WORKBENCH_CPU_FLAGS="avx2 fma"` keeps only the flags it names, to simulate a smaller machine
   (it never adds a flag the CPU lacks: a kernel chosen for it would crash).
 """
@@ -17,7 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-# An ISA limit (torch's ATEN_CPU_CAPABILITY, oneDNN's ONEDNN_MAX_CPU_ISA) -> the flag prefixes
+# An ISA limit (torch's ATEN_CPU_CAPABILITY, oneDNN's ONEDNN_MAX_CPU_ISA, MKL's
+# MKL_ENABLE_INSTRUCTIONS) -> the flag prefixes
 # it rules out. Values not listed (avx512_core_amx, "avx512" for torch, ...) limit nothing here.
 _ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ne_convert")
 _LIMITS: dict[str, tuple[str, ...]] = {
@@ -82,7 +84,8 @@ def probe(cpuinfo: str | Path = "/proc/cpuinfo", env: dict[str, str] | None = No
         flags, source = flags & frozenset(override.replace(",", " ").split()), \
             f"{source} & WORKBENCH_CPU_FLAGS"
     limits = []
-    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                 "MKL_ENABLE_INSTRUCTIONS"):
         value = env.get(name, "").strip().lower()
         if value in _LIMITS:
             limits.append(f"{name}={env[name]}")
