@@ -141,7 +141,7 @@ def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_buil
     monkeypatch.setattr(kernels, "cpu_features", lambda: simulated("amx"))
     titles = [title for title, _ in script.runs()]
     assert titles == ["kernel mkl", "kernel onednn", "kernel torch",
-                      "torch and oneDNN limited to AVX2"]
+                      "torch, oneDNN and MKL limited to AVX2"]
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("avx2"))
     assert [title for title, _ in script.runs()] == ["kernel torch"]
 

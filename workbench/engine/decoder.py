@@ -166,7 +166,7 @@ class DecoderStack:
             self._c_tables_for = ctx.kv_caches
         return gemv.decode_stack(self._c_tables, len(self.layers), hidden, cos, signed_sin,
                                  ctx.slot_mapping, ctx.decode_slots, ctx.decode_lengths,
-                                 self.num_heads, self.num_kv_heads,
+                                 self.num_heads, self.num_kv_heads, self.head_dim,
                                  self.c_layers[0][4].out_features // 2,
                                  self.scaling or self.head_dim ** -0.5, fn)
 

@@ -285,6 +285,8 @@ def stack_table(layers: Sequence[tuple[torch.Tensor | None, ...]],
     norm's weight, Q/K/V's weight and bias, O's, the post-attention norm's weight, gate/up's,
     down's, the K and V caches; None for a missing bias) and its two norms' epsilons. The
     caller keeps the tensors alive as long as the tables."""
+    if any(len(layer) != STACK_PTRS for layer in layers):
+        raise ValueError(f"each layer takes {STACK_PTRS} tensors")
     flat = [None if t is None else t.data_ptr() for layer in layers for t in layer]
     return ((ctypes.c_void_p * len(flat))(*flat),
             (ctypes.c_float * (2 * len(eps)))(*(e for pair in eps for e in pair)))
@@ -293,7 +295,7 @@ def stack_table(layers: Sequence[tuple[torch.Tensor | None, ...]],
 def decode_stack(tables: tuple[Any, Any], num_layers: int, hidden: torch.Tensor,
                  cos: torch.Tensor, signed_sin: torch.Tensor, slot_mapping: torch.Tensor,
                  slots: torch.Tensor, lengths: torch.Tensor, num_heads: int, num_kv_heads: int,
-                 intermediate: int, scale: float, fn) -> torch.Tensor | None:
+                 head_dim: int, intermediate: int, scale: float, fn) -> torch.Tensor | None:
     """A decode step through every layer in one C call (`wb_decode_stack`): hidden [T, H]
     (one token per sequence), cos and signed_sin [T, D], slot_mapping [T], slots [T, Lmax] and
     lengths [T] as `rope_write_kv` and `decode_attention` take them, `fn` the product function
@@ -301,10 +303,13 @@ def decode_stack(tables: tuple[Any, Any], num_layers: int, hidden: torch.Tensor,
     the same C functions. None where a function refused the shapes (nothing then is half
     done that the loop would not redo)."""
     t, h = hidden.shape
-    d = cos.shape[1]
+    d = head_dim
     if not (hidden.is_contiguous() and cos.is_contiguous() and signed_sin.is_contiguous()
-            and slot_mapping.is_contiguous() and slots.stride(1) == 1
-            and hidden.dtype == cos.dtype == signed_sin.dtype in _DTYPES):
+            and cos.shape == signed_sin.shape == (t, d) and slots.shape[0] == t
+            and hidden.dtype == cos.dtype == signed_sin.dtype in _DTYPES
+            and slot_mapping.dtype == slots.dtype == lengths.dtype == torch.int64
+            and slot_mapping.is_contiguous() and lengths.is_contiguous()
+            and slots.stride(1) == 1):
         return None
     out = torch.empty_like(hidden)
     code = _c("wb_decode_stack")(
