@@ -215,7 +215,7 @@ def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
 def test_a_decode_step_in_one_c_call_is_bit_for_bit_the_loop(monkeypatch, dtype, rows):
     """`gemv.decode_stack` runs the loop's C functions in the loop's order: the same tokens and
     logprobs to the last bit, in both dtypes; batches larger than the C products take (five
-    bf16 rows: oneDNN's) go through the loop."""
+    bf16 rows on `avx512bf16`: oneDNN's; `amx` takes them) go through the loop."""
     base = tiny_model("llama", dtype=dtype)
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40, 9, 6)[:rows]]
     params = SamplingParams(max_tokens=12, temperature=0, logprobs=3, ignore_eos=True)
@@ -226,7 +226,7 @@ def test_a_decode_step_in_one_c_call_is_bit_for_bit_the_loop(monkeypatch, dtype,
         stack = runner.stack
         if stack.c_layers is None:
             pytest.skip(f"no C products here ({runner.kernel.describe()})")
-        applies = stack.c_layers[0][1].c_function(rows, stack.c_layers[0][1].weight.dtype)
+        applies = stack.c_layers[0][1].c_function(rows, getattr(torch, dtype))
         calls = []
         real = gemv.decode_stack
         monkeypatch.setattr(gemv, "decode_stack",

@@ -12,6 +12,7 @@ import torch
 
 from workbench.engine import kernels
 from workbench.engine.fusion import (
+    AMX_MAX_ROWS,
     AVX2_MAX_ROWS,
     BF16_MAX_ROWS,
     FastLinear,
@@ -219,6 +220,31 @@ def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
     reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
     if rows > BF16_MAX_ROWS:
+        assert torch.equal(got, reference)
+    else:
+        assert (got != reference).float().mean() < 0.05
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 17, AMX_MAX_ROWS, AMX_MAX_ROWS + 1])
+@pytest.mark.parametrize("n, k", [(99, 67), (48, 64), (20, 1536)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_amx_products_equal_float32_arithmetic_rounded_once(rows, n, k, bias):
+    """Up to AMX_MAX_ROWS rows on AMX tiles (the weight in their layout, zero padded where N is
+    not a multiple of 16 or K of 32; rows past 16 in a second tile), more through oneDNN. Each
+    output within one bf16 rounding of the exact product, rarely a last bit off oneDNN's."""
+    needs("amx", torch.bfloat16)
+    gen = torch.Generator().manual_seed(rows * k + n)
+    weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
+    x = torch.randn(1, rows, k, generator=gen).to(torch.bfloat16)
+    linear = FastLinear(weight, b, "amx")
+    assert linear.weight is None and linear.amx_weight is not None  # no plain copy
+    got = linear(x)
+    exact = x.double() @ weight.double().T + (0 if b is None else b.double())
+    assert got.shape == (1, rows, n) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
+    reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
+    if rows > AMX_MAX_ROWS:
         assert torch.equal(got, reference)
     else:
         assert (got != reference).float().mean() < 0.05

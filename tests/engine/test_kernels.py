@@ -22,7 +22,7 @@ MACHINES = {  # the CPU kinds users have, as the probe sees them
 }
 EXPECTED = {  # machine -> (float32 kernel, bfloat16 kernel) that "auto" picks
     "avx2": ("avx2", "torch"), "avx512": ("avx2", "onednn"),
-    "avx512-bf16": ("avx2", "avx512bf16"), "amx": ("avx2", "avx512bf16"),
+    "avx512-bf16": ("avx2", "avx512bf16"), "amx": ("avx2", "amx"),
     "no-avx2": ("torch", "torch"),
 }
 
@@ -37,6 +37,7 @@ def every_build(monkeypatch):
     depends on the simulated flags alone."""
     monkeypatch.setattr(gemv, "available", lambda: True)
     monkeypatch.setattr(gemv, "available_bf16", lambda: True)
+    monkeypatch.setattr(gemv, "available_amx", lambda: True)
     monkeypatch.setattr(mkl, "available", lambda: True)
     monkeypatch.setattr(kernels, "onednn_prepack_works", lambda: True)
     monkeypatch.delenv("WORKBENCH_KERNEL", raising=False)
@@ -54,7 +55,10 @@ def test_auto_picks_by_capability(machine, every_build):
 def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
     monkeypatch.setattr(gemv, "available", lambda: False)  # no C compiler
     assert kernels.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
-    monkeypatch.setattr(gemv, "available_bf16", lambda: False)  # a compiler without AVX-512 BF16
+    # a compiler without AMX (or an OS that does not grant it), then without AVX-512 BF16
+    monkeypatch.setattr(gemv, "available_amx", lambda: False)
+    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "avx512bf16"
+    monkeypatch.setattr(gemv, "available_bf16", lambda: False)
     assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "mkl"
     assert kernels.choose(torch.bfloat16, features=simulated("avx512-bf16")).kernel == "onednn"
     monkeypatch.setattr(mkl, "available", lambda: False)  # no MKL bf16 GEMM in torch
@@ -65,6 +69,7 @@ def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
     ("onednn", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("mkl", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("avx512bf16", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
+    ("amx", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("avx2", torch.bfloat16, "float32"),
     ("onednn", torch.float32, "bfloat16"),
 ])
@@ -89,6 +94,14 @@ def test_mkl_needs_amx(every_build):
         kernels.choose(torch.bfloat16, "cpu", "mkl", features=simulated("avx512-bf16"))
 
 
+def test_amx_needs_the_isa_a_compiler_and_the_os(every_build, monkeypatch):
+    with pytest.raises(ValidationError, match="AMX BF16 \\(this one has"):
+        kernels.choose(torch.bfloat16, "cpu", "amx", features=simulated("avx512-bf16"))
+    monkeypatch.setattr(gemv, "available_amx", lambda: False)
+    with pytest.raises(ValidationError, match="targets AMX .* grants processes AMX"):
+        kernels.choose(torch.bfloat16, "cpu", "amx", features=simulated("amx"))
+
+
 def test_avx512bf16_needs_the_isa_and_a_compiler_that_targets_it(every_build, monkeypatch):
     with pytest.raises(ValidationError, match="AVX-512 BF16 \\(this one has"):
         kernels.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("avx512"))
@@ -108,6 +121,20 @@ def test_the_bf16_c_kernel_is_never_called_without_the_isa(monkeypatch):
         assert not real.available_bf16()
     finally:
         real.available_bf16.cache_clear()
+
+
+def test_the_amx_products_are_never_called_without_the_isa(monkeypatch):
+    """`available_amx` probes the flags before it asks the OS or runs a product (which would
+    fault)."""
+    from workbench.engine import gemv as real
+
+    monkeypatch.setattr(real, "cpu_features", lambda: simulated("avx512-bf16"))
+    monkeypatch.setattr(real, "library", lambda: pytest.fail("the library was loaded"))
+    real.available_amx.cache_clear()
+    try:
+        assert not real.available_amx()
+    finally:
+        real.available_amx.cache_clear()
 
 
 def test_unknown_kernel_names_and_cuda(every_build):
@@ -140,7 +167,7 @@ def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_buil
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("amx"))
     monkeypatch.setattr(kernels, "cpu_features", lambda: simulated("amx"))
     titles = [title for title, _ in script.runs()]
-    assert titles == ["kernel mkl", "kernel onednn", "kernel torch",
+    assert titles == ["kernel avx512bf16", "kernel mkl", "kernel onednn", "kernel torch",
                       "torch, oneDNN and MKL limited to AVX2"]
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("avx2"))
     assert [title for title, _ in script.runs()] == ["kernel torch"]

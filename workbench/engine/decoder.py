@@ -157,8 +157,8 @@ class DecoderStack:
         if fn is None or ctx.decode_slots is None or ctx.decode_lengths is None:
             return None
         if self._c_tables_for is not ctx.kv_caches:  # the caches' addresses, once per runner
-            layers = [(n1.weight, qkv.weight, qkv.bias, o.weight, o.bias, n2.weight, gu.weight,
-                       gu.bias, down.weight, down.bias, *kv)
+            layers = [(n1.weight, qkv.c_weight(), qkv.bias, o.c_weight(), o.bias, n2.weight,
+                       gu.c_weight(), gu.bias, down.c_weight(), down.bias, *kv)
                       for (n1, qkv, o, n2, gu, down), kv in zip(self.c_layers, ctx.kv_caches)]
             eps = [(n1.variance_epsilon, n2.variance_epsilon)
                    for n1, _, _, n2, _, _ in self.c_layers]
@@ -189,11 +189,12 @@ class DecoderStack:
             row = (layer.input_layernorm, attn.q_proj.group.linear, attn.o_proj,
                    layer.post_attention_layernorm, mlp.gate_proj.group.linear, mlp.down_proj)
             linears = row[1:3] + row[4:]
-            if not all(type(lin) is FastLinear and lin.weight is not None for lin in linears):
+            if not all(type(lin) is FastLinear and lin.c_weight() is not None
+                       for lin in linears):
                 return None
             kernels.update(lin.kernel for lin in linears)
-            dtypes = {lin.weight.dtype for lin in linears} | {row[0].weight.dtype,
-                                                              row[3].weight.dtype}
+            dtypes = {lin.c_weight().dtype for lin in linears} | {row[0].weight.dtype,
+                                                                  row[3].weight.dtype}
             if len(dtypes) != 1 or not all(t.is_contiguous() for t in (row[0].weight,
                                                                         row[3].weight)):
                 return None

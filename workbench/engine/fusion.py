@@ -13,6 +13,10 @@ Two changes, in every dtype:
     than BLAS's, so outputs differ from `F.linear` in the last bits;
   - "onednn" (bfloat16): the weight prepacked in oneDNN's blocked layout, bit-identical to
     `F.linear`;
+  - "amx" (bfloat16): as "onednn", except products of up to `AMX_MAX_ROWS` rows (decoding,
+    beams, small batches), which go through `gemv.c`'s AMX function on a copy of the weight in
+    its tiles' layout (in place of the plain copy the next two keep): fp32 accumulation and one
+    rounding, a product may differ from oneDNN's in the last bit of bf16;
   - "avx512bf16" (bfloat16): as "onednn", except products of up to `BF16_MAX_ROWS` rows (a
     few sequences or beams decoding), which go through `gemv.c`'s AVX-512 BF16 kernel on a
     plain copy of the weight (the same copy as "mkl"'s): fp32 accumulation and one rounding,
@@ -40,6 +44,7 @@ AVX2_MAX_ROWS = 48  # longer products go to BLAS (its GEMM is tuned for many row
 # the C kernel beats oneDNN up to four rows (a step's products on an AMX Xeon: 12.6 vs 18.4 ms
 # at one row, 18.7 vs 19.9 at four, 26 vs 20 at eight), and a step in one C call needs it
 BF16_MAX_ROWS = 4
+AMX_MAX_ROWS = 32  # as fast as oneDNN's at 32 rows, faster below
 
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 _SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
@@ -61,11 +66,13 @@ class FastLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel
         weight = weight.detach()
-        prepack = kernel in ("onednn", "mkl", "avx512bf16")
+        prepack = kernel in ("onednn", "mkl", "avx512bf16", "amx")
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if prepack else None
-        plain = weight.contiguous() if kernel != "onednn" else None
+        plain = weight.contiguous() if kernel not in ("onednn", "amx") else None
         self.register_buffer("weight", plain, persistent=False)  # [out, in] or None
         self.register_buffer("packed_weight", packed, persistent=False)  # oneDNN layout or None
+        self.register_buffer("amx_weight", gemv.amx_pack(weight) if kernel == "amx" else None,
+                             persistent=False)  # the AMX tiles' layout or None
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,8 +81,9 @@ class FastLinear(nn.Module):
         # which buffers are set (Any: the dict's values are typed `Tensor | None`)
         tensors: dict[str, Any] = self._buffers
         fn = self.c_function(rows, x.dtype)
-        if fn is not None:
-            return gemv.product(fn, x, tensors["weight"], tensors["bias"])
+        if fn is not None:  # then its weight is there
+            return gemv.product(fn, x, tensors["amx_weight" if self.kernel == "amx" else "weight"],
+                                tensors["bias"], self.out_features)
         if self.kernel == "mkl" and rows == 1 and x.dtype == torch.bfloat16:
             return mkl.linear(x, tensors["weight"], tensors["bias"])
         if tensors["packed_weight"] is not None:
@@ -90,7 +98,13 @@ class FastLinear(nn.Module):
             return gemv.linear_function()
         if self.kernel == "avx512bf16" and rows <= BF16_MAX_ROWS and dtype == torch.bfloat16:
             return gemv.linear_bf16_function()
+        if self.kernel == "amx" and rows <= AMX_MAX_ROWS and dtype == torch.bfloat16:
+            return gemv.linear_amx_function()
         return None
+
+    def c_weight(self) -> torch.Tensor | None:
+        """The weight `c_function`'s function reads: the AMX tiles' copy, else the plain one."""
+        return self._buffers["amx_weight" if self.kernel == "amx" else "weight"]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \

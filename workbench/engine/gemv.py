@@ -70,6 +70,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: argumen
     "wb_linear_f32": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_f32_avx512": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_bf16": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_linear_bf16_amx": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_amx_pack": ([_P, _P, _I64, _I64], None),
+    "wb_amx_enable": ([], _INT),
     "wb_decode_attention": ([_P, _I64, _P, _P, _P, _I64, _P, _P] + [_I64] * 5
                             + [_F32, _INT, _INT], _INT),
     "wb_add_rms_norm": ([_P] * 5 + [_I64] * 2 + [_F32, _INT, _INT], _INT),
@@ -115,12 +118,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return product(linear_function(), x, weight, bias)
 
 
-def product(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-            ) -> torch.Tensor:
-    """`x @ weight.T (+ bias)` through the product function `fn` (`linear_function()` or
-    `linear_bf16_function()`), out in x's dtype."""
+def product(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            out_features: int | None = None) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` through the product function `fn` (`linear_function()`,
+    `linear_bf16_function()`, or `linear_amx_function()` with an `amx_pack`ed weight and its
+    `out_features`), out in x's dtype."""
     x = x.contiguous()
-    k, n = x.shape[-1], weight.shape[0]
+    k, n = x.shape[-1], out_features or weight.shape[0]
     m = x.numel() // k
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
     if m:
@@ -189,6 +193,42 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def linear_bf16_function():
     """The bfloat16 products (AVX-512 BF16)."""
     return _c("wb_linear_bf16")
+
+
+@functools.cache
+def available_amx() -> bool:
+    """Whether this CPU has AMX BF16 (probed first: the function would fault without it), the
+    library built the AMX products (GCC 11, clang 12), the OS grants this process AMX's tile
+    state, and the products compute a known product within one bf16 rounding."""
+    if not cpu_features().has("amx_tile", "amx_bf16"):
+        return False
+    lib = library()
+    if lib is None or getattr(lib, "wb_linear_bf16_amx", None) is None:
+        return False
+    if lib.wb_amx_enable() != 0:
+        logger.warning("the OS refused this process AMX's tile state: the amx kernel is off")
+        return False
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(17, 45, generator=gen).to(torch.bfloat16),
+               torch.randn(19, 45, generator=gen).to(torch.bfloat16),
+               torch.randn(19, generator=gen).to(torch.bfloat16))
+    expected = x.double() @ w.double().T + b.double()
+    got = product(linear_amx_function(), x, amx_pack(w), b, out_features=19)
+    return torch.allclose(got.double(), expected, rtol=2 ** -7, atol=1e-2)
+
+
+def amx_pack(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 weight [N, K] in the AMX products' tile layout (zero padded to whole tiles),
+    the weight `linear_amx_function()` reads."""
+    n, k = weight.shape
+    packed = torch.empty(-(-n // 16) * 16 * (-(-k // 32) * 32), dtype=torch.bfloat16)
+    _c("wb_amx_pack")(weight.contiguous().data_ptr(), packed.data_ptr(), n, k)
+    return packed
+
+
+def linear_amx_function():
+    """The bfloat16 products on AMX (on `amx_pack`ed weights)."""
+    return _c("wb_linear_bf16_amx")
 
 
 _DTYPES = (torch.float32, torch.bfloat16)  # what the C functions compute in

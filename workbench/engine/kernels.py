@@ -6,8 +6,12 @@
 |              |          |                                                     | (decoding, beams, small
 |              |          |                                                     | batches) in C; prefill
 |              |          |                                                     | chunks via `F.linear`
-| "avx512bf16" | bfloat16 | "onednn"'s needs + AVX-512 BF16, a C compiler       | one- and two-row
-|              |          | (`engine/gemv.py`)                                  | products in C; more
+| "amx"        | bfloat16 | "onednn"'s needs + AMX BF16, a C compiler that      | products of up to
+|              |          | targets it, the OS's grant of AMX state             | AMX_MAX_ROWS rows on
+|              |          | (`engine/gemv.py`)                                  | AMX tiles in C; more
+|              |          |                                                     | rows as "onednn"
+| "avx512bf16" | bfloat16 | "onednn"'s needs + AVX-512 BF16, a C compiler       | products of up to
+|              |          | (`engine/gemv.py`)                                  | four rows in C; more
 |              |          |                                                     | rows as "onednn"
 | "mkl"        | bfloat16 | "onednn"'s needs + AMX BF16, MKL's bf16 GEMM        | one-row products via
 |              |          | exported by torch (`engine/mkl.py`)                 | MKL; more as "onednn"
@@ -43,11 +47,11 @@ from workbench.engine import gemv, mkl
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
 
-KERNELS = ("avx2", "avx512bf16", "mkl", "onednn", "torch")
-DTYPE_OF = {"avx2": torch.float32, "avx512bf16": torch.bfloat16, "mkl": torch.bfloat16,
-            "onednn": torch.bfloat16}  # torch: any
+KERNELS = ("avx2", "amx", "avx512bf16", "mkl", "onednn", "torch")
+DTYPE_OF = {"avx2": torch.float32, "amx": torch.bfloat16, "avx512bf16": torch.bfloat16,
+            "mkl": torch.bfloat16, "onednn": torch.bfloat16}  # torch: any
 _AUTO_ORDER = {torch.float32: ("avx2", "torch"),
-               torch.bfloat16: ("avx512bf16", "mkl", "onednn", "torch")}
+               torch.bfloat16: ("amx", "avx512bf16", "mkl", "onednn", "torch")}
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,13 @@ def missing(kernel: str, dtype: torch.dtype, features: CpuFeatures) -> str | Non
                 f"(this one has: {features.summary()})")
     if not onednn_prepack_works():
         return "a torch build with oneDNN's prepacked linear weights"
+    if kernel == "amx":
+        if not features.has("amx_tile", "amx_bf16"):
+            return f"a CPU with AMX BF16 (this one has: {features.summary()})"
+        if not gemv.available_amx():
+            return ("a C compiler that targets AMX (GCC 11 or clang 12 and later; set CC) and "
+                    "an OS that grants processes AMX's tile state (Linux 5.16); the log says "
+                    "what failed")
     if kernel == "avx512bf16":
         if not features.has("avx512f", "avx512bw", "avx512_bf16"):
             return f"a CPU with AVX-512 BF16 (this one has: {features.summary()})"
