@@ -7,6 +7,7 @@ import copy
 import dataclasses
 
 import pytest
+import torch
 
 from tests.engine.helpers import make_llm
 from workbench.engine import compiled
@@ -85,3 +86,19 @@ def test_with_the_avx512bf16_kernel_the_graph_calls_its_c_products(monkeypatch):
     llm = make_llm(loaded, block_size=4, kernel="avx512bf16")
     graph = llm.llm_engine.runner.compiled.graph
     assert graph._orig_mod.linear is gemv.linear_bf16_op
+
+
+def test_a_kernel_without_plain_weights_says_it_runs_eager(monkeypatch, caplog):
+    """`onednn` keeps only oneDNN's packed weights: the flag is not dropped silently."""
+    from workbench.engine import kernels
+    from workbench.models import tiny_model
+    from workbench.models.cpu import cpu_features
+
+    if kernels.missing("onednn", torch.bfloat16, cpu_features()) is not None:
+        pytest.skip("no oneDNN bf16 here")
+    monkeypatch.setenv(compiled.ENV, "1")
+    monkeypatch.setenv("WORKBENCH_KERNEL", "onednn")
+    with caplog.at_level("WARNING"):
+        llm = _llm(tiny_model("llama", dtype="bfloat16"))
+    assert llm.llm_engine.runner.compiled is None
+    assert "WORKBENCH_COMPILE: not with the onednn kernel" in caplog.text

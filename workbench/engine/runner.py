@@ -105,9 +105,13 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(shape, cfg.num_hidden_layers, self.dtype, self.device)
         self._arange_block = torch.arange(block_size, device=self.device)
         self.compiled = None
-        if compile_enabled() and self.stack is not None and self.device.type == "cpu" \
-                and CompiledDecode.supports(self.stack):
-            self.compiled = CompiledDecode(self.stack, self.kv_caches)
+        if compile_enabled() and self.stack is not None and self.device.type == "cpu":
+            if CompiledDecode.supports(self.stack):
+                self.compiled = CompiledDecode(self.stack, self.kv_caches)
+            else:
+                logger.warning("WORKBENCH_COMPILE: not with the %s kernel (its projections "
+                               "keep no plain weight to compile with); decode steps run eager",
+                               self.kernel.kernel)
 
     # -- inputs -----------------------------------------------------------------------------
     def _slots(self, block_table: list[int], start: int, stop: int) -> torch.Tensor:
