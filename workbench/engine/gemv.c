@@ -14,6 +14,9 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -411,9 +414,6 @@ void wb_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uin
  * products for SmolLM2: 11.3 ms at one row (12.2 with AVX-512 BF16, 15.1 with oneDNN), 12.0
  * at sixteen (37.2, 15.8). GCC 11 / clang 12 and later; older compilers leave it out. */
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 int wb_amx_enable(void) {  /* arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): 0 if granted */
     return (int)syscall(SYS_arch_prctl, 0x1023, 18);
