@@ -47,7 +47,8 @@ def case(dtype, batch=5, hq=9, hkv=3, d=64, lengths=(1, 5, 17, 70, 33), seed=0):
 
 @needs_c
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 2 ** -8)])
-@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 4, 8), (8, 2, 128), (16, 1, 24)])
+@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 4, 8), (8, 2, 128), (16, 1, 24),
+                                       (10, 2, 40)])
 def test_c_decode_attention_equals_the_exact_result(dtype, tol, hq, hkv, d):
     q, k_cache, v_cache, slots, lens, scale, expected = case(dtype, hq=hq, hkv=hkv, d=d)
     out = gemv.decode_attention(q, k_cache, v_cache, slots, lens, scale)
