@@ -110,31 +110,21 @@ def test_avx512bf16_needs_the_isa_and_a_compiler_that_targets_it(every_build, mo
         kernels.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("amx"))
 
 
-def test_the_bf16_c_kernel_is_never_called_without_the_isa(monkeypatch):
-    """`available_bf16` probes the flags before it runs a product (which would fault)."""
+@pytest.mark.parametrize("probe, machine", [("available_bf16", "avx512"),
+                                            ("available_amx", "avx512-bf16")])
+def test_the_bf16_c_kernels_are_never_called_without_their_isa(monkeypatch, probe, machine):
+    """`available_bf16` and `available_amx` probe the flags before they load the library, ask
+    the OS or run a product (which would fault)."""
     from workbench.engine import gemv as real
 
-    monkeypatch.setattr(real, "cpu_features", lambda: simulated("avx512"))
+    check = getattr(real, probe)
+    monkeypatch.setattr(real, "cpu_features", lambda: simulated(machine))
     monkeypatch.setattr(real, "library", lambda: pytest.fail("the library was loaded"))
-    real.available_bf16.cache_clear()
+    check.cache_clear()
     try:
-        assert not real.available_bf16()
+        assert not check()
     finally:
-        real.available_bf16.cache_clear()
-
-
-def test_the_amx_products_are_never_called_without_the_isa(monkeypatch):
-    """`available_amx` probes the flags before it asks the OS or runs a product (which would
-    fault)."""
-    from workbench.engine import gemv as real
-
-    monkeypatch.setattr(real, "cpu_features", lambda: simulated("avx512-bf16"))
-    monkeypatch.setattr(real, "library", lambda: pytest.fail("the library was loaded"))
-    real.available_amx.cache_clear()
-    try:
-        assert not real.available_amx()
-    finally:
-        real.available_amx.cache_clear()
+        check.cache_clear()
 
 
 def test_unknown_kernel_names_and_cuda(every_build):

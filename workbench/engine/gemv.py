@@ -156,14 +156,18 @@ def available_avx512() -> bool:
     return _known_product_holds(lib.wb_linear_f32_avx512)
 
 
-def _known_product_holds(fn) -> bool:
+def _known_product_holds(fn, dtype: torch.dtype = torch.float32, rows: int = 5,
+                         pack=None) -> bool:
+    """Whether the product function `fn` computes a known product (rows x 45 by 19 x 45, a
+    bias; the weight through `pack` when its layout is another) within one rounding of dtype."""
     gen = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(5, 43, generator=gen), torch.randn(13, 43, generator=gen), \
-        torch.randn(13, generator=gen)
+    x, w, b = (torch.randn(rows, 45, generator=gen).to(dtype),
+               torch.randn(19, 45, generator=gen).to(dtype),
+               torch.randn(19, generator=gen).to(dtype))
     expected = x.double() @ w.double().T + b.double()
-    out = torch.empty(5, 13)
-    fn(x.data_ptr(), w.data_ptr(), b.data_ptr(), out.data_ptr(), 5, 13, 43, 1)
-    return torch.allclose(out.double(), expected, rtol=1e-5, atol=1e-5)
+    got = product(fn, x, w if pack is None else pack(w), b, out_features=19)
+    tol = (1e-5, 1e-5) if dtype == torch.float32 else (2 ** -7, 1e-2)
+    return torch.allclose(got.double(), expected, rtol=tol[0], atol=tol[1])
 
 
 @functools.cache
@@ -175,12 +179,7 @@ def available_bf16() -> bool:
     lib = library()
     if lib is None or getattr(lib, "wb_linear_bf16", None) is None:
         return False
-    gen = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(3, 45, generator=gen).to(torch.bfloat16),
-               torch.randn(19, 45, generator=gen).to(torch.bfloat16),
-               torch.randn(19, generator=gen).to(torch.bfloat16))
-    expected = x.double() @ w.double().T + b.double()
-    return torch.allclose(linear_bf16(x, w, b).double(), expected, rtol=2 ** -7, atol=1e-2)
+    return _known_product_holds(lib.wb_linear_bf16, torch.bfloat16, rows=3)
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -208,13 +207,7 @@ def available_amx() -> bool:
     if lib.wb_amx_enable() != 0:
         logger.warning("the OS refused this process AMX's tile state: the amx kernel is off")
         return False
-    gen = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(17, 45, generator=gen).to(torch.bfloat16),
-               torch.randn(19, 45, generator=gen).to(torch.bfloat16),
-               torch.randn(19, generator=gen).to(torch.bfloat16))
-    expected = x.double() @ w.double().T + b.double()
-    got = product(linear_amx_function(), x, amx_pack(w), b, out_features=19)
-    return torch.allclose(got.double(), expected, rtol=2 ** -7, atol=1e-2)
+    return _known_product_holds(lib.wb_linear_bf16_amx, torch.bfloat16, rows=17, pack=amx_pack)
 
 
 def amx_pack(weight: torch.Tensor) -> torch.Tensor:
