@@ -18,7 +18,7 @@ Two changes, in every dtype:
     its tiles' layout (in place of the plain copy the next two keep): fp32 accumulation and one
     rounding, a product may differ from oneDNN's in the last bit of bf16;
   - "avx512bf16" (bfloat16): as "onednn", except products of up to `BF16_MAX_ROWS` rows (a
-    few sequences or beams decoding), which go through `gemv.c`'s AVX-512 BF16 kernel on a
+    few sequences or beams decoding) and of `BF16_BROADCAST_ROWS` rows, which go through `gemv.c`'s AVX-512 BF16 kernel on a
     plain copy of the weight (the same copy as "mkl"'s): fp32 accumulation and one rounding,
     a product may differ from oneDNN's in the last bit of bf16;
   - "mkl" (bfloat16): as "onednn", except one-row products (a single sequence decoding), which go
@@ -44,6 +44,8 @@ AVX2_MAX_ROWS = 48  # longer products go to BLAS (its GEMM is tuned for many row
 # the C kernel beats oneDNN up to four rows (a step's products on an AMX Xeon: 12.6 vs 18.4 ms
 # at one row, 18.7 vs 19.9 at four, 26 vs 20 at eight), and a step in one C call needs it
 BF16_MAX_ROWS = 4
+# and from 12 to 16 rows (an even K) its broadcast tiles beat oneDNN without AMX (26 vs 35 ms)
+BF16_BROADCAST_ROWS = (12, 16)
 AMX_MAX_ROWS = 32  # as fast as oneDNN's at 32 rows, faster below
 
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
@@ -96,7 +98,9 @@ class FastLinear(nn.Module):
         (another kernel, more rows than it takes)."""
         if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and dtype == torch.float32:
             return gemv.linear_function()
-        if self.kernel == "avx512bf16" and rows <= BF16_MAX_ROWS and dtype == torch.bfloat16:
+        if self.kernel == "avx512bf16" and dtype == torch.bfloat16 and (
+                rows <= BF16_MAX_ROWS or (BF16_BROADCAST_ROWS[0] <= rows <= BF16_BROADCAST_ROWS[1]
+                                          and self.in_features % 2 == 0)):
             return gemv.linear_bf16_function()
         if self.kernel == "amx" and rows <= AMX_MAX_ROWS and dtype == torch.bfloat16:
             return gemv.linear_amx_function()
