@@ -25,7 +25,7 @@ import torch
 
 from workbench.engine import gemv
 from workbench.engine.attention import AttentionContext, attend
-from workbench.engine.fusion import FastLinear, FusedPart
+from workbench.engine.fusion import C_KERNELS, FastLinear, FusedPart
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2"})
 
@@ -200,7 +200,7 @@ class DecoderStack:
                 return None
             layers.append(row)
         scalings = {layer.self_attn.scaling for layer in self.layers}
-        if len(kernels) != 1 or kernels & {"torch", "onednn", "mkl"} or len(scalings) != 1:
+        if len(kernels) != 1 or not kernels <= C_KERNELS or len(scalings) != 1:
             return None
         self.scaling = scalings.pop()
         return layers

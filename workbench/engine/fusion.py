@@ -47,6 +47,7 @@ BF16_MAX_ROWS = 4
 # and from 12 to 16 rows (an even K) its broadcast tiles beat oneDNN without AMX (26 vs 35 ms)
 BF16_BROADCAST_ROWS = (12, 16)
 AMX_MAX_ROWS = 32  # as fast as oneDNN's at 32 rows, faster below
+C_KERNELS = frozenset({"avx2", "amx", "avx512bf16"})  # those with `gemv.c` products (c_function)
 
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 _SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))

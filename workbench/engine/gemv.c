@@ -159,18 +159,23 @@ static void transpose_rows(const float *x, int64_t M, int64_t K, float *xt, int6
     }
 }
 
-/* x transposed into this thread's scratch columns (grown as needed, kept for its next call);
- * NULL if memory ran out. */
-static float *columns(const float *x, int64_t M, int64_t K, int64_t ld) {
-    static __thread float *xt = 0;
-    static __thread int64_t xt_size = 0;
-    if (ld * K > xt_size) {
-        free(xt);
-        xt = aligned_alloc(64, (size_t)((ld * K * 4 + 63) & ~(int64_t)63));
-        xt_size = xt ? ld * K : 0;
-        if (!xt) return 0;
+/* This thread's scratch of at least `bytes`, 64-byte aligned (grown as needed and kept for its
+ * next call: where a product lays out its input rows); NULL if memory ran out. */
+static void *wb_scratch(int64_t bytes) {
+    static __thread void *buf = 0;
+    static __thread int64_t size = 0;
+    if (bytes > size) {
+        free(buf);
+        buf = aligned_alloc(64, (size_t)((bytes + 63) & ~(int64_t)63));
+        size = buf ? bytes : 0;
     }
-    transpose_rows(x, M, K, xt, ld);
+    return buf;
+}
+
+/* x transposed into this thread's scratch columns; NULL if memory ran out. */
+static float *columns(const float *x, int64_t M, int64_t K, int64_t ld) {
+    float *xt = wb_scratch(ld * K * 4);
+    if (xt) transpose_rows(x, M, K, xt, ld);
     return xt;
 }
 
@@ -374,15 +379,9 @@ static inline float wb_bf16_to_f32(uint16_t h) {
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void linear_bf16_broadcast(const uint16_t *x, const uint16_t *w, const uint16_t *b,
                                   uint16_t *y, int64_t M, int64_t N, int64_t K, int threads) {
-    static __thread uint32_t *xt = 0;  /* kept for this thread's next call */
-    static __thread int64_t xt_size = 0;
     const int64_t KP = K / 2;
-    if (KP * 16 > xt_size) {
-        free(xt);
-        xt = aligned_alloc(64, (size_t)(KP * 16 * 4));
-        xt_size = xt ? KP * 16 : 0;
-        if (!xt) return;
-    }
+    uint32_t *xt = wb_scratch(KP * 16 * 4);
+    if (!xt) return;
     for (int64_t kp = 0; kp < KP; ++kp)
         for (int64_t m = 0; m < 16; ++m)
             xt[kp * 16 + m] = m < M ? (uint32_t)x[m * K + 2 * kp]
@@ -500,16 +499,10 @@ typedef struct {
 __attribute__((target("amx-tile,amx-bf16")))
 void wb_linear_bf16_amx(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y,
                         int64_t M, int64_t N, int64_t K, int threads) {
-    static __thread uint16_t *xt = 0;  /* x in whole tiles, kept for this thread's next call */
-    static __thread int64_t xt_size = 0;
     const int64_t KC = wb_round_up(K, 32) / 32, MP = wb_round_up(M, 16);
     const int64_t NB = wb_round_up(N, 16) / 16, ld = KC * 32;
-    if (MP * ld > xt_size) {
-        free(xt);
-        xt = aligned_alloc(64, (size_t)(MP * ld * 2));
-        xt_size = xt ? MP * ld : 0;
-        if (!xt) return;
-    }
+    uint16_t *xt = wb_scratch(MP * ld * 2);  /* x in whole tiles */
+    if (!xt) return;
     for (int64_t m = 0; m < MP; ++m) {
         if (m < M) memcpy(xt + m * ld, x + m * K, (size_t)(K * 2));
         memset(xt + m * ld + (m < M ? K : 0), 0, (size_t)((ld - (m < M ? K : 0)) * 2));
