@@ -8,6 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 CHROMIUM := /usr/bin/chromium
+QEMU := /usr/bin/qemu-x86_64
 
 .PHONY: install lab serve lint test test-portable gpu-check
 
@@ -53,10 +54,18 @@ ifneq ($(NOTEBOOKS),)
 	$(BIN)/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/
 endif
 
-# The engine tests on every other kernel path this CPU can run, and under torch's and oneDNN's
-# AVX2 limits (scripts/test_portable.py); CI runs it after `make test`.
-test-portable: install
+# The engine tests on every other kernel path this CPU can run, under torch's, oneDNN's and MKL's
+# AVX2 limits, and a share of them on an AVX2-only CPU emulated by qemu-user (on CPUs above AVX2;
+# scripts/test_portable.py); CI runs it after `make test`.
+test-portable: install $(QEMU)
 	$(BIN)/python scripts/test_portable.py
+
+# Debian's qemu-user, made like chromium: only while missing, where apt-get and root are there
+$(QEMU):
+	@if [ "$$(uname -m)" = x86_64 ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user; \
+	else echo "qemu-user not installed (needs x86-64, root and apt-get): no AVX2-only CPU run"; fi
 
 # On a machine with a CUDA GPU: the GPU tests (float32 exactness, the bf16 fused path) and a short
 # throughput comparison with transformers there. Fails at once where torch sees no GPU.

@@ -148,19 +148,28 @@ def test_the_environment_forces_a_kernel_for_its_dtype(every_build, monkeypatch)
 
 def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_build):
     import importlib.util
+    import sys
     from pathlib import Path
 
     path = Path(__file__).parents[2] / "scripts" / "test_portable.py"
     spec = importlib.util.spec_from_file_location("test_portable", path)
     script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "test_portable", script)  # its dataclass looks itself up
     spec.loader.exec_module(script)
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("amx"))
     monkeypatch.setattr(kernels, "cpu_features", lambda: simulated("amx"))
-    titles = [title for title, _ in script.runs()]
-    assert titles == ["kernel avx512bf16", "kernel mkl", "kernel onednn", "kernel torch",
-                      "torch, oneDNN and MKL limited to AVX2"]
+    monkeypatch.setattr(script.shutil, "which", lambda name: "/usr/bin/" + name)
+    runs = script.runs()
+    assert [run.title for run in runs] == [
+        "kernel avx512bf16", "kernel mkl", "kernel onednn", "kernel torch",
+        "torch, oneDNN and MKL limited to AVX2", "an AVX2-only CPU (qemu-user)"]
+    emulated = runs[-1].command()
+    assert emulated[:3] == ["/usr/bin/qemu-x86_64", "-cpu", script.QEMU_CPU]
+    assert "avx512" not in script.QEMU_CPU and runs[-1].env["WORKBENCH_CPU_FLAGS"] == "avx2 fma f16c"
+    monkeypatch.setattr(script.shutil, "which", lambda name: None)
+    assert runs[-2].title == script.runs()[-1].title  # no emulator: that run is left out
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("avx2"))
-    assert [title for title, _ in script.runs()] == ["kernel torch"]
+    assert [run.title for run in script.runs()] == ["kernel torch"]
 
 
 def test_the_engine_refuses_at_start_up(tiny_llama):
