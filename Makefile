@@ -60,11 +60,12 @@ endif
 test-portable: install $(QEMU)
 	$(BIN)/python scripts/test_portable.py
 
-# Debian's qemu-user, made like chromium: only while missing, where apt-get and root are there
+# Debian's qemu-user (without qemu-user-binfmt: the run names the emulator itself), made like
+# chromium: only while missing, where apt-get and root are there
 $(QEMU):
 	@if [ "$$(uname -m)" = x86_64 ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-user; \
 	else echo "qemu-user not installed (needs x86-64, root and apt-get): no AVX2-only CPU run"; fi
 
 # On a machine with a CUDA GPU: the GPU tests (float32 exactness, the bf16 fused path) and a short
