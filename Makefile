@@ -23,13 +23,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m workbench.engine.kernels
 	touch $(STAMP)
 
+# Debian packages a test needs, installed only while their file is missing, where root and
+# apt-get are there (else the recipe says what is left out)
+APT_GET := DEBIAN_FRONTEND=noninteractive apt-get
+CAN_APT := command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]
+
 # The browser test (tests/widgets/test_browser.py) drives Debian's chromium through the python
 # playwright package (in the test extra). Never `playwright install`: it downloads browsers.
-# Made only while the file is missing; where apt-get or root is lacking, the test skips.
 $(CHROMIUM):
-	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	@if $(CAN_APT); then $(APT_GET) update -q && $(APT_GET) install -y -q chromium; \
 	else echo "chromium not installed (needs root and apt-get): the browser test will skip"; fi
 
 # JupyterLab refuses to start as root unless told it may (containers and these machines run as root)
@@ -60,12 +62,10 @@ endif
 test-portable: install $(QEMU)
 	$(BIN)/python scripts/test_portable.py
 
-# Debian's qemu-user (without qemu-user-binfmt: the run names the emulator itself), made like
-# chromium: only while missing, where apt-get and root are there
+# Debian's qemu-user, without its recommended binfmt registrations (the run names the emulator)
 $(QEMU):
-	@if [ "$$(uname -m)" = x86_64 ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-user; \
+	@if [ "$$(uname -m)" = x86_64 ] && $(CAN_APT); then \
+		$(APT_GET) update -q && $(APT_GET) install -y -q --no-install-recommends qemu-user; \
 	else echo "qemu-user not installed (needs x86-64, root and apt-get): no AVX2-only CPU run"; fi
 
 # On a machine with a CUDA GPU: the GPU tests (float32 exactness, the bf16 fused path) and a short

@@ -26,7 +26,6 @@ from workbench.engine import kernels
 from workbench.models.cpu import cpu_features
 
 TESTS = ["tests/engine", "tests/lora"]
-ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ne_convert")
 # A Haswell without the system features TCG does not model (each would print a warning)
 QEMU_CPU = "Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid"
 QEMU_FLAGS = "avx2 fma f16c"
@@ -56,7 +55,7 @@ def runs() -> list[Run]:
     out = [Run(f"kernel {k}", {"WORKBENCH_KERNEL": k}) for k in kernels.KERNELS
            if not covered(k) and any(kernels.missing(k, d, features) is None
                                      for d in (torch.float32, torch.bfloat16))]
-    if not any(flag.startswith(ABOVE_AVX2) for flag in features.flags):
+    if not features.above_avx2:
         print("this CPU has nothing above AVX2: its `make test` run is the AVX2-limited run")
         return out
     out.append(Run("torch, oneDNN and MKL limited to AVX2",

@@ -53,6 +53,11 @@ class CpuFeatures:
         return any(flag in self.flags for flag in BF16_FLAGS)
 
     @property
+    def above_avx2(self) -> bool:
+        """Any flag beyond AVX2 (AVX-512, AMX, AVX-VNNI...): the AVX2 limits would cut something."""
+        return any(flag.startswith(_ABOVE_AVX2) for flag in self.flags)
+
+    @property
     def onednn_bf16(self) -> bool:
         """oneDNN's bf16 matrix products (its prepacked weights) need one of these sets."""
         return any(self.has(*group) for group in ONEDNN_BF16_FLAGS)
