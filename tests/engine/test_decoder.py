@@ -51,7 +51,3 @@ def test_lean_loop_is_bit_identical_to_the_layers(arch, dtype):
     assert lean == layers
 
 
-def test_an_unknown_family_keeps_transformers_layers(tiny_llama):
-    loaded = dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model))
-    loaded.model.config.model_type = "not-llama"  # a family the lean loop does not know
-    assert make_llm(loaded).llm_engine.runner.stack is None

@@ -3,8 +3,9 @@
 `paged_attention` is registered with transformers' `AttentionInterface`, so a stock
 `LlamaDecoderLayer` (or Qwen2, Mistral) calls it in place of SDPA. Every step packs all scheduled
 tokens of all sequences into one ragged row (`[1, T, hidden]`, no padding in the linear layers);
-the step's `AttentionContext`, built once and passed down as a keyword argument, says where each
-token's K/V goes (`slot_mapping`) and which cached slots each query reads.
+the step's `AttentionContext`, built once and made current for the forward (`forward_context`,
+as vLLM's: a layer need not pass its keyword arguments down, StableLM's does not), says where
+each token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
 Decode tokens (one query per sequence) are attended together: in C, reading each context in
 place through its slots (`gemv.decode_attention`, where the kernel choice's ops are "c"), else in
@@ -16,6 +17,9 @@ works with `generate`.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -48,63 +52,156 @@ class AttentionContext:
     # consecutive, as a lone stream's usually are): read as a view of the cache, no gather
     decode_span: tuple[int, int] | None = None
     decode_lengths: torch.Tensor | None = None  # [B] int64: each decode's context length
+    max_decode_length: int = 0  # the longest of them (a window shorter than it needs a mask)
     c_attention: bool = False  # decodes through gemv.decode_attention (`KernelChoice.ops`)
     decode_flat_slots: torch.Tensor | None = field(init=False)  # [B * Lmax], gathered per layer
+    probe: dict[int, LayerAttention] | None = None  # filled by each layer's call when given
+
+    longest_context: int = field(init=False)  # the longest prefill chunk's context
 
     def __post_init__(self):
         self.decode_flat_slots = None if self.decode_slots is None else \
             self.decode_slots.flatten()
+        self.longest_context = max((c.slots.shape[0] for c in self.prefills), default=0)
+
+
+# what transformers' layers pass beside the tensors that the paged attention has no use for:
+# positions (the rotary embedding is applied already), the cache (ours is the context's)
+_UNUSED_KWARGS = frozenset({"position_ids", "cache_position", "position_embeddings", "cache",
+                            "past_key_values", "layer_past", "use_cache", "is_causal"})
+
+
+_current = threading.local()
+
+
+@contextmanager
+def forward_context(ctx: AttentionContext) -> Iterator[None]:
+    """Makes `ctx` the paged attention's context for a forward on this thread."""
+    previous = getattr(_current, "ctx", None)
+    _current.ctx = ctx
+    try:
+        yield
+    finally:
+        _current.ctx = previous
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                    wb_ctx: AttentionContext | None = None, **kwargs):
+                    sliding_window: int | None = None, softcap: float | None = None, **kwargs):
     """query: [1, Hq, T, D]; key/value: [1, Hkv, T, D] -> ([1, T, Hq, D], None).
 
-    Without a context (the model called by `generate` or a plain forward) it is transformers' SDPA.
+    Without a context (the model called by `generate` or a plain forward) it is transformers'
+    SDPA (or, with a softcap, its eager attention, which SDPA cannot do).
     """
+    wb_ctx: AttentionContext | None = getattr(_current, "ctx", None)
     if wb_ctx is None:
         # deferred: transformers takes seconds to import, and only a forward without our
         # context (plain transformers use of the model) needs this
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        if softcap is not None:
+            return _transformers_eager(module)(module, query, key, value, attention_mask,
+                                               scaling=scaling, dropout=dropout,
+                                               softcap=softcap, **kwargs)
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, dropout=dropout, **kwargs)
+    unknown = set(kwargs) - _UNUSED_KWARGS
+    if unknown or attention_mask is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} passes {sorted(unknown) or ['an attention mask']} to its "
+            "attention, which the paged attention does not implement")
+    if wb_ctx.probe is not None:  # the runner's probe: what each layer asks for
+        wb_ctx.probe[module.layer_idx] = LayerAttention(scaling, sliding_window, softcap,
+                                                        tuple(key.shape[1::2]))
     out = attend(wb_ctx, module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
-                 value[0].transpose(0, 1), scaling)
+                 value[0].transpose(0, 1), scaling, sliding_window, softcap)
     return out.unsqueeze(0), None
 
 
+def _transformers_eager(module):
+    """The eager attention function of the module's own modeling file (Gemma 2's, with
+    soft-capping)."""
+    import sys  # deferred with the modeling module it reads
+
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """What one layer's attention asked for in the runner's probe step."""
+
+    scaling: float | None
+    sliding_window: int | None
+    softcap: float | None
+    kv_shape: tuple[int, ...]  # (KV heads, head size) of its keys
+
+
 def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None,
-           v: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+           v: torch.Tensor | None, scaling: float | None, window: int | None = None,
+           softcap: float | None = None) -> torch.Tensor:
     """Writes the step's K/V into layer `layer_idx`'s cache (unless k and v are None: already
-    written), then attends every query to its context. q: [T, Hq, D]; k, v: [T, Hkv, D] ->
+    written), then attends every query to its context (its last `window` positions, scores
+    soft-capped at `softcap`: the module docstring). q: [T, Hq, D]; k, v: [T, Hkv, D] ->
     [T, Hq, D]."""
     k_cache, v_cache = ctx.kv_caches[layer_idx]
     if k is not None and v is not None:  # written first, so that the reads below see them
         k_cache.index_copy_(0, ctx.slot_mapping, k)
         v_cache.index_copy_(0, ctx.slot_mapping, v)
     nd = ctx.num_decode
+    if window is not None and window >= max(ctx.max_decode_length, ctx.longest_context):
+        window = None  # no context reaches past it this step
     if nd == q.shape[0]:  # decodes only (every step of plain generation): no output to splice
-        return _attend_decodes(ctx, q, k_cache, v_cache, scaling)
+        return _attend_decodes(ctx, q, k_cache, v_cache, scaling, window, softcap)
     out = torch.empty_like(q)  # [T, Hq, D]
     if nd:
-        out[:nd] = _attend_decodes(ctx, q[:nd], k_cache, v_cache, scaling)
+        out[:nd] = _attend_decodes(ctx, q[:nd], k_cache, v_cache, scaling, window, softcap)
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
-        kp = k_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        vp = v_cache.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)
+        slots, mask, first = chunk.slots, chunk.mask, 0
+        if window is not None:  # keys from the first query's window on, each query its own
+            length = slots.shape[0]
+            first = max(0, length - n - window + 1)
+            q_pos = torch.arange(length - n, length, device=q.device).unsqueeze(1)
+            k_pos = torch.arange(first, length, device=q.device).unsqueeze(0)
+            mask = (k_pos <= q_pos) & (k_pos > q_pos - window)  # [n, L - first]
+            slots = slots[first:]
+        kp = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        vp = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
         qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=chunk.mask, scale=scaling,
-                                           is_causal=chunk.mask is None, enable_gqa=True)
+        if softcap is not None:
+            if mask is None:
+                mask = torch.ones(n, slots.shape[0], dtype=torch.bool, device=q.device).tril()
+            o = eager_attention(qp, kp, vp, mask, scaling or q.shape[-1] ** -0.5, softcap)
+        else:
+            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scaling,
+                                               is_causal=mask is None, enable_gqa=True)
         out[s:s + n] = o[0].transpose(0, 1)
     return out
 
 
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    scale: float, softcap: float) -> torch.Tensor:
+    """transformers' eager attention with soft-capped scores, in its ops and dtypes.
+
+    q: [B, Hq, n, D]; k, v: [B, Hkv, L, D]; mask: bool, broadcast to [B, Hq, n, L] -> [B, Hq, n, D].
+    """
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)  # transformers' repeat_kv
+    v = v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
 def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, scaling: float | None) -> torch.Tensor:
+                    v_cache: torch.Tensor, scaling: float | None, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """The decode queries qd [B, Hq, D] against their gathered contexts -> [B, Hq, D]."""
     assert ctx.decode_slots is not None and ctx.decode_flat_slots is not None  # decodes run
     scale = scaling or qd.shape[-1] ** -0.5
+    if window is not None or softcap is not None:
+        return _attend_decodes_masked(ctx, qd, k_cache, v_cache, scale, window, softcap)
     if ctx.c_attention and ctx.decode_lengths is not None:
         out = gemv.decode_attention(qd, k_cache, v_cache, ctx.decode_slots, ctx.decode_lengths,
                                     scale)
@@ -120,6 +217,28 @@ def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tens
         kd = k_cache.index_select(0, flat).view(shape)
         vd = v_cache.index_select(0, flat).view(shape)
     return decode_attention(qd, kd, vd, ctx.decode_mask, scale)
+
+
+def _attend_decodes_masked(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tensor,
+                           v_cache: torch.Tensor, scale: float, window: int | None,
+                           softcap: float | None) -> torch.Tensor:
+    """Decodes whose keys are limited to a window, or whose scores are soft-capped: the
+    gathered contexts with each one's mask."""
+    assert ctx.decode_slots is not None and ctx.decode_lengths is not None
+    b, lmax = ctx.decode_slots.shape
+    shape = (b, lmax, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
+    kd = k_cache.index_select(0, ctx.decode_flat_slots).view(shape)
+    vd = v_cache.index_select(0, ctx.decode_flat_slots).view(shape)
+    positions = torch.arange(lmax, device=qd.device).unsqueeze(0)  # [1, Lmax]
+    lengths = ctx.decode_lengths.unsqueeze(1)  # [B, 1]
+    mask = positions < lengths
+    if window is not None:  # the query sits at length - 1
+        mask = mask & (positions > lengths - 1 - window)
+    if softcap is None:
+        return decode_attention(qd, kd, vd, mask, scale)
+    out = eager_attention(qd.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
+                          mask[:, None, None, :], scale, softcap)  # [B, Hq, 1, D]
+    return out[:, :, 0]
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -9,6 +9,9 @@ The KV tensors themselves live in the model runner; this module only hands out b
   given as embeddings are never cached (its token ids are placeholders).
 - Copy-on-write: forked sequences (n > 1, beams) share blocks by reference count; a sequence about
   to write into a shared, partly filled block gets its own copy first (returned as `(src, dst)`).
+- Sliding windows: where every layer of the model attends to at most the last W positions,
+  the blocks a sequence will never read again are released as it goes (`release_before`);
+  their places in its block table hold `RELEASED`.
 Torch-free; unit-tested without a model.
 """
 
@@ -18,6 +21,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from workbench.engine.request import Sequence
+
+
+RELEASED = -1  # a block table entry whose block was released (out of every layer's window)
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -117,12 +123,15 @@ class BlockManager:
             return
         num_full = seq.num_computed_tokens // self.block_size
         first_unhashed = next(
-            (i for i in range(num_full) if self.blocks[seq.block_table[i]].hash is None), num_full
+            (i for i in range(num_full) if seq.block_table[i] != RELEASED
+             and self.blocks[seq.block_table[i]].hash is None), num_full
         )
         if first_unhashed == num_full:
             return
         hashes = self.block_hashes(seq, num_full)
         for i in range(first_unhashed, num_full):
+            if seq.block_table[i] == RELEASED:
+                continue
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and hashes[i] not in self._cached:
                 block.hash = hashes[i]
@@ -155,16 +164,32 @@ class BlockManager:
         """`child` shares every block of `parent` (its block table is a copy of the parent's)."""
         child.block_table = list(parent.block_table)
         for block_id in child.block_table:
-            self.blocks[block_id].ref_count += 1
+            if block_id != RELEASED:
+                self.blocks[block_id].ref_count += 1
 
     def free(self, seq: Sequence) -> None:
         """Releases `seq`'s blocks; blocks nobody holds become free (keeping their hash)."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
+            if block_id != RELEASED:
+                self._release(block_id)
         seq.block_table = []
+
+    def release_before(self, seq: Sequence, position: int) -> int:
+        """Releases `seq`'s blocks that hold only positions before `position` (it will never read
+        them again: they are out of every layer's window); returns how many."""
+        released = 0
+        for i in range(min(position // self.block_size, len(seq.block_table))):
+            if seq.block_table[i] != RELEASED:
+                self._release(seq.block_table[i])
+                seq.block_table[i] = RELEASED
+                released += 1
+        return released
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free[block_id] = None
 
     # -- internals -------------------------------------------------------------------------
     def _needs_copy(self, seq: Sequence) -> bool:

@@ -11,9 +11,12 @@ small operators between the projections run in C instead (`engine/gemv.py`: each
 with the norm after it, rotary embedding with the KV write, SiLU gating; the norm and SiLU
 within the last bit of torch's, `tests/engine/test_c_ops.py`).
 
-It is used in every dtype once `engine/fusion.py` has fused Q/K/V and gate/up, for the families
-whose layers are exactly pre-norm attention + gated MLP (`FAMILIES`); anything else (other
-families, a layer it does not recognise) goes through transformers' layers.
+It is used in every dtype once `engine/fusion.py` has fused Q/K/V and gate/up, for models whose
+layers have the modules of pre-norm attention + gated MLP (`supports`) and compute with them
+what the loop computes: the runner's probe step at start-up (`runner.probe`) runs a few tokens
+both ways and keeps the loop only where the final hidden states are equal bit for bit (Granite,
+say, has Llama's modules but scales its residuals; Gemma scales its embeddings). Anything else
+goes through transformers' layers.
 Projections are looked up per call, so LoRA wrappers (`workbench/lora/layers.py`) apply.
 """
 
@@ -26,9 +29,6 @@ import torch
 from workbench.engine import gemv
 from workbench.engine.attention import AttentionContext, attend
 from workbench.engine.fusion import C_KERNELS, FastLinear, FusedPart
-
-FAMILIES = frozenset({"llama", "mistral", "qwen2"})
-
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """transformers' Llama-family `RMSNorm` module `norm` applied to `x` with torch's fused
@@ -67,8 +67,11 @@ class DecoderStack:
     _c_tables_for: list | None = None  # the KV caches `_c_tables` holds the addresses of
     _c_tables: tuple[Any, Any]
 
-    def __init__(self, model, c_ops: bool = False):
-        self.layers = list(model.model.layers)
+    windows: list[int | None]  # each layer's sliding window (the runner's probe says)
+
+    def __init__(self, model, layers, c_ops: bool = False):
+        self.layers = list(layers)
+        self.windows = [None] * len(self.layers)
         # where the kernel choice's ops are "c": rotary embedding and the KV write in C
         # (`gemv.rope_write_kv`, bit for bit torch's), each residual add with the norm after it
         # (`gemv.add_rms_norm`) and SiLU's gating (`gemv.silu_mul`): these two not bit-identical
@@ -83,13 +86,18 @@ class DecoderStack:
         self.refresh()
 
     @staticmethod
-    def supports(model) -> bool:
-        """Whether every layer is the plain pre-norm layer (RMSNorms, equal gate and up) with
-        fused projections, and so is the final norm."""
-        if model.config.model_type not in FAMILIES or not _is_rms_norm(model.model.norm):
+    def supports(model, layers) -> bool:
+        """Whether every layer has the modules of the plain pre-norm layer (RMSNorms, fused
+        Q/K/V and equal gate and up, no QK norms), and the base model a rotary embedding and an
+        RMSNorm last (whether they compute what the loop does, the probe step tells)."""
+        base = getattr(model, "model", None)
+        if not (_is_rms_norm(getattr(base, "norm", None)) and hasattr(base, "rotary_emb")
+                and getattr(base, "layers", None) is layers):
             return False
-        for layer in model.model.layers:
+        for layer in layers:
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            if any(hasattr(attn, name) for name in ("q_norm", "k_norm", "q_layernorm")):
+                return False
             gate = getattr(mlp, "gate_proj", None)
             if not (isinstance(getattr(attn, "q_proj", None), FusedPart)
                     and isinstance(gate, FusedPart) and len(set(gate.group.sizes)) == 1
@@ -114,17 +122,17 @@ class DecoderStack:
         add_norm = self._add_norm
         delta = None  # the last layer's MLP output, added with the next layer's input norm
         for i, ((w1, eps1), qkv_proj, o_proj, (w2, eps2), gate_up_proj, down_proj, act,
-                scaling) in enumerate(self.plan):
+                scaling, window) in enumerate(self.plan):
             hidden, x = add_norm(hidden, delta, w1, eps1)
             qkv = qkv_proj(x)  # [T, (Hq + 2Hkv) D]
             q = gemv.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping, *ctx.kv_caches[i],
                                    hq, hkv) if c_ops else None
             if q is not None:  # K/V rotated and written in C
-                out = attend(ctx, i, q, None, None, scaling)  # [T, Hq, D]
+                out = attend(ctx, i, q, None, None, scaling, window)  # [T, Hq, D]
             else:
                 qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
                 v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
-                out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling)
+                out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling, window)
             hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
             gate_up = gate_up_proj(x)
             y = gemv.silu_mul(gate_up) if c_silu else None
@@ -179,8 +187,9 @@ class DecoderStack:
     def _c_layers(self) -> list[tuple] | None:
         """Per layer (input norm, Q/K/V, O, post-attention norm, gate/up, down) when a decode
         step can run in one C call (`_c_step`): ops "c", SiLU, every projection a plain
-        `FastLinear` (no LoRA wrapper) on one kernel with C products, one scaling; else None."""
-        if not (self.c_ops and self.silu):
+        `FastLinear` (no LoRA wrapper) on one kernel with C products, one scaling, no sliding
+        window (the C attention reads whole contexts); else None."""
+        if not (self.c_ops and self.silu) or any(w is not None for w in self.windows):
             return None
         layers: list[tuple] = []
         kernels: set[str] = set()
@@ -209,11 +218,11 @@ class DecoderStack:
         """Per layer, the norms' weights and the forward methods the loop calls, looked up
         once (module attribute lookups cost more than the small ops between them)."""
         plan = []
-        for layer in self.layers:
+        for layer, window in zip(self.layers, self.windows):
             attn, mlp = layer.self_attn, layer.mlp
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
             plan.append(((norm1.weight, norm1.variance_epsilon), attn.q_proj.group.linear.forward,
                          attn.o_proj.forward, (norm2.weight, norm2.variance_epsilon),
                          mlp.gate_proj.group.linear.forward, mlp.down_proj.forward,
-                         mlp.act_fn.forward, attn.scaling))
+                         mlp.act_fn.forward, attn.scaling, window))
         return plan

@@ -49,8 +49,9 @@ BF16_BROADCAST_ROWS = (12, 16)
 AMX_MAX_ROWS = 32  # as fast as oneDNN's at 32 rows, faster below
 C_KERNELS = frozenset({"avx2", "amx", "avx512bf16"})  # those with `gemv.c` products (c_function)
 
-_GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
-_SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
+# sibling linears that read the same input, fused wherever a layer has them (any submodule:
+# `self_attn`, `attn`, `mlp`, a mixture of experts' shared expert)
+_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
@@ -153,31 +154,30 @@ class FusedPart(nn.Module):
         return self.group.part(self.index, x)
 
 
-def fuse_projections(model: Any, kernel: str | None = None) -> int:
-    """Fuses Q/K/V and gate/up in every decoder layer and gives every projection and the LM head
-    `kernel` (None: `kernels.choose` for the model's dtype and device; with "torch" the unfused
-    projections stay as they are); returns how many fused groups."""
+def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None) -> int:
+    """Fuses Q/K/V and gate/up wherever a decoder layer has them (`_GROUPS`) and gives every
+    other `nn.Linear` of the layers, and the LM head, `kernel` (None: `kernels.choose` for the
+    model's dtype and device; with "torch" the unfused projections stay as they are); returns
+    how many fused groups. `layers`: the decoder layers (default: a Llama-family model's)."""
     if kernel is None:
         weight = next(model.parameters())
         kernel = kernels.choose(weight.dtype, weight.device.type).kernel
     fused = 0
-    for layer in model.model.layers:
-        for owner_name, names in _GROUPS:
-            owner = getattr(layer, owner_name, None)
-            linears: list[Any] = ([getattr(owner, n, None) for n in names]
-                                  if owner is not None else [])
-            if not linears or not all(isinstance(lin, nn.Linear) for lin in linears):
-                continue
-            group = FusedGroup(linears, kernel)
-            for i, name in enumerate(names):
-                setattr(owner, name, FusedPart(group, i, linears[i].in_features))
-            fused += 1
+    for layer in (model.model.layers if layers is None else layers):
+        for owner in list(layer.modules()):
+            for names in _GROUPS:
+                linears: list[Any] = [getattr(owner, n, None) for n in names]
+                if not all(type(lin) is nn.Linear for lin in linears):
+                    continue
+                group = FusedGroup(linears, kernel)
+                for i, name in enumerate(names):
+                    setattr(owner, name, FusedPart(group, i, linears[i].in_features))
+                fused += 1
         if kernel != "torch":
-            for owner_name, name in _SINGLES:
-                owner = getattr(layer, owner_name, None)
-                lin = getattr(owner, name, None)
-                if isinstance(lin, nn.Linear):
-                    setattr(owner, name, FastLinear(lin.weight, lin.bias, kernel))
+            for owner in list(layer.modules()):
+                for name, lin in list(owner.named_children()):
+                    if type(lin) is nn.Linear:
+                        setattr(owner, name, FastLinear(lin.weight, lin.bias, kernel))
     if kernel != "torch" and isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.lm_head = FastLinear(model.lm_head.weight, model.lm_head.bias, kernel)
     return fused

@@ -1,7 +1,8 @@
 """What a loaded model and the engine config allow: context length, KV blocks, sampling defaults.
 
 `max_model_len`: the model's position table (an encoder's usable part, sentence-transformers'
-`max_seq_length`) and its sliding window, lowered (never raised) by the configured limit.
+`max_seq_length`), lowered (never raised) by the configured limit; a sliding window does not
+lower it (the paged attention applies the window).
 `num_kv_blocks`: the configured count or what the KV memory budget holds, refused when it can't
 hold one full-length sequence. `generation_defaults` / `extra_eos_ids`: what the model's
 generation_config.json sets.
@@ -27,9 +28,6 @@ def max_model_len(loaded: Any, config: EngineConfig, is_pooling_model: bool) -> 
         limit = min(limit, encoder_max_positions(loaded.model))
     if is_pooling_model and getattr(loaded, "max_model_len", None):
         limit = min(limit, loaded.max_model_len)  # sentence-transformers' max_seq_length
-    window = getattr(hf, "sliding_window", None)
-    if window and getattr(hf, "use_sliding_window", True):
-        limit = min(limit, window)  # contexts never outgrow the window: no window masks
     wanted = config.max_model_len
     if wanted is not None and wanted > limit:
         raise ValidationError(

@@ -1,14 +1,15 @@
 """Runs one scheduled step through the model: packed tokens in, logits of the rows needed out.
 
 The runner owns the KV cache tensors (one flat `[num_blocks * block_size, Hkv, D]` pair per
-layer) and calls transformers' own modules (embedding, rotary embedding, decoder layers, norm,
-LM head) on a single ragged row of every scheduled token; attention goes through
-`workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
+layer) and runs transformers' own base model (embeddings, positions, decoder layers, final
+norm: where the family keeps them is `workbench/models/architectures.py`) on a single ragged
+row of every scheduled token, then the LM head and what the family's causal LM does after it;
+attention goes through `workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
 them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
 In every dtype the Q/K/V and gate/up projections are fused and every projection runs on the
 kernel chosen once for this machine (`engine/kernels.py`, `engine/fusion.py`); Llama-family
 layers then run in one lean loop over their own modules (`engine/decoder.py`, bit-identical to
-calling them); with `WORKBENCH_COMPILE=1` a lone stream's decode steps run as one compiled graph
+calling them; taken where a probe step at start-up finds it bit-identical to the base model); with `WORKBENCH_COMPILE=1` a lone stream's decode steps run as one compiled graph
 instead (`engine/compiled.py`).
 """
 
@@ -27,8 +28,49 @@ from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
+from workbench.models.architectures import apply_logits, architecture_of, module_at
 
 logger = logging.getLogger(__name__)
+
+
+PROBE_TOKENS = 5
+
+
+@torch.inference_mode()
+def probe(runner: ModelRunner, stack: DecoderStack | None, kv_shape: tuple[int, int]):
+    """One prefill of a few seeded tokens through the base model: what each layer's attention
+    asks for (`attention.LayerAttention` by layer), and whether `stack` (its C ops off) gives
+    the same final hidden states bit for bit (so a family takes the lean loop by what its layers
+    compute, not by its name)."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, runner.config.vocab_size, (1, PROBE_TOKENS), generator=generator)
+    embeds = runner.embed(ids.to(runner.device))
+    pos = torch.arange(PROBE_TOKENS, device=runner.device).unsqueeze(0)
+    ctx = runner._probe_context(PROBE_TOKENS, kv_shape)
+    reference = runner.forward(embeds, pos, ctx, lean=False)
+    assert ctx.probe is not None
+    if len(ctx.probe) != len(runner.layers):
+        raise RuntimeError(f"{len(runner.layers) - len(ctx.probe)} of the model's layers did not "
+                           "call the paged attention")
+    if stack is None:
+        return dict(ctx.probe), False
+    c_ops, stack.c_ops = stack.c_ops, False
+    stack.windows = [ctx.probe[i].sliding_window for i in range(len(runner.layers))]
+    stack.refresh()
+    try:
+        rope = runner.base.rotary_emb(embeds, position_ids=pos)
+        lean = stack(embeds[0], rope[0][0], rope[1][0], runner._probe_context(
+            PROBE_TOKENS, kv_shape))
+        same = torch.equal(rms_norm(runner.base.norm, lean), reference[0])
+    except Exception as error:  # a layer the loop cannot run: transformers' layers do
+        logger.info("the lean decoder loop does not run this model (%s)", error)
+        same = False
+    finally:
+        stack.c_ops = c_ops
+    if not same:
+        logger.info("the lean decoder loop differs from %s's layers: they run as they are",
+                    runner.arch.family)
+    return dict(ctx.probe), same
 
 
 @dataclass
@@ -41,10 +83,17 @@ class LogitRows:
     hidden: torch.Tensor | None = None  # [R, H] final hidden states of the same rows (pooling)
 
 
+def kv_shape(config) -> tuple[int, int]:
+    """(KV heads, head size) of a decoder's keys and values, from its config (the runner's
+    probe step checks it against what the layers compute)."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
+    return 2 * config.num_hidden_layers * math.prod(kv_shape(config)) * itemsize
 
 
 def allocate_kv_caches(shape: tuple[int, ...], num_layers: int, dtype: torch.dtype,
@@ -81,6 +130,7 @@ class ModelRunner:
             self.compiled = None  # the graph would miss the adapters
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto"):
+        self.arch = architecture_of(model.config)  # refuses a family it cannot run exactly
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
         weight = next(model.parameters())
@@ -89,21 +139,37 @@ class ModelRunner:
         if kernels.emulated(weight.dtype, weight.device.type):
             logger.warning("%s is emulated on this CPU (no AVX-512 BF16 or AMX): float32 "
                            "(dtype='auto') runs faster here", weight.dtype)
-        fuse_projections(model, self.kernel.kernel)
+        self.layers = module_at(model, self.arch.layers)
+        fuse_projections(model, self.kernel.kernel, self.layers)
         self.model = model
-        self.base = model.model
-        # transformers' layers for the families the lean loop does not know
-        self.stack = DecoderStack(model, c_ops=self.kernel.ops == "c") \
-            if DecoderStack.supports(model) else None
+        self.base = module_at(model, self.arch.base)
+        self.embed = module_at(model, self.arch.embed)
         self.config = model.config
         self.block_size = block_size
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         cfg = self.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        shape = (num_blocks * block_size, cfg.num_key_value_heads, head_dim)
+        shape = (num_blocks * block_size, *kv_shape(cfg))
         self.kv_caches = allocate_kv_caches(shape, cfg.num_hidden_layers, self.dtype, self.device)
         self._arange_block = torch.arange(block_size, device=self.device)
+        # what each layer's attention asks for (scaling, window, softcap), and whether the
+        # lean loop computes what the base model does, bit for bit: one probe step tells
+        self.stack = None
+        stack = DecoderStack(model, self.layers, c_ops=self.kernel.ops == "c") \
+            if DecoderStack.supports(model, self.layers) else None
+        self.layer_attention, stack_matches = probe(self, stack, (shape[1], shape[2]))
+        shapes = {a.kv_shape for a in self.layer_attention.values()}
+        if shapes != {shape[1:]}:
+            raise RuntimeError(f"the layers' keys have (heads, size) {sorted(shapes)}, the config "
+                               f"says {shape[1:]}: the KV cache would not fit them")
+        if stack is not None and stack_matches:
+            stack.windows = [self.layer_attention[i].sliding_window
+                             for i in range(len(self.layers))]
+            stack.refresh()
+            self.stack = stack
+        windows = [a.sliding_window for a in self.layer_attention.values()]
+        # positions further back than every layer's window are never read again
+        self.window = max(windows) if windows and None not in windows else None  # type: ignore[type-var]
         self.compiled = None
         if compile_enabled() and self.stack is not None and self.device.type == "cpu":
             if CompiledDecode.supports(self.stack):
@@ -118,7 +184,8 @@ class ModelRunner:
         """Cache slots of positions [start, stop) of a sequence."""
         bs = self.block_size
         first, last = start // bs, (stop - 1) // bs + 1
-        bt = torch.tensor(block_table[first:last], device=self.device)
+        # a released block (out of every layer's window) reads as block 0: masked, never used
+        bt = torch.tensor(block_table[first:last], device=self.device).clamp_(min=0)
         slots = (bt.unsqueeze(1) * bs + self._arange_block).flatten()  # [(last - first) * bs]
         offset = start - first * bs
         return slots[offset:offset + stop - start]
@@ -130,7 +197,7 @@ class ModelRunner:
         seq = decodes[0].seq
         length = seq.num_computed_tokens + 1
         table = seq.block_table[:-(-length // self.block_size)]
-        if table != list(range(table[0], table[0] + len(table))):
+        if table[0] < 0 or table != list(range(table[0], table[0] + len(table))):
             return None
         return table[0] * self.block_size, length
 
@@ -143,16 +210,16 @@ class ModelRunner:
         table = torch.zeros((len(decodes), max_blocks), dtype=torch.long)
         for i, s in enumerate(decodes):
             bt = s.seq.block_table[:max_blocks]
-            table[i, :len(bt)] = torch.tensor(bt)
+            table[i, :len(bt)] = torch.tensor(bt).clamp_(min=0)  # released: as `_slots`
         table = table.to(self.device)
         slots = (table.unsqueeze(2) * bs + self._arange_block).view(len(decodes), -1)
         lmax = max(lengths)
         slots = slots[:, :lmax]
         lens = torch.tensor(lengths, device=self.device)
         if min(lengths) == lmax:  # nothing padded (always so for a single sequence)
-            return slots, None, lens
+            return slots, None, lens, lmax
         mask = torch.arange(lmax, device=self.device).unsqueeze(0) < lens.unsqueeze(1)
-        return slots, mask, lens
+        return slots, mask, lens, lmax
 
     def _prepare(self, scheduled: list[ScheduledSequence]):
         decodes = [s for s in scheduled if s.num_tokens == 1]
@@ -176,8 +243,9 @@ class ModelRunner:
                 slot_parts.append(self._slots(seq.block_table, c, c + 1))
             start += n
         decode_slots = decode_mask = decode_lengths = None
+        max_decode = 0
         if decodes:
-            decode_slots, decode_mask, decode_lengths = self._decode_context(decodes)
+            decode_slots, decode_mask, decode_lengths, max_decode = self._decode_context(decodes)
         ctx = AttentionContext(
             slot_mapping=torch.cat(slot_parts),
             num_decode=len(decodes),
@@ -187,6 +255,7 @@ class ModelRunner:
             kv_caches=self.kv_caches,
             decode_span=self._decode_span(decodes),
             decode_lengths=decode_lengths,
+            max_decode_length=max_decode,
             c_attention=self.kernel.ops == "c",
         )
         input_ids = torch.tensor(ids, device=self.device)
@@ -205,30 +274,48 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> LogitRows:
         self.copy_blocks(out.block_copies)
         ordered, input_ids, pos, ctx = self._prepare(out.scheduled)
-        hidden = self.base.embed_tokens(input_ids.unsqueeze(0))  # [1, T, H]
-        self._splice_prompt_embeds(hidden, ordered)
-        pos = pos.unsqueeze(0)  # [1, T]
-        rope = self.base.rotary_emb(hidden, position_ids=pos)
+        embeds = self.embed(input_ids.unsqueeze(0))  # [1, T, H]
+        self._splice_prompt_embeds(embeds, ordered)
         if self.lora is not None:  # which rows use which adapter, for the LoRA layers
             self.lora.begin_step(ordered)
         try:
-            if self.compiled is not None and self.compiled.takes(ctx, hidden.shape[1]):
-                hidden = self.compiled(hidden[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
-            elif self.stack is not None:
-                hidden = self.stack(hidden[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
-            else:
-                for layer in self.base.layers:
-                    hidden = layer(hidden, attention_mask=None, position_ids=pos,
-                                   position_embeddings=rope, wb_ctx=ctx)
+            hidden = self.forward(embeds, pos.unsqueeze(0), ctx)
         finally:
             if self.lora is not None:
                 self.lora.end_step()
         rows, last_row, prompt_rows = self._select_rows(ordered)
         hidden = hidden[0, rows]  # [R, H]
-        hidden = rms_norm(self.base.norm, hidden) if self.stack is not None else \
-            self.base.norm(hidden)
-        logits = self.model.lm_head(hidden).float()  # [R, V]
-        return LogitRows(logits, last_row, prompt_rows, hidden)
+        if self.stack is not None:  # the lean loop leaves the final norm to the rows needed
+            hidden = rms_norm(self.base.norm, hidden)
+        return LogitRows(self.logits(hidden), last_row, prompt_rows, hidden)
+
+    def forward(self, embeds: torch.Tensor, pos: torch.Tensor, ctx: AttentionContext,
+                lean: bool = True) -> torch.Tensor:
+        """embeds [1, T, H] at positions pos [1, T] -> the last layer's hidden states [1, T, H]
+        (after the final norm, except through the lean loop, which leaves it to the caller)."""
+        if lean and self.stack is not None:
+            rope = self.base.rotary_emb(embeds, position_ids=pos)
+            if self.compiled is not None and self.compiled.takes(ctx, embeds.shape[1]):
+                return self.compiled(embeds[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
+            return self.stack(embeds[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
+        with attention.forward_context(ctx):
+            return self.base(inputs_embeds=embeds, position_ids=pos,
+                             use_cache=False).last_hidden_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [R, H] -> float32 logits [R, V], as the family's causal LM
+        computes them (the LM head, then its soft-capping or scaling)."""
+        return apply_logits(self.arch, self.config, self.model.lm_head(hidden)).float()
+
+    def _probe_context(self, tokens: int, kv_shape: tuple[int, int]) -> AttentionContext:
+        """A prefill of `tokens` positions over scratch KV caches (the probe step's)."""
+        caches = [(torch.zeros(tokens, *kv_shape, dtype=self.dtype, device=self.device),
+                   torch.zeros(tokens, *kv_shape, dtype=self.dtype, device=self.device))
+                  for _ in self.layers]
+        slots = torch.arange(tokens, device=self.device)
+        return AttentionContext(slot_mapping=slots, num_decode=0, decode_slots=None,
+                                decode_mask=None, prefills=[PrefillChunk(0, tokens, slots, None)],
+                                kv_caches=caches, probe={})
 
     @staticmethod
     def _splice_prompt_embeds(hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> None:

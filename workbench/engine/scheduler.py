@@ -45,6 +45,10 @@ class Scheduler:
     """Waiting and running queues over a `BlockManager`; see the module docstring."""
 
     max_loras: int | None = None  # LoRA: at most this many distinct adapters run at once
+    # where every layer attends to at most the last `window` positions: blocks before a running
+    # sequence's window are released before it is scheduled (`BlockManager.release_before`)
+    window: int | None = None
+    released_blocks = 0  # how many so far
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True, policy: str = "fcfs"):
@@ -102,6 +106,9 @@ class Scheduler:
             num = self._chunk(seq, budget)
             if num == 0:
                 continue
+            if self.window is not None:  # the next query, at num_computed_tokens, sees W keys
+                self.released_blocks += self.block_manager.release_before(
+                    seq, seq.num_computed_tokens - self.window + 1)
             if not self._make_room(seq, num, out):
                 continue
             out.block_copies += self.block_manager.reserve(seq, num)

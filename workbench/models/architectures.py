@@ -1,0 +1,160 @@
+"""Where each family of transformers' causal LMs keeps what the engine reaches into, said once.
+
+A family's `Architecture` names its modules by attribute path from the `...ForCausalLM`
+object: the base model whose forward the engine runs (`base`), the token embedding (`embed`,
+for prompt embeddings), the decoder layers (`layers`), and what the causal LM does to the LM
+head's output before returning it (`logits`: Gemma 2's soft-capping, Granite's and Cohere's
+scaling). Everything else — positions (rotary, partial rotary, learned tables), norms,
+parallel attention and MLP, QK norms, per-layer rope bases, attention soft-capping, sliding
+windows — stays in transformers' own modules, which the engine runs as they are with its paged
+attention in place of theirs (`engine/attention.py`). So a family is served exactly when its
+attention goes through transformers' attention interface and nothing in its forward depends
+on the batch beyond the sequence (`REFUSED` says which do not, and why).
+
+`architecture_of(config)` returns a config's family or raises `UnsupportedModelError` naming
+its `model_type`, the feature at fault where there is one, and the supported types. Like
+vLLM's model registry, much smaller: no code per family, only where things are.
+
+>>> architecture_of(type("C", (), {"model_type": "gpt2"})()).layers
+'transformer.h'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from workbench.errors import ValidationError
+
+
+class UnsupportedModelError(ValidationError):
+    """A model the engine cannot run exactly, refused when it loads."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Attribute paths (from the causal LM) of one family; see the module docstring."""
+
+    family: str
+    base: str  # the base model: its forward is embeddings -> layers -> final norm
+    embed: str  # the token embedding module
+    layers: str  # the decoder layers (a ModuleList)
+    positions: str  # how positions enter (documentation: the README's table)
+    logits: tuple[str, str] | None = None  # (op, config attribute) after the LM head
+    features: str = ""  # what else its layers do (documentation: the README's table)
+
+
+def _llama_like(family: str, positions: str = "rotary", logits: tuple[str, str] | None = None,
+                features: str = "") -> Architecture:
+    return Architecture(family, "model", "model.embed_tokens", "model.layers", positions, logits,
+                        features)
+
+
+ARCHITECTURES: MappingProxyType[str, Architecture] = MappingProxyType({
+    "llama": _llama_like("llama"),
+    "mistral": _llama_like("mistral", features="sliding window (all layers)"),
+    "qwen2": _llama_like("qwen2", features="Q/K/V biases; sliding window from "
+                                           "max_window_layers"),
+    "qwen3": _llama_like("qwen3", features="QK norms; sliding window from max_window_layers"),
+    "qwen2_moe": _llama_like("qwen2_moe", features="mixture of experts, shared expert"),
+    "mixtral": _llama_like("mixtral", features="mixture of experts; sliding window"),
+    "gemma": _llama_like("gemma", features="embeddings scaled by sqrt(hidden); (1 + w) RMSNorm"),
+    "gemma2": _llama_like("gemma2", logits=("softcap", "final_logit_softcapping"),
+                          features="attention and final soft-capping; local / global layers"),
+    "gemma3_text": _llama_like("gemma3_text", logits=("softcap", "final_logit_softcapping"),
+                               features="QK norms; local / global layers with their own rope "
+                                        "bases"),
+    "phi": _llama_like("phi", positions="partial rotary",
+                       features="parallel attention + MLP, LayerNorm, biases"),
+    "phi3": _llama_like("phi3", features="fused QKV and gate/up; sliding window"),
+    "olmo2": _llama_like("olmo2", features="post-norms, QK norms"),
+    "granite": _llama_like("granite", logits=("divide", "logits_scaling"),
+                           features="embedding, residual and attention multipliers"),
+    "starcoder2": _llama_like("starcoder2", features="LayerNorm, biases, plain MLP; "
+                                                     "sliding window"),
+    "cohere": _llama_like("cohere", logits=("multiply", "logit_scale"),
+                          features="parallel attention + MLP, LayerNorm, interleaved rotary"),
+    "stablelm": _llama_like("stablelm", positions="partial rotary",
+                            features="LayerNorm; optional QK norms and parallel residual"),
+    "gpt2": Architecture("gpt2", "transformer", "transformer.wte", "transformer.h",
+                         "learned", features="Conv1D projections, LayerNorm, biases"),
+    "gpt_neox": Architecture("gpt_neox", "gpt_neox", "gpt_neox.embed_in", "gpt_neox.layers",
+                             "partial rotary", features="parallel attention + MLP, fused QKV, "
+                                                        "untied head"),
+    "opt": Architecture("opt", "model.decoder", "model.decoder.embed_tokens",
+                        "model.decoder.layers", "learned (offset 2)",
+                        features="LayerNorm before or after, optional projections in and out"),
+    "gptj": Architecture("gptj", "transformer", "transformer.wte", "transformer.h",
+                         "partial rotary (interleaved)", features="parallel attention + MLP"),
+})
+
+# families of transformers whose attention does not go through its attention interface, so
+# the paged attention cannot take its place: refused, with the reason
+REFUSED: MappingProxyType[str, str] = MappingProxyType({
+    "falcon": "its attention computes ALiBi or rotary attention itself instead of calling "
+              "transformers' attention interface",
+    "bloom": "ALiBi: its attention computes position biases itself instead of calling "
+             "transformers' attention interface",
+})
+
+# rope scalings whose frequencies depend on the longest position of the whole call: a packed
+# batch would give each sequence the batch's (transformers recomputes them per forward)
+_LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
+
+
+def supported_types() -> list[str]:
+    return sorted(ARCHITECTURES)
+
+
+def _refuse(config: Any, why: str) -> UnsupportedModelError:
+    model_type = getattr(config, "model_type", None)
+    archs = getattr(config, "architectures", None) or []
+    named = f"model_type {model_type!r}" + (f" ({', '.join(archs)})" if archs else "")
+    return UnsupportedModelError(
+        f"The engine cannot run {named} exactly: {why}. Supported model types: "
+        f"{', '.join(supported_types())}.", parameter="model", value=model_type)
+
+
+def architecture_of(config: Any) -> Architecture:
+    """The family of a causal LM's config; raises `UnsupportedModelError` (see the module
+    docstring) for one the engine would not run exactly."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in REFUSED:
+        raise _refuse(config, REFUSED[model_type])
+    arch = ARCHITECTURES.get(model_type)  # type: ignore[arg-type]
+    if arch is None:
+        raise _refuse(config, "its family is not one the engine knows the layout of")
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None)
+    ropes = rope.values() if isinstance(rope, dict) and all(
+        isinstance(v, dict) for v in rope.values()) else [rope]
+    for params in ropes:
+        kind = (params or {}).get("rope_type") or (params or {}).get("type") \
+            if isinstance(params, dict) else None
+        if kind in _LENGTH_DEPENDENT_ROPE:
+            raise _refuse(config, f"rope scaling {kind!r} sets its frequencies from the longest "
+                                  "position of the whole forward, which in a packed batch is "
+                                  "another sequence's")
+    return arch
+
+
+def module_at(root: Any, path: str) -> Any:
+    """The module at a dotted attribute path (`Architecture`'s fields)."""
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def apply_logits(arch: Architecture, config: Any, logits: Any) -> Any:
+    """What the family's causal LM does to the LM head's output, in the same ops and order."""
+    if arch.logits is None:
+        return logits
+    op, attribute = arch.logits
+    value = getattr(config, attribute, None)
+    if value is None:
+        return logits
+    if op == "softcap":
+        return (logits / value).tanh() * value
+    if op == "divide":
+        return logits / value
+    return logits * value
