@@ -174,3 +174,22 @@ def test_bfloat16_stays_close_to_transformers():
         got = make_llm(loaded).generate(PROMPTS[:1], SamplingParams(
             temperature=0, max_tokens=1, logprobs=5))[0].outputs[0].logprobs[0]
         assert max(abs(lp.logprob - want[t].item()) for t, lp in got.items()) < 0.05, family
+
+
+def test_a_refused_family_is_refused_before_its_weights_load(tmp_path):
+    """`load_model` reads the config first: a directory with only bloom's config.json is
+    refused by name (no weights are there to load)."""
+    from workbench.models import load_model
+
+    tiny_model("bloom").config.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="'bloom'"):
+        load_model(tmp_path, progress=False)
+
+
+def test_lora_on_a_family_without_the_adapters_projections_is_refused():
+    """GPT-2's projections are `c_attn` / `c_proj` Conv1Ds: an adapter would change nothing."""
+    from workbench.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="model_type 'gpt2' names its projections"):
+        make_llm(tiny_model("gpt2"), enable_lora=True)
+    assert make_llm(tiny_model("qwen3"), enable_lora=True).llm_engine.lora.modules

@@ -21,13 +21,13 @@ def _loaded(**hf) -> SimpleNamespace:
     return SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(**hf)))
 
 
-def test_the_context_is_the_position_table_cut_by_the_sliding_window():
+def test_the_context_is_the_position_table_whatever_the_sliding_window():
+    """The paged attention applies windows, so a window no longer cuts the context (Gemma 2's
+    8k stays 8k with its 4k window)."""
     config = EngineConfig()
     assert max_model_len(_loaded(max_position_embeddings=4096), config, False) == 4096
-    windowed = _loaded(max_position_embeddings=4096, sliding_window=1024)
-    assert max_model_len(windowed, config, False) == 1024
-    unused = _loaded(max_position_embeddings=4096, sliding_window=1024, use_sliding_window=False)
-    assert max_model_len(unused, config, False) == 4096
+    windowed = _loaded(max_position_embeddings=8192, sliding_window=4096)
+    assert max_model_len(windowed, config, False) == 8192
     assert max_model_len(_loaded(), config, False) == 2048  # no table given
 
 

@@ -224,7 +224,8 @@ def _attend_decodes_masked(ctx: AttentionContext, qd: torch.Tensor, k_cache: tor
                            softcap: float | None) -> torch.Tensor:
     """Decodes whose keys are limited to a window, or whose scores are soft-capped: the
     gathered contexts with each one's mask."""
-    assert ctx.decode_slots is not None and ctx.decode_lengths is not None
+    assert ctx.decode_flat_slots is not None and ctx.decode_lengths is not None
+    assert ctx.decode_slots is not None
     b, lmax = ctx.decode_slots.shape
     shape = (b, lmax, *k_cache.shape[1:])  # [B, Lmax, Hkv, D]
     kd = k_cache.index_select(0, ctx.decode_flat_slots).view(shape)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from workbench.engine.request import Sequence
 
-
 RELEASED = -1  # a block table entry whose block was released (out of every layer's window)
 
 

@@ -59,7 +59,7 @@ class _DecodeGraph(torch.nn.Module):
         stack = self.stack
         hq, hkv, d = stack.num_heads, stack.num_kv_heads, stack.head_dim
         cos, sin = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)  # [1, 1, D]
-        for i, ((w1, eps1), _, _, (w2, eps2), _, _, act, scaling) in enumerate(stack.plan):
+        for i, ((w1, eps1), _, _, (w2, eps2), _, _, act, scaling, _) in enumerate(stack.plan):
             wqkv, wo, wgu, wd = (getattr(self, f"w{4 * i + j}") for j in range(4))
             qkv = self.linear(_rms_norm(hidden, w1, eps1), wqkv)
             qk = _rotate(qkv[:, :(hq + hkv) * d].view(1, hq + hkv, d), cos, sin)
@@ -95,9 +95,10 @@ class CompiledDecode:
     @staticmethod
     def supports(stack: DecoderStack) -> bool:
         """Whether every projection keeps a plain weight (not the `onednn` kernel) and has no
-        bias (not Qwen2's Q/K/V)."""
+        bias (not Qwen2's Q/K/V), and no layer has a sliding window (the graph reads whole
+        contexts)."""
         return all(getattr(linear, "weight", None) is not None and linear.bias is None
-                   for linear in _projections(stack))
+                   for linear in _projections(stack)) and all(w is None for w in stack.windows)
 
     @staticmethod
     def takes(ctx: AttentionContext, tokens: int) -> bool:

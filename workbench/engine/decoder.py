@@ -30,6 +30,7 @@ from workbench.engine import gemv
 from workbench.engine.attention import AttentionContext, attend
 from workbench.engine.fusion import C_KERNELS, FastLinear, FusedPart
 
+
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """transformers' Llama-family `RMSNorm` module `norm` applied to `x` with torch's fused
     kernel: the same ops in the same dtypes (normalise in float32, cast back, then scale),
@@ -86,13 +87,13 @@ class DecoderStack:
         self.refresh()
 
     @staticmethod
-    def supports(model, layers) -> bool:
+    def supports(model, layers: Any) -> bool:
         """Whether every layer has the modules of the plain pre-norm layer (RMSNorms, fused
         Q/K/V and equal gate and up, no QK norms), and the base model a rotary embedding and an
         RMSNorm last (whether they compute what the loop does, the probe step tells)."""
         base = getattr(model, "model", None)
         if not (_is_rms_norm(getattr(base, "norm", None)) and hasattr(base, "rotary_emb")
-                and getattr(base, "layers", None) is layers):
+                and id(getattr(base, "layers", None)) == id(layers)):
             return False
         for layer in layers:
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)

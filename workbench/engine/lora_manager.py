@@ -29,6 +29,7 @@ from workbench.errors import ValidationError
 from workbench.lora.adapter import LoRAAdapter, load_adapter
 from workbench.lora.layers import TARGETS, LoRABatch, LoRALinear, LoRAState
 from workbench.lora.request import LoRARequest
+from workbench.models.architectures import architecture_of, module_at
 
 
 @dataclass
@@ -50,7 +51,14 @@ class LoRAManager:
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras or max_loras
         self.state = LoRAState(max_loras)
-        self.modules: dict[str, tuple[LoRALinear, int]] = attach(model, self.state)
+        arch = architecture_of(model.config)
+        self.modules: dict[str, tuple[LoRALinear, int]] = attach(
+            model, self.state, module_at(model, arch.layers), arch.layers)
+        if not self.modules:  # adapters would load and change nothing: refused instead
+            raise ValidationError(
+                f"LoRA adapters need the projections {', '.join(n for _, ns in TARGETS for n in ns)}"
+                f"; model_type {model.config.model_type!r} names its projections otherwise.",
+                parameter="enable_lora", value=True)
         self.shapes = {name: (w.in_features, w.sizes[part])
                        for name, (w, part) in self.modules.items()}
         self._loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()  # id -> adapter, LRU first
@@ -183,19 +191,21 @@ class LoRAManager:
                 wrapper.set_slot(slot, part, (a, b, adapter.scaling))
 
 
-def attach(model: Any, state: LoRAState) -> dict[str, tuple[LoRALinear, int]]:
-    """Wraps the adaptable projections of `model`, a Llama-family causal LM (its decoder layers
-    are `model.model.layers`; idempotent: wrappers found are reset to `state`); returns
-    `module name -> (wrapper, part index)` using PEFT's module names."""
+def attach(model: Any, state: LoRAState, layers: Any = None,
+           path: str = "model.layers") -> dict[str, tuple[LoRALinear, int]]:
+    """Wraps the adaptable projections (`TARGETS`) of `model`'s decoder `layers` (at attribute
+    `path`; default a Llama-family model's `model.model.layers`; idempotent: wrappers found
+    are reset to `state`); returns `module name -> (wrapper, part index)` using PEFT's module
+    names."""
     table: dict[str, tuple[LoRALinear, int]] = {}
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(model.model.layers if layers is None else layers):
         for owner_name, names in TARGETS:
             owner = getattr(layer, owner_name, None)
             if owner is None:
                 continue
             for name in names:
                 module = getattr(owner, name, None)
-                full = f"model.layers.{i}.{owner_name}.{name}"
+                full = f"{path}.{i}.{owner_name}.{name}"
                 if isinstance(module, FusedPart):
                     group = module.group
                     if isinstance(group.linear, LoRALinear):

@@ -169,7 +169,9 @@ class ModelRunner:
             self.stack = stack
         windows = [a.sliding_window for a in self.layer_attention.values()]
         # positions further back than every layer's window are never read again
-        self.window = max(windows) if windows and None not in windows else None  # type: ignore[type-var]
+        self.window: int | None = None
+        if windows and all(w is not None for w in windows):
+            self.window = max(w for w in windows if w is not None)
         self.compiled = None
         if compile_enabled() and self.stack is not None and self.device.type == "cpu":
             if CompiledDecode.supports(self.stack):

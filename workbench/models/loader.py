@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from workbench.models.architectures import architecture_of
 from workbench.models.devices import resolve_device, resolve_dtype
 from workbench.models.registry import ENCODER_TYPES, resolve_model
 
@@ -72,9 +73,11 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
     on the terminal.
     """
     # deferred: transformers is heavy to import and only loading needs it
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     spec = resolve_model(model, kind=kind, served_name=served_name)
+    if spec.kind == "generate":  # a family the engine cannot run exactly: refused before its weights
+        architecture_of(AutoConfig.from_pretrained(spec.path, local_files_only=True))
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     auto_class = AutoModelForCausalLM if spec.kind == "generate" else AutoModel
