@@ -5,7 +5,8 @@ rotary (phi, stablelm, gpt_neox, gptj), parallel attention + MLP (phi, gpt_neox,
 learned absolute positions (gpt2, opt), QK norms (qwen3, olmo2, gemma3_text), attention and
 final soft-capping with local / global layers (gemma2), per-layer rope bases (gemma3_text),
 scaled logits (granite, cohere), experts (mixtral, qwen2_moe), biases (qwen2, gpt2, starcoder2,
-phi), tied and untied heads. Greedy tokens must equal transformers' `generate` on an untouched
+phi), ALiBi (bloom, falcon's variant), multi-query and grouped fused heads (falcon), tied and
+untied heads. Greedy tokens must equal transformers' `generate` on an untouched
 copy of the same weights and logprobs lie within 1e-5, for prompts batched together, then
 again across chunked prefill, prefix-cache hits and preemption; sliding windows on prompts
 several times longer than the window. Families the engine cannot run exactly are refused.
@@ -20,12 +21,7 @@ import pytest
 import torch
 
 from tests.engine.helpers import make_llm
-from workbench.models.architectures import (
-    ARCHITECTURES,
-    REFUSED,
-    UnsupportedModelError,
-    architecture_of,
-)
+from workbench.models.architectures import ARCHITECTURES, UnsupportedModelError, architecture_of
 from workbench.models.tiny import tiny_model
 from workbench.sampling_params import SamplingParams
 
@@ -84,7 +80,7 @@ def test_family_is_token_identical_to_transformers(family):
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma2", "phi", "opt",
-                                    "qwen2_moe"])
+                                    "qwen2_moe", "bloom", "falcon"])
 def test_family_exact_across_chunks_prefix_hits_and_preemption(family):
     """Prefill in chunks of 5 tokens, a second round whose prompts hit the prefix cache, and a
     KV cache too small for all three at once (preemption and recompute)."""
@@ -145,11 +141,24 @@ def test_a_family_with_llamas_modules_but_other_arithmetic_keeps_its_layers():
     assert make_llm(tiny_model("llama")).llm_engine.runner.stack is not None
 
 
-@pytest.mark.parametrize("family", sorted(REFUSED))
-def test_families_whose_attention_is_their_own_are_refused_at_load(family):
-    with pytest.raises(UnsupportedModelError, match=f"model_type '{family}'.*ALiBi.*Supported "
-                                                    "model types: .*gpt2"):
-        make_llm(tiny_model(family))
+@pytest.mark.parametrize("overrides", [
+    dict(alibi=True),  # falcon-rw's ALiBi
+    dict(new_decoder_architecture=True, num_kv_heads=2),  # falcon-40b's grouped heads
+    dict(multi_query=False, parallel_attn=False),
+    dict(alibi=True, multi_query=False),
+])
+def test_falcons_variants_are_token_identical(overrides):
+    """Falcon computes attention in its own module: the engine's stand-in for its forward
+    (`engine/attention_modules.py`) on each layout of its fused heads, rotary or ALiBi."""
+    loaded, ref = pristine("falcon", **overrides)
+    expected = reference(ref, PROMPTS, 12)
+    assert_exact(make_llm(loaded).generate(PROMPTS, greedy(12)), expected)
+
+
+def test_a_model_the_engine_cannot_run_exactly_is_refused_at_load_naming_it():
+    with pytest.raises(UnsupportedModelError, match="model_type 'bloom'.*slow_but_exact.*"
+                                                    "Supported model types: .*gpt2"):
+        make_llm(tiny_model("bloom", pretraining_tp=2, slow_but_exact=True))
 
 
 def test_an_unknown_family_and_a_length_dependent_rope_are_refused_by_name():
@@ -177,12 +186,14 @@ def test_bfloat16_stays_close_to_transformers():
 
 
 def test_a_refused_family_is_refused_before_its_weights_load(tmp_path):
-    """`load_model` reads the config first: a directory with only bloom's config.json is
-    refused by name (no weights are there to load)."""
+    """`load_model` reads the config first: a directory with only the config.json of a family
+    the engine does not know (GPT-Neo) is refused by name (no weights are there to load)."""
     from workbench.models import load_model
 
-    tiny_model("bloom").config.save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModelError, match="'bloom'"):
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("gpt_neo").save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="'gpt_neo'"):
         load_model(tmp_path, progress=False)
 
 

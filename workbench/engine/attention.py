@@ -74,6 +74,11 @@ _UNUSED_KWARGS = frozenset({"position_ids", "cache_position", "position_embeddin
 _current = threading.local()
 
 
+def current_context() -> AttentionContext | None:
+    """The step's context on this thread, None outside the engine's forward."""
+    return getattr(_current, "ctx", None)
+
+
 @contextmanager
 def forward_context(ctx: AttentionContext) -> Iterator[None]:
     """Makes `ctx` the paged attention's context for a forward on this thread."""
@@ -92,7 +97,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     Without a context (the model called by `generate` or a plain forward) it is transformers'
     SDPA (or, with a softcap, its eager attention, which SDPA cannot do).
     """
-    wb_ctx: AttentionContext | None = getattr(_current, "ctx", None)
+    wb_ctx = current_context()
     if wb_ctx is None:
         # deferred: transformers takes seconds to import, and only a forward without our
         # context (plain transformers use of the model) needs this
@@ -109,9 +114,6 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         raise NotImplementedError(
             f"{type(module).__name__} passes {sorted(unknown) or ['an attention mask']} to its "
             "attention, which the paged attention does not implement")
-    if wb_ctx.probe is not None:  # the runner's probe: what each layer asks for
-        wb_ctx.probe[module.layer_idx] = LayerAttention(scaling, sliding_window, softcap,
-                                                        tuple(key.shape[1::2]))
     out = attend(wb_ctx, module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
                  value[0].transpose(0, 1), scaling, sliding_window, softcap)
     return out.unsqueeze(0), None
@@ -126,6 +128,20 @@ def _transformers_eager(module):
 
 
 @dataclass(frozen=True)
+class Alibi:
+    """ALiBi: each score of head h at key position j gets `(slopes[h] * j) * scale` added,
+    the bias rounded to the scores' dtype first (BLOOM's and Falcon's `build_alibi_tensor`)."""
+
+    slopes: torch.Tensor  # [Hq] float32
+    scale: float
+
+    def bias(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[Hq, L] for key positions [L]."""
+        bias = (self.slopes[:, None] * positions[None, :].float()).to(dtype)
+        return bias if self.scale == 1.0 else bias * self.scale
+
+
+@dataclass(frozen=True)
 class LayerAttention:
     """What one layer's attention asked for in the runner's probe step."""
 
@@ -137,11 +153,14 @@ class LayerAttention:
 
 def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None,
            v: torch.Tensor | None, scaling: float | None, window: int | None = None,
-           softcap: float | None = None) -> torch.Tensor:
+           softcap: float | None = None, alibi: Alibi | None = None) -> torch.Tensor:
     """Writes the step's K/V into layer `layer_idx`'s cache (unless k and v are None: already
     written), then attends every query to its context (its last `window` positions, scores
     soft-capped at `softcap`: the module docstring). q: [T, Hq, D]; k, v: [T, Hkv, D] ->
-    [T, Hq, D]."""
+    [T, Hq, D]; `alibi` adds BLOOM's / Falcon's position biases."""
+    if ctx.probe is not None:  # the runner's probe step: what each layer asks for
+        assert k is not None
+        ctx.probe[layer_idx] = LayerAttention(scaling, window, softcap, tuple(k.shape[1:]))
     k_cache, v_cache = ctx.kv_caches[layer_idx]
     if k is not None and v is not None:  # written first, so that the reads below see them
         k_cache.index_copy_(0, ctx.slot_mapping, k)
@@ -150,10 +169,11 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
     if window is not None and window >= max(ctx.max_decode_length, ctx.longest_context):
         window = None  # no context reaches past it this step
     if nd == q.shape[0]:  # decodes only (every step of plain generation): no output to splice
-        return _attend_decodes(ctx, q, k_cache, v_cache, scaling, window, softcap)
+        return _attend_decodes(ctx, q, k_cache, v_cache, scaling, window, softcap, alibi)
     out = torch.empty_like(q)  # [T, Hq, D]
     if nd:
-        out[:nd] = _attend_decodes(ctx, q[:nd], k_cache, v_cache, scaling, window, softcap)
+        out[:nd] = _attend_decodes(ctx, q[:nd], k_cache, v_cache, scaling, window, softcap,
+                                   alibi)
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
         slots, mask, first = chunk.slots, chunk.mask, 0
@@ -167,9 +187,17 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
         kp = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
         vp = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
         qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        if softcap is not None:
-            if mask is None:
-                mask = torch.ones(n, slots.shape[0], dtype=torch.bool, device=q.device).tril()
+        if softcap is not None or alibi is not None:
+            length = slots.shape[0]
+            if mask is None:  # plainly causal: query i at position L - n + i
+                mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+        if alibi is not None:  # a float mask: the biases, -inf where masked
+            bias = alibi.bias(torch.arange(first, first + slots.shape[0], device=q.device),
+                              q.dtype)  # [Hq, L]
+            float_mask = bias[:, None, :].masked_fill(~mask, float("-inf")).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=float_mask, scale=scaling,
+                                               enable_gqa=True)
+        elif softcap is not None:
             o = eager_attention(qp, kp, vp, mask, scaling or q.shape[-1] ** -0.5, softcap)
         else:
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scaling,
@@ -196,12 +224,12 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
 def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, scaling: float | None, window: int | None = None,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None, alibi: Alibi | None = None) -> torch.Tensor:
     """The decode queries qd [B, Hq, D] against their gathered contexts -> [B, Hq, D]."""
     assert ctx.decode_slots is not None and ctx.decode_flat_slots is not None  # decodes run
     scale = scaling or qd.shape[-1] ** -0.5
-    if window is not None or softcap is not None:
-        return _attend_decodes_masked(ctx, qd, k_cache, v_cache, scale, window, softcap)
+    if window is not None or softcap is not None or alibi is not None:
+        return _attend_decodes_masked(ctx, qd, k_cache, v_cache, scale, window, softcap, alibi)
     if ctx.c_attention and ctx.decode_lengths is not None:
         out = gemv.decode_attention(qd, k_cache, v_cache, ctx.decode_slots, ctx.decode_lengths,
                                     scale)
@@ -221,9 +249,9 @@ def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tens
 
 def _attend_decodes_masked(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tensor,
                            v_cache: torch.Tensor, scale: float, window: int | None,
-                           softcap: float | None) -> torch.Tensor:
-    """Decodes whose keys are limited to a window, or whose scores are soft-capped: the
-    gathered contexts with each one's mask."""
+                           softcap: float | None, alibi: Alibi | None = None) -> torch.Tensor:
+    """Decodes whose keys are limited to a window, whose scores are soft-capped or carry
+    ALiBi biases: the gathered contexts with each one's mask."""
     assert ctx.decode_flat_slots is not None and ctx.decode_lengths is not None
     assert ctx.decode_slots is not None
     b, lmax = ctx.decode_slots.shape
@@ -235,6 +263,13 @@ def _attend_decodes_masked(ctx: AttentionContext, qd: torch.Tensor, k_cache: tor
     mask = positions < lengths
     if window is not None:  # the query sits at length - 1
         mask = mask & (positions > lengths - 1 - window)
+    if alibi is not None:  # [B, Hq, 1, Lmax] biases, -inf where masked
+        bias = alibi.bias(positions[0], qd.dtype)[None, :, None, :]
+        float_mask = bias.masked_fill(~mask[:, None, None, :], float("-inf"))
+        out = F.scaled_dot_product_attention(qd.unsqueeze(2), kd.transpose(1, 2),
+                                             vd.transpose(1, 2), attn_mask=float_mask,
+                                             scale=scale, enable_gqa=True)
+        return out[:, :, 0]
     if softcap is None:
         return decode_attention(qd, kd, vd, mask, scale)
     out = eager_attention(qd.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import attention, kernels
+from workbench.engine import attention, attention_modules, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk
 from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
-from workbench.models.architectures import apply_logits, architecture_of, module_at
+from workbench.models.architectures import apply_logits, architecture_of, kv_heads, module_at
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def kv_shape(config) -> tuple[int, int]:
     probe step checks it against what the layers compute)."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return getattr(config, "num_key_value_heads", None) or heads, head_dim
+    return kv_heads(config), head_dim
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -141,6 +141,8 @@ class ModelRunner:
                            "(dtype='auto') runs faster here", weight.dtype)
         self.layers = module_at(model, self.arch.layers)
         fuse_projections(model, self.kernel.kernel, self.layers)
+        if self.arch.attention is not None:  # attention computed in its module: our forward
+            attention_modules.install(self.arch.attention, self.layers, model.config)
         self.model = model
         self.base = module_at(model, self.arch.base)
         self.embed = module_at(model, self.arch.embed)

@@ -7,9 +7,11 @@ head's output before returning it (`logits`: Gemma 2's soft-capping, Granite's a
 scaling). Everything else — positions (rotary, partial rotary, learned tables), norms,
 parallel attention and MLP, QK norms, per-layer rope bases, attention soft-capping, sliding
 windows — stays in transformers' own modules, which the engine runs as they are with its paged
-attention in place of theirs (`engine/attention.py`). So a family is served exactly when its
-attention goes through transformers' attention interface and nothing in its forward depends
-on the batch beyond the sequence (`REFUSED` says which do not, and why).
+attention in place of theirs (`engine/attention.py`). Two families compute attention in their
+attention module instead of calling transformers' attention interface (BLOOM's and Falcon's
+ALiBi, Falcon's fused heads): `attention` names the engine's stand-in for that module's forward
+(`engine/attention_modules.py`), the same arithmetic up to the attention itself. Nothing else
+in a family may depend on the batch beyond the sequence (what does is refused, saying why).
 
 `architecture_of(config)` returns a config's family or raises `UnsupportedModelError` naming
 its `model_type`, the feature at fault where there is one, and the supported types. Like
@@ -43,6 +45,7 @@ class Architecture:
     positions: str  # how positions enter (documentation: the README's table)
     logits: tuple[str, str] | None = None  # (op, config attribute) after the LM head
     features: str = ""  # what else its layers do (documentation: the README's table)
+    attention: str | None = None  # the engine's stand-in for its attention module's forward
 
 
 def _llama_like(family: str, positions: str = "rotary", logits: tuple[str, str] | None = None,
@@ -87,15 +90,13 @@ ARCHITECTURES: MappingProxyType[str, Architecture] = MappingProxyType({
                         features="LayerNorm before or after, optional projections in and out"),
     "gptj": Architecture("gptj", "transformer", "transformer.wte", "transformer.h",
                          "partial rotary (interleaved)", features="parallel attention + MLP"),
-})
-
-# families of transformers whose attention does not go through its attention interface, so
-# the paged attention cannot take its place: refused, with the reason
-REFUSED: MappingProxyType[str, str] = MappingProxyType({
-    "falcon": "its attention computes ALiBi or rotary attention itself instead of calling "
-              "transformers' attention interface",
-    "bloom": "ALiBi: its attention computes position biases itself instead of calling "
-             "transformers' attention interface",
+    "bloom": Architecture("bloom", "transformer", "transformer.word_embeddings", "transformer.h",
+                          "ALiBi", features="embedding LayerNorm, fused QKV, biases",
+                          attention="bloom"),
+    "falcon": Architecture("falcon", "transformer", "transformer.word_embeddings",
+                           "transformer.h", "rotary or ALiBi",
+                           features="parallel attention + MLP, multi-query or grouped fused QKV",
+                           attention="falcon"),
 })
 
 # rope scalings whose frequencies depend on the longest position of the whole call: a packed
@@ -120,8 +121,6 @@ def architecture_of(config: Any) -> Architecture:
     """The family of a causal LM's config; raises `UnsupportedModelError` (see the module
     docstring) for one the engine would not run exactly."""
     model_type = getattr(config, "model_type", None)
-    if model_type in REFUSED:
-        raise _refuse(config, REFUSED[model_type])
     arch = ARCHITECTURES.get(model_type)  # type: ignore[arg-type]
     if arch is None:
         raise _refuse(config, "its family is not one the engine knows the layout of")
@@ -135,7 +134,20 @@ def architecture_of(config: Any) -> Architecture:
             raise _refuse(config, f"rope scaling {kind!r} sets its frequencies from the longest "
                                   "position of the whole forward, which in a packed batch is "
                                   "another sequence's")
+    if model_type == "bloom" and getattr(config, "pretraining_tp", 1) > 1 and getattr(
+            config, "slow_but_exact", False):
+        raise _refuse(config, "slow_but_exact with pretraining_tp > 1 splits its output "
+                              "projection into slices the engine does not reproduce")
     return arch
+
+
+def kv_heads(config: Any) -> int:
+    """How many key / value heads a layer writes to the KV cache."""
+    if getattr(config, "model_type", None) == "falcon":  # its `_split_heads`
+        if config.new_decoder_architecture:
+            return config.num_kv_heads
+        return 1 if config.multi_query else config.num_attention_heads
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
 def module_at(root: Any, path: str) -> Any:

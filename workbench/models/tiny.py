@@ -1,7 +1,7 @@
 """Tiny random models of the real architectures, built in memory for fast tests.
 
 `tiny_model("llama")` (or any family of `TINY_ARCHITECTURES`: the decoder families of
-`workbench/models/architectures.py`, the two it refuses, and "bert") builds a 2-layer model with
+`workbench/models/architectures.py` and "bert") builds a 2-layer model with
 hidden size 64 from a seeded generator, so the same seed gives the same weights, and pairs it
 with a real tokenizer shipped in this package (`workbench/models/tokenizers/`): SmolLM2's
 (vocabulary 49,152, ChatML template) for the generative ones, MiniLM's for bert. `overrides`
@@ -45,7 +45,7 @@ _FAMILY: dict[str, dict] = {
     "gpt_neox": dict(_NO_GQA, rotary_pct=0.25, tie_word_embeddings=False),
     "opt": dict(_NO_GQA, ffn_dim=128, word_embed_proj_dim=64),
     "gptj": dict(_NO_GQA, rotary_dim=8, n_inner=128),
-    "falcon": {}, "bloom": _NO_GQA,  # refused by the engine (`architectures.REFUSED`)
+    "falcon": {}, "bloom": _NO_GQA,
 }
 TINY_ARCHITECTURES = (*_FAMILY, "bert")
 
