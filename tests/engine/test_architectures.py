@@ -188,9 +188,9 @@ def test_bfloat16_stays_close_to_transformers():
 def test_a_refused_family_is_refused_before_its_weights_load(tmp_path):
     """`load_model` reads the config first: a directory with only the config.json of a family
     the engine does not know (GPT-Neo) is refused by name (no weights are there to load)."""
-    from workbench.models import load_model
-
     from transformers import AutoConfig
+
+    from workbench.models import load_model
 
     AutoConfig.for_model("gpt_neo").save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match="'gpt_neo'"):

@@ -187,17 +187,16 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
         kp = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
         vp = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
         qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        if softcap is not None or alibi is not None:
-            length = slots.shape[0]
-            if mask is None:  # plainly causal: query i at position L - n + i
-                mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
-        if alibi is not None:  # a float mask: the biases, -inf where masked
+        if mask is None and (softcap is not None or alibi is not None):
+            length = slots.shape[0]  # plainly causal: query i at position L - n + i
+            mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+        if alibi is not None and mask is not None:  # a float mask: biases, -inf where masked
             bias = alibi.bias(torch.arange(first, first + slots.shape[0], device=q.device),
                               q.dtype)  # [Hq, L]
             float_mask = bias[:, None, :].masked_fill(~mask, float("-inf")).unsqueeze(0)
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=float_mask, scale=scaling,
                                                enable_gqa=True)
-        elif softcap is not None:
+        elif softcap is not None and mask is not None:
             o = eager_attention(qp, kp, vp, mask, scaling or q.shape[-1] ** -0.5, softcap)
         else:
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scaling,

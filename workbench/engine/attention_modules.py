@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -84,8 +85,9 @@ def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None
     return self.dense(out.reshape(1, t, self.num_heads * d)), None
 
 
-FORWARDS = {"bloom": ("self_attention", bloom_forward),
-            "falcon": ("self_attention", falcon_forward)}
+# family -> (the layer's attribute holding its attention module, the engine's forward for it)
+FORWARDS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "bloom": ("self_attention", bloom_forward), "falcon": ("self_attention", falcon_forward)}
 
 
 def install(family: str, layers, config) -> None:
