@@ -14,13 +14,13 @@ from tests.engine.helpers import BAD_SEED, faulty_sampler
 async def test_a_sampler_fault_is_a_500_for_its_request_only(make_server, monkeypatch):
     server = make_server()
     engine = server.engine.engine
-    real = engine.sampler
+    real = engine.generation_handler.sampler
 
     good = [{"prompt": f"Count {i}:", "max_tokens": 6, "temperature": 0} for i in range(6)]
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
         expected = [(await client.post("/v1/completions", json=b)).json()["choices"][0]["text"]
                     for b in good]
-        monkeypatch.setattr(engine, "sampler", faulty_sampler(real))
+        monkeypatch.setattr(engine.generation_handler, "sampler", faulty_sampler(real))
         bad = {"prompt": "Count 9:", "max_tokens": 6, "seed": BAD_SEED}
         answers = await asyncio.gather(
             client.post("/v1/completions", json=bad, headers={"X-Request-Id": "the-bad-one"}),
