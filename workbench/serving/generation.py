@@ -135,9 +135,9 @@ class GenerationServing(OpenAIServing):
         async with aclosing(ctx.require_generator()) as outputs:
             async for index, output in outputs:
                 for delta in choice_deltas(output, index, ctx.n):
-                    if delta.finish_reason == "error":  # vLLM's log line (and the cause)
+                    if delta.finish_reason == "error":  # vLLM's log line and message
                         logger.error("Request %s failed with an internal error during "
-                                     "generation: %s", output.request_id, output.error)
+                                     "generation", output.request_id)
                         raise GenerationError("Internal server error")
                     yield delta
 
