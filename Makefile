@@ -44,11 +44,12 @@ serve: install
 	$(BIN)/workbench serve --host 127.0.0.1 --port 8000
 
 # pyflakes, isort and bugbear (ruff), types of the engine and serving layers (mypy), and the
-# layering of docs/structure.md (import-linter): config in pyproject.toml
+# layering of docs/structure.md (import-linter): config in pyproject.toml, and the run-time
+# torch-free contract in importlinter-runtime.toml
 lint: install
 	$(BIN)/ruff check workbench tests scripts
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports pyproject.toml importlinter-runtime.toml
 
 test: install lint
 	$(BIN)/pytest tests

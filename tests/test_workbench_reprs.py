@@ -39,6 +39,19 @@ def test_request_and_completion_outputs_show_text_tokens_and_finish(llm):
     assert out._repr_html_() == out._repr_html_()
 
 
+def test_a_failed_request_s_card_says_why(llm, monkeypatch):
+    from workbench.errors import EngineStepError
+
+    def execute(out):
+        raise RuntimeError("simulated <kernel> failure")
+
+    monkeypatch.setattr(llm.llm_engine.runner, "execute", execute)
+    with pytest.raises(EngineStepError) as info:
+        llm.generate(["Once upon a time"], SamplingParams(max_tokens=3))
+    html = info.value.outputs[0]._repr_html_()
+    assert "failed (RuntimeError: simulated &lt;kernel&gt; failure)" in html
+
+
 def test_pooling_outputs_show_their_value(encoder):
     emb = encoder.embed(["a short text"])[0]
     html = emb._repr_html_()

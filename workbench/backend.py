@@ -2,9 +2,10 @@
 
 Two implement it (`workbench.workbench`): `_Local`, the serving objects on an in-kernel async
 engine, and `_Remote`, any OpenAI-compatible server over httpx. Both take the same request
-bodies (dicts, as the HTTP API's JSON) and give the same `Result`s, so every `Workbench`
-method is one call on its backend. `endpoint` names the route: "completions", "chat",
-"tokenize", "detokenize", "models", "embeddings", "score", "rerank", "classify", "pooling".
+bodies (dicts, as the HTTP API's JSON) and give the same `Result`s (`workbench/result.py`,
+below both), so every `Workbench` method is one call on its backend. `endpoint` names the
+route: "completions", "chat", "tokenize", "detokenize", "models", "embeddings", "score",
+"rerank", "classify", "pooling".
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # annotations only: workbench.workbench imports this module
+if TYPE_CHECKING:  # annotations only
     from workbench.engine.beam_search import BeamSearchOutput
     from workbench.inspect.validation_report import ValidationReport
+    from workbench.result import Result
     from workbench.sampling_params import BeamSearchParams
-    from workbench.workbench import Result
 
 
 @runtime_checkable

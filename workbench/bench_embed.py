@@ -61,7 +61,7 @@ class EmbedContenders:
 
     @cached_property
     def ours(self):
-        from workbench import LLM  # deferred: workbench.llm imports torch
+        from workbench.llm import LLM  # deferred: it imports torch
 
         return LLM(model=self.model, dtype=self.dtype, max_num_seqs=256,
                    max_num_batched_tokens=8192)

@@ -1,4 +1,4 @@
-"""Errors the engine and the serving layer raise for input they cannot honour.
+"""Errors the engine and the serving layer raise: input they cannot honour, engine failures.
 
 `ValidationError` is a `ValueError` that names the offending parameter and its value, like
 vLLM's `VLLMValidationError`: its `str()` ends with ``(parameter=NAME, value=VALUE)`` and the
@@ -60,3 +60,34 @@ class RequestTimeoutError(TimeoutError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped after an unrecoverable error; no request can be served."""
+
+
+class EngineStepError(RuntimeError):
+    """Requests the engine failed inside a step (the model's forward, the sampler, ...), raised
+    by the offline `LLM`: the message names each request and its cause; `errors` maps request
+    ids to causes, and `outputs` holds every output of the call, in prompt order (the failed
+    ones with finish_reason "error" and their `error`). The engine's log has the traceback.
+
+    >>> str(EngineStepError({"llm-0": "RuntimeError: boom"}))
+    'Request llm-0 failed in the engine: RuntimeError: boom'
+    """
+
+    def __init__(self, errors: dict[str, str], outputs: list[Any] | None = None):
+        super().__init__(_failures(errors))
+        self.errors = errors
+        self.outputs = outputs or []
+
+
+def _failures(errors: dict[str, str], shown: int = 5) -> str:
+    """One line: each cause once, with (up to `shown` of) the requests it ended."""
+    if len(errors) == 1:
+        ((rid, cause),) = errors.items()
+        return f"Request {rid} failed in the engine: {cause}"
+    by_cause: dict[str, list[str]] = {}
+    for rid, cause in errors.items():
+        by_cause.setdefault(cause, []).append(rid)
+    parts = []
+    for cause, ids in by_cause.items():
+        more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+        parts.append(f"{cause} ({', '.join(ids[:shown])}{more})")
+    return f"{len(errors)} requests failed in the engine: {'; '.join(parts)}"

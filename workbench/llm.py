@@ -6,7 +6,10 @@ and the pooling calls `embed`, `classify`, `score`, `encode`).
 >>> llm.generate(["Once upon a time"], SamplingParams(max_tokens=8))[0].outputs[0].text  # doctest: +SKIP
 
 Prompts are submitted together and the engine steps until all are done, so a list of prompts
-is one continuously batched run. Outputs come back in the order of the prompts.
+is one continuously batched run. Outputs come back in the order of the prompts. When the engine
+fails a request inside a step (the model's forward, the sampler, ...), the call raises
+`EngineStepError` once all are done, naming each failed request and its cause; its `outputs`
+are all of the call's, the failed ones with finish_reason "error" and `error` set.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from workbench.engine.outputs import (
     ScoringRequestOutput,
 )
 from workbench.engine.pooling import bi_encoder_score, judgement_prompt, score_pairs
-from workbench.errors import ValidationError
+from workbench.errors import EngineStepError, ValidationError
 from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.output_views import llm_html, llm_repr
 from workbench.pooling_params import PoolingParams
@@ -188,7 +191,8 @@ class LLM:
     def _drive(self, adders: list[Callable[[str, Callable], Any]], kind: str,
                use_tqdm: bool, steps: int | None = None) -> list:
         """Submits one request per `adder(request_id, on_output)`, steps the engine until each
-        has its final output, and returns those in order; on any error all are aborted.
+        has its final output, and returns those in order; on any error all are aborted. Raises
+        `EngineStepError` (with every output) when the engine failed any of them.
         The progress bar counts finished requests, or with `steps` (beam searches, which
         report only at the end) engine steps of each unfinished request, up to `steps`."""
         engine = self.llm_engine
@@ -221,7 +225,11 @@ class LLM:
             raise
         finally:
             bar.close()
-        return [finals[rid] for rid in ids]
+        outputs = [finals[rid] for rid in ids]
+        errors = {rid: out.error for rid, out in zip(ids, outputs) if out.error is not None}
+        if errors:
+            raise EngineStepError(errors, outputs)
+        return outputs
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, use_tqdm: bool = False,

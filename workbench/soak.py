@@ -262,7 +262,8 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
     # the soak's client side (storm, fuzz, its report) loads without it
     import torch
 
-    from workbench import LLM, serve_in_kernel
+    from workbench.http.kernel_server import serve_in_kernel
+    from workbench.llm import LLM
     from workbench.models import tiny_model
 
     torch.set_num_threads(1)

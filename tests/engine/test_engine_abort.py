@@ -4,6 +4,7 @@
 import pytest
 
 from tests.engine.helpers import greedy, make_llm
+from workbench.errors import EngineStepError
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 PROMPT = "Once upon a time there was a"
@@ -128,7 +129,9 @@ def test_a_model_failure_ends_the_scheduled_requests_with_error(llm, monkeypatch
 def test_the_engine_serves_later_requests_after_a_model_failure(llm, monkeypatch):
     want = llm.generate(PROMPT, greedy(8))[0].outputs[0].token_ids
     fail_once(monkeypatch, llm.llm_engine)
-    assert llm.generate(PROMPT, greedy(8))[0].outputs[0].finish_reason == "error"
+    with pytest.raises(EngineStepError) as info:
+        llm.generate(PROMPT, greedy(8))
+    assert info.value.outputs[0].outputs[0].finish_reason == "error"
     assert llm.generate(PROMPT, greedy(8))[0].outputs[0].token_ids == want
 
 

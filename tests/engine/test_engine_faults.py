@@ -45,9 +45,10 @@ def test_a_sampler_fault_ends_only_its_request(llm, monkeypatch):
     expected = _baseline(llm)
     engine = llm.llm_engine
     free = engine.block_manager.num_free_blocks
-    real = engine.sampler
+    handler = engine.generation_handler
+    real = handler.sampler
 
-    monkeypatch.setattr(engine, "sampler", faulty_sampler(real))
+    monkeypatch.setattr(handler, "sampler", faulty_sampler(real))
     outs = _run(llm, [greedy(8), _bad(), greedy(8)])
     assert outs[1].outputs[0].finish_reason == "error"
     assert [outs[0].outputs[0].token_ids, outs[2].outputs[0].token_ids] == [expected[0],
@@ -55,7 +56,7 @@ def test_a_sampler_fault_ends_only_its_request(llm, monkeypatch):
     assert all(o.outputs[0].finish_reason == "length" for o in (outs[0], outs[2]))
     assert engine.block_manager.num_free_blocks == free
     assert not engine.has_unfinished_requests()
-    monkeypatch.setattr(engine, "sampler", real)
+    monkeypatch.setattr(handler, "sampler", real)
     assert _baseline(llm) == expected  # and it keeps serving
 
 
@@ -78,14 +79,14 @@ def test_a_detokenizer_fault_ends_only_its_request(llm, monkeypatch):
 
 def test_n_samples_of_a_failing_request_all_report_the_error(llm, monkeypatch):
     engine = llm.llm_engine
-    real = engine.sampler
+    real = engine.generation_handler.sampler
 
     def sampler(logits, rows):
         if any(r.params.seed == BAD_SEED and r.output_ids for r in rows):
             raise RuntimeError("injected fault on the second token")
         return real(logits, rows)
 
-    monkeypatch.setattr(engine, "sampler", sampler)
+    monkeypatch.setattr(engine.generation_handler, "sampler", sampler)
     bad = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=BAD_SEED)
     outs = _run(llm, [greedy(8), bad])
     assert [c.finish_reason for c in outs[1].outputs] == ["error"] * 3

@@ -49,25 +49,26 @@ def test_each_kind_gets_its_handler_when_added(engine):
         "beam": engine.add_beam_request("beam", PROMPTS[0], BeamSearchParams(2, 2)),
         "pool": engine.add_pooling_request("pool", PROMPTS[0], PoolingParams(task="embed")),
     }
-    assert isinstance(reqs["gen"].handler, GenerationHandler)
-    assert isinstance(reqs["beam"].handler, BeamHandler)
-    assert isinstance(reqs["pool"].handler, PoolingHandler)
-    assert [r.handler for r in reqs.values()] == [engine.generation_handler, engine.beam_handler,
-                                                engine.pooling_handler]
+    assert [r.kind for r in reqs.values()] == ["generate", "beam", "pool"]
+    assert isinstance(engine.handlers["generate"], GenerationHandler)
+    assert isinstance(engine.handlers["beam"], BeamHandler)
+    assert isinstance(engine.handlers["pool"], PoolingHandler)
+    assert [engine.handlers[r.kind] for r in reqs.values()] == [
+        engine.generation_handler, engine.beam_handler, engine.pooling_handler]
     _run_all(engine)
 
 
-def test_each_handler_advances_only_its_own_requests(engine, monkeypatch):
+def test_each_handler_computes_only_its_own_requests(engine, monkeypatch):
     seen: dict[str, set[str]] = {}
     for name in ("generation_handler", "beam_handler", "pooling_handler"):
         handler = getattr(engine, name)
-        real = handler.advance
+        real = handler.compute
 
-        def spy(batch, rows, real=real, name=name):
+        def spy(batch, rows, results, real=real, name=name):
             seen.setdefault(name, set()).update(s.request.request_id for s, _ in batch)
-            return real(batch, rows)
+            return real(batch, rows, results)
 
-        monkeypatch.setattr(handler, "advance", spy)
+        monkeypatch.setattr(handler, "compute", spy)
     _add_all(engine, {})
     _run_all(engine)
     assert seen == {"generation_handler": {"greedy", "sampled"}, "beam_handler": {"beam"},

@@ -226,7 +226,7 @@ def force_tokens(monkeypatch, engine, forced: list[int]) -> None:
     from workbench.engine.sampler import SampleResult
 
     stream = iter(forced)
-    monkeypatch.setattr(engine, "sampler", lambda logits, rows: SampleResult(
+    monkeypatch.setattr(engine.generation_handler, "sampler", lambda logits, rows: SampleResult(
         torch.tensor([next(stream) for _ in rows]), None, None, None, None))
 
 

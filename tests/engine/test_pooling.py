@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tests.engine.helpers import greedy, make_llm
 from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.engine.outputs import PoolingRequestOutput
-from workbench.errors import ValidationError
+from workbench.errors import EngineStepError, ValidationError
 from workbench.llm import LLM
 from workbench.pooling_params import PoolingParams
 
@@ -214,7 +214,8 @@ def test_a_model_failure_ends_the_request_with_error(enc, monkeypatch):
     engine.add_pooling_request("bad", "Some text", PoolingParams(), on_output=got.append)
     engine.step()
     assert got[0].finish_reason == "error" and got[0].finished
-    with pytest.raises(RuntimeError, match="Pooling failed"):
+    assert got[0].error == "RuntimeError: boom"
+    with pytest.raises(EngineStepError, match="RuntimeError: boom"):
         enc.embed(["again"])
     monkeypatch.undo()
     assert len(enc.embed(["fine now"])[0].outputs.embedding) == 384

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jinja2
 import pytest
 
-from workbench.errors import EngineDeadError, NotFoundError, ValidationError
+from workbench.errors import EngineDeadError, EngineStepError, NotFoundError, ValidationError
 from workbench.serving.errors import ENGINE_DEAD_MESSAGE, error_response, sanitize_message
 
 
@@ -19,6 +19,7 @@ from workbench.serving.errors import ENGINE_DEAD_MESSAGE, error_response, saniti
     (jinja2.TemplateSyntaxError("oops", 1), 400, "BadRequestError", None),
     (NotImplementedError("later"), 501, "NotImplementedError", None),
     (EngineDeadError("dead"), 500, "InternalServerError", None),
+    (EngineStepError({"r": "RuntimeError: boom"}), 500, "InternalServerError", None),
     (KeyError("k"), 500, "InternalServerError", None),
 ])
 def test_status_type_and_param(exc, code, kind, param):
@@ -35,6 +36,11 @@ def test_validation_message_carries_parameter_and_value_like_vllm():
 
 def test_engine_dead_message():
     assert error_response(EngineDeadError("x")).error.message == ENGINE_DEAD_MESSAGE
+
+
+def test_an_engine_step_error_keeps_its_cause_in_the_log_not_the_answer():
+    answer = error_response(EngineStepError({"r": "RuntimeError: at /work/x.py"})).error
+    assert answer.message == "Internal server error"
 
 
 def test_sanitize_strips_paths_addresses_and_traceback_lines():

@@ -54,6 +54,7 @@ class BeamSearchOutput:
     prompt: str | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
     finished: bool = True
+    error: str | None = None  # the engine failed the search: why ("RuntimeError: ...")
 
     def to_request_output(self) -> RequestOutput:
         """One `RequestOutput` with a `CompletionOutput` per beam, as vLLM's serving layer."""
@@ -67,7 +68,7 @@ class BeamSearchOutput:
         lora = self.sequences[0].lora_request if self.sequences else None
         return RequestOutput(request_id=self.request_id or "", prompt=self.prompt,
                              prompt_token_ids=self.prompt_token_ids, prompt_logprobs=None,
-                             outputs=outs, finished=True, lora_request=lora)
+                             outputs=outs, finished=True, lora_request=lora, error=self.error)
 
 
 def beam_score(tokens: list[int], cum_logprob: float, eos_token_id: int | None,
@@ -188,8 +189,11 @@ class BeamSearch:
             self.tree.nodes[i] = replace(self.tree.nodes[i], returned=pos)
         self.tree.returned = ids
 
-    def error(self, request_id: str | None = None) -> BeamSearchOutput:
-        """The single output of a search that the engine failed: finish_reason 'error'."""
+    def error(self, request_id: str | None = None, error: str | None = None
+              ) -> BeamSearchOutput:
+        """The single output of a search that the engine failed: finish_reason 'error',
+        `error` its cause."""
         seq = BeamSearchSequence(tokens=list(self.prompt_token_ids), logprobs=[], text="",
                                  finish_reason="error", lora_request=self.lora_request)
-        return BeamSearchOutput([seq], self.tree, request_id, self.prompt, self.prompt_token_ids)
+        return BeamSearchOutput([seq], self.tree, request_id, self.prompt, self.prompt_token_ids,
+                                error=error)

@@ -2,29 +2,30 @@
 
 Generation (`add_request`), beam searches (`add_beam_request`) and pooling requests
 (`add_pooling_request`) run in the same steps; each request's kind handler
-(`engine/handlers/`), chosen when it is added, advances its sequences from the step's rows and
-builds its outputs. One `step()` is: schedule -> run the model on the scheduled tokens ->
-record prompt logprobs -> each kind advances its sequences (sample / beam step / pool) ->
-return the outputs of this step. The engine is not thread-safe by itself; `lock` serializes
-callers (the async engine's thread, a notebook calling `LLM.generate`), and every step runs on
-the process's one model thread (`model_thread.py`), whoever calls it.
+(`engine/handlers/`), named by its `kind` when it is added, computes its sequences' results
+from the step's rows and builds its outputs. One `step()` is: schedule -> run the model on the
+scheduled tokens -> commit them (the bookkeeper: blocks, prompt logprobs, forks of `n > 1`)
+-> each kind computes its results (sample / beam step / pool) -> the bookkeeper applies them
+all (`update_from_output`) -> the outputs of this step. A model failure ends the step's
+requests with 'error' (logged once with their ids; the cause is each output's `error`). The
+engine is not thread-safe by itself; `lock` serializes callers (the async engine's thread, a
+notebook calling `LLM.generate`), and every step runs on the process's one model thread
+(`model_thread.py`), whoever calls it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from workbench.config import EngineConfig
 from workbench.engine import model_limits
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.block_manager import BlockManager
+from workbench.engine.bookkeeper import Bookkeeper
 from workbench.engine.encoder_runner import EncoderRunner
 from workbench.engine.handlers import (
     BeamHandler,
@@ -38,11 +39,11 @@ from workbench.engine.model_thread import on_model_thread
 from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
 from workbench.engine.pooling import label_token_ids
-from workbench.engine.request import Request, Sequence, unique_requests
-from workbench.engine.runner import LogitRows, ModelRunner
+from workbench.engine.request import Request, RequestKind, Sequence, unique_requests
+from workbench.engine.runner import ModelRunner
 from workbench.engine.sampler import Sampler
 from workbench.engine.scheduler import Scheduler, SchedulerOutput
-from workbench.engine.thinking import ThinkingBudget
+from workbench.engine.step_results import StepResults
 from workbench.errors import ValidationError
 from workbench.lora.request import LoRARequest
 from workbench.models.loader import load_model
@@ -50,6 +51,7 @@ from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass
 class EngineStats:
@@ -62,17 +64,6 @@ class EngineStats:
     num_preemptions: int
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of which found there
-
-
-def _handler(req: Request) -> KindHandler:
-    """The handler of a request the engine holds (`_enqueue` gave it one)."""
-    assert req.handler is not None
-    return req.handler
-
-
-def _seed_for(seed: int, index: int) -> int:
-    """Distinct, reproducible generator seeds for the n samples of one seeded request."""
-    return (seed * 0x9E3779B97F4A7C15 + index) % (2**63)
 
 
 class LLMEngine:
@@ -106,26 +97,22 @@ class LLMEngine:
             self._init_encoder()
         else:
             self._init_decoder(hf)
-        self.sampler = Sampler(config.seed, self.vocab_size)
         self.inputs = InputProcessor(self.tokenizer, self.vocab_size, self.max_model_len,
                                      config.max_logprobs, eos,
                                      model_limits.extra_eos_ids(gen, eos),
                                      hidden_size=hf.hidden_size)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len, self.vocab_size)
-        label_ids = (None if self.is_pooling_model
-                     else label_token_ids(self.tokenizer, config.classifier_labels))
-        # one handler per kind of request; each request's is chosen when it is added
-        self.generation_handler = GenerationHandler(self)
-        self.beam_handler = BeamHandler(self)
-        self.pooling_handler = PoolingHandler(self, label_ids)
-        self.handlers: tuple[KindHandler, ...] = (
-            self.generation_handler, self.beam_handler, self.pooling_handler)
+        self.books = Bookkeeper(self.scheduler, self.block_manager, self.outputs)
+        self._init_handlers(hf)
         self.requests: dict[str, Request] = {}
         self._finished_outside_step: list[Request] = []
         self._listeners: dict[str, Callable[[Any], None]] = {}
         self.lock = threading.RLock()
         self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
+
+    @property
+    def generation_tokens_total(self) -> int:
+        return self.books.generation_tokens_total
 
     # -- set-up -----------------------------------------------------------------------------
     def _init_decoder(self, hf) -> None:
@@ -145,6 +132,22 @@ class LLMEngine:
                                     config.max_cpu_loras)
             self.runner.lora = self.lora
             self.scheduler.max_loras = config.max_loras
+
+    def _init_handlers(self, hf) -> None:
+        """One handler per kind of request, each given only what it uses; a request's `kind`
+        names its handler."""
+        config, vocab, inputs, outputs = self.config, self.vocab_size, self.inputs, self.outputs
+        label_ids = (None if self.is_pooling_model
+                     else label_token_ids(self.tokenizer, config.classifier_labels))
+        normalize = getattr(self.loaded, "normalize", True) if self.is_pooling_model else True
+        self.generation_handler = GenerationHandler(inputs, outputs, Sampler(config.seed, vocab),
+                                                    vocab, config.max_num_seqs)
+        self.beam_handler = BeamHandler(inputs, outputs, self.tokenizer, vocab,
+                                        config.max_num_seqs)
+        self.pooling_handler = PoolingHandler(inputs, self.pooling_tasks, self.served_model_name,
+                                              hf.hidden_size, normalize, label_ids)
+        self.handlers: dict[RequestKind, KindHandler] = {
+            h.kind: h for h in (self.generation_handler, self.beam_handler, self.pooling_handler)}
 
     def _init_encoder(self) -> None:
         """Block manager as bookkeeping only (no KV tensors, no prefix cache), no chunking, and
@@ -236,33 +239,15 @@ class LLMEngine:
             if request_id in self.requests:
                 raise ValidationError(f"Request id {request_id} is already running.",
                                       parameter="request_id", value=request_id)
-            req.handler = handler
+            req.kind = handler.kind
             seq = Sequence(req, 0, req.prompt_token_ids, len(req.prompt_token_ids))
             req.sequences.append(seq)
-            self.start_sequence(seq)
+            self.books.start_sequence(seq)
             self.requests[request_id] = req
             if on_output is not None:
                 self._listeners[request_id] = on_output
             self.scheduler.add(seq)
             self.prompt_tokens_total += len(req.prompt_token_ids)
-
-    def start_sequence(self, seq: Sequence) -> None:
-        """A new sequence's detokenizer, grammar matcher, thinking budget and generator."""
-        self.outputs.start(seq)
-        compiled = seq.request.compiled_grammar
-        if compiled is not None:  # each sample its own matcher
-            seq.grammar_matcher = compiled.start()
-        params = seq.request.params
-        budget = params.thinking_token_budget
-        if budget is not None and budget >= 0:
-            end_ids = params.reasoning_end_token_ids
-            assert end_ids is not None  # SamplingParams refuses a budget without them
-            seq.thinking = ThinkingBudget(budget, end_ids, params.reasoning_start_token_ids)
-        seed = params.seed
-        if seed is not None:
-            seq.generator = torch.Generator().manual_seed(_seed_for(seed, seq.index))
-        else:
-            seq.generator = None
 
     # -- LoRA adapters ----------------------------------------------------------------------
     def _check_lora(self, lora_request: Any) -> None:
@@ -300,35 +285,8 @@ class LLMEngine:
             for rid in ids:
                 req = self.requests.get(rid)
                 if req is not None:
-                    self._finish_all(req, "abort")
+                    self.books.finish_all(req, "abort")
                     self._finished_outside_step.append(req)
-
-    def _finish_all(self, req: Request, reason: str) -> None:
-        if not req.forked:  # samples 1..n-1 don't exist yet: they end too, so all n report it
-            req.forked = True
-            for index in range(1, req.params.n):
-                child = Sequence(req, index, req.prompt_token_ids, len(req.prompt_token_ids))
-                self.start_sequence(child)
-                req.sequences.append(child)
-        for seq in req.sequences:
-            if not seq.is_finished:
-                seq.finish_reason = reason
-                self.scheduler.finish(seq)
-
-    def fail_request(self, req: Request, exc: BaseException) -> None:
-        """Part of a step failed for this request only: it ends with 'error'; others go on."""
-        if req.errored:
-            return
-        logger.error("request %s failed in the engine step", req.request_id, exc_info=exc)
-        req.errored = True
-        try:
-            self._finish_all(req, "error")
-        except Exception:  # noqa: BLE001 - e.g. the detokenizer of the unborn samples failed
-            req.forked = True
-            for seq in req.sequences:
-                if not seq.is_finished:
-                    seq.finish_reason = "error"
-                    self.scheduler.finish(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -338,8 +296,8 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """schedule -> run -> each kind advances its sequences -> this step's outputs; on the
-        model thread, whichever thread calls (`engine/model_thread.py`)."""
+        """schedule -> run -> commit -> each kind computes -> apply -> this step's outputs; on
+        the model thread, whichever thread calls (`engine/model_thread.py`)."""
         return on_model_thread(self._step)
 
     def _step(self) -> list[RequestOutput]:
@@ -353,70 +311,32 @@ class LLMEngine:
     def _run(self, out: SchedulerOutput) -> list[Request]:
         """Runs the scheduled step; returns the requests it gave something to report."""
         requests = unique_requests(s.seq.request for s in out.scheduled)
+        books = self.books
         try:
-            self._count_steps(out)
-            try:
-                rows = self.runner.execute(out)
-            except Exception:  # the model failed: these requests end with 'error', others go on
-                for req in requests:
-                    req.errored = True
-                    self._finish_all(req, "error")
-                return requests
-            return self._advance(out, rows, requests)
-        except Exception as exc:  # noqa: BLE001 - not attributable: this step's requests
-            for req in requests:
-                self.fail_request(req, exc)
+            books.count_steps(out)
+            rows = self.runner.execute(out)
+            batches = books.commit(out, rows)
+            failed = [req for req in requests if req.errored]
+            results = StepResults()
+            for kind, batch in batches.items():
+                self.handlers[kind].compute([(s, r) for s, r in batch if not s.request.errored],
+                                            rows, results)
+            books.update_from_output(results)
+            advanced = [seq.request for batch in batches.values() for seq, _ in batch]
+            return unique_requests(advanced + failed)
+        except Exception as exc:  # noqa: BLE001 - the model (or no one request): these end
+            books.fail_step(requests, exc)  # and the requests of later steps go on
             return requests
-
-    def _count_steps(self, out: SchedulerOutput) -> None:
-        """Per request: its first scheduled time, and a step of prompt or of generation."""
-        now = time.time()
-        first: dict[str, Sequence] = {}
-        for s in out.scheduled:
-            first.setdefault(s.seq.request.request_id, s.seq)
-        for seq in first.values():
-            m = seq.request.metrics
-            m.first_scheduled_time = m.first_scheduled_time or now
-            if seq.num_computed_tokens < seq.num_prompt_tokens:
-                m.num_prefill_steps += 1
-            else:
-                m.num_decode_steps += 1
-
-    def _advance(self, out: SchedulerOutput, rows: LogitRows,
-                 requests: list[Request]) -> list[Request]:
-        """Commits the computed tokens; each kind's handler advances its sequences."""
-        batches: dict[KindHandler, list[tuple[Sequence, int]]] = {h: [] for h in self.handlers}
-        for s in out.scheduled:
-            seq, req = s.seq, s.seq.request
-            if req.errored:  # a sibling failed earlier in this step: its blocks are gone
-                continue
-            seq.num_computed_tokens += s.num_tokens
-            self.block_manager.commit(seq)
-            try:
-                if seq.seq_id in rows.prompt_rows:
-                    first_row, count, first_pos = rows.prompt_rows[seq.seq_id]
-                    self.outputs.record_prompt_logprobs(
-                        req, first_pos, rows.logits[first_row:first_row + count])
-            except Exception as exc:  # noqa: BLE001 - contained to this request
-                self.fail_request(req, exc)
-                continue
-            if seq.seq_id in rows.last_row:
-                batches[_handler(req)].append((seq, rows.last_row[seq.seq_id]))
-        failed = [req for req in requests if req.errored]
-        for handler, batch in batches.items():
-            handler.advance([(s, r) for s, r in batch if not s.request.errored], rows)
-        advanced = [seq.request for batch in batches.values() for seq, _ in batch]
-        return unique_requests(advanced) + failed
 
     def _collect(self, touched: list[Request]) -> list[RequestOutput]:
         """The touched requests' outputs; finished requests leave, listeners get theirs."""
         results = []
         for req in unique_requests(touched):
-            handler = _handler(req)
+            handler = self.handlers[req.kind]
             try:
                 out = handler.output(req)
             except Exception as exc:  # noqa: BLE001 - building its output failed: it ends here
-                self.fail_request(req, exc)
+                self.books.fail(req, exc)
                 out = handler.error_output(req)
             listener = self._listeners.get(req.request_id)
             if req.finished:
@@ -437,7 +357,7 @@ class LLMEngine:
             logger.warning("request %s: its listener failed; aborting it", req.request_id)
             if not req.finished:
                 self._listeners[req.request_id] = lambda _out: None  # nobody listens now
-                self._finish_all(req, "abort")
+                self.books.finish_all(req, "abort")
                 self._finished_outside_step.append(req)
 
     # -- introspection ----------------------------------------------------------------------

@@ -167,7 +167,7 @@ class OutputProcessor:
             prompt_token_ids=None if req.prompt_embeds is not None else req.prompt_token_ids,
             prompt_logprobs=prompt_lps, outputs=outputs, finished=finished,
             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics,
-            lora_request=req.lora_request)
+            lora_request=req.lora_request, error=req.error)
 
     def _completion(self, seq: Sequence, delta: bool) -> CompletionOutput | None:
         done = seq.is_finished

@@ -37,6 +37,8 @@ def completion_html(c: Any) -> str:
 
 def request_html(out: Any) -> str:
     state = "finished" if out.finished else "running"
+    if getattr(out, "error", None):  # the engine failed it: say why
+        state = f"failed ({h.escape(out.error)})"
     prompt = h.ellipsis(out.prompt, 80) if out.prompt is not None else "(token ids)"
     head = (f" {h.escape(out.request_id)} · {state} · prompt {prompt} "
             f"({len(out.prompt_token_ids)} tokens, {out.num_cached_tokens} cached)")

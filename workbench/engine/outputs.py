@@ -90,6 +90,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     lora_request: object | None = None
     kv_transfer_params: dict | None = field(default=None, repr=False)
+    # finish_reason "error": why the engine failed the request ("RuntimeError: ..."; the
+    # engine's log has the traceback under its request id). `LLM` raises it instead.
+    error: str | None = None
 
     def _repr_html_(self) -> str:
         return request_html(self)
@@ -117,6 +120,7 @@ class PoolingRequestOutput:
     finished: bool = True
     finish_reason: str = "stop"
     prompt: str | None = None
+    error: str | None = None  # finish_reason "error": why, as `RequestOutput.error`
 
     def _repr_html_(self) -> str:
         return pooling_html(self)

@@ -12,7 +12,7 @@ import enum
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from workbench.engine.outputs import Logprob, RequestMetrics
 from workbench.sampling_params import SamplingParams
@@ -22,11 +22,15 @@ if TYPE_CHECKING:  # torch and the engine's heavier modules stay out of this one
 
     from workbench.engine.beam_search import BeamSearch
     from workbench.engine.detokenizer import IncrementalDetokenizer
-    from workbench.engine.handlers import KindHandler
     from workbench.engine.structured import CompiledGrammar, SequenceGrammar
     from workbench.engine.thinking import ThinkingBudget
     from workbench.lora.request import LoRARequest
     from workbench.pooling_params import PoolingParams
+
+
+# which kind handler (`engine/handlers/`) drives a request: sampled generation, beam search,
+# pooling; the engine sets it when it adds the request
+RequestKind = Literal["generate", "beam", "pool"]
 
 
 class SequenceStatus(enum.Enum):
@@ -55,17 +59,21 @@ class Request:
     min_tokens_stop_ids: frozenset[int] = frozenset()  # EOS and stop ids banned before min_tokens
     forked: bool = False  # the n - 1 siblings exist
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
-    errored: bool = False
+    error: str | None = None  # why the engine failed it ("RuntimeError: ..."): it ends with "error"
     beam: BeamSearch | None = None  # a beam search's state: its sequences are the live beams
     compiled_grammar: CompiledGrammar | None = None  # when the output is constrained
     pooling: PoolingParams | None = None  # a pooling request: it ends when its prompt is
     pooled: torch.Tensor | None = None  # computed, with this result instead of sampled tokens
-    handler: KindHandler | None = None  # its kind's handler, chosen when the engine adds it
+    kind: RequestKind = "generate"
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]
+
+    @property
+    def errored(self) -> bool:
+        return self.error is not None
 
     @property
     def finished(self) -> bool:

@@ -23,7 +23,7 @@ class LoRAComparison:
 
     base_model: str
     adapter: str
-    base: Any  # workbench.workbench.Result
+    base: Any  # workbench.result.Result
     lora: Any
 
     @property

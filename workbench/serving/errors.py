@@ -3,9 +3,10 @@
 `error_response(exc)` maps an exception to the envelope as vLLM's server does (reference §4):
 `ValidationError` -> 400 `BadRequestError` with `param`; `NotFoundError` -> 404; other
 `ValueError`/`TypeError`/`RuntimeError`/`OverflowError` and jinja template errors -> 400;
-`NotImplementedError` -> 501; a generation that ended with finish_reason "error" -> 500;
-anything else -> 500 `InternalServerError`. Messages are sanitized: no tracebacks, memory
-addresses or file paths reach the client.
+`NotImplementedError` -> 501; a generation that ended with finish_reason "error" (or the
+offline `EngineStepError`) -> 500 "Internal server error"; anything else -> 500
+`InternalServerError`. Messages are sanitized: no tracebacks, memory addresses or file paths
+reach the client.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from workbench.errors import (
     EngineDeadError,
+    EngineStepError,
     NotFoundError,
     RequestTimeoutError,
     ServiceUnavailableError,
@@ -72,6 +74,9 @@ def error_response(exc: BaseException, *, log_stack: bool = False,
         return make_error(exc.message, "NotFoundError", HTTPStatus.NOT_FOUND, exc.parameter)
     if isinstance(exc, GenerationError):
         return make_error(str(exc), "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)
+    if isinstance(exc, EngineStepError):  # the offline LLM's: the engine's log has the cause
+        return make_error(str(GenerationError()), "InternalServerError",
+                          HTTPStatus.INTERNAL_SERVER_ERROR)
     if isinstance(exc, ServiceUnavailableError):
         return make_error(str(exc), "ServiceUnavailableError", HTTPStatus.SERVICE_UNAVAILABLE)
     if isinstance(exc, RequestTimeoutError):

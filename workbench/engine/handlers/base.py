@@ -1,33 +1,40 @@
 """The contract of a per-kind request handler (generation, beam search, pooling).
 
 Each step the engine gives every handler the (sequence, logits row) pairs of its requests'
-sequences that completed a token (`advance`), then asks the handler of each request the step
-touched for its output (`output`), or for the smallest output of a request that failed
-(`error_output`). Handlers keep no per-request state: it lives on `Request` / `Sequence`.
+sequences that completed a token (`compute`); the handler computes what they get — sampled
+tokens, a beam search's next beams, pooled results, or a failure — into the step's
+`StepResults`, which the bookkeeper (`engine/bookkeeper.py`) then applies. The engine then
+asks the handler of each request the step touched for its output (`output`), or for the
+smallest output of a request that failed (`error_output`).
+
+A handler is built with only what it needs (its sampler, the input and output processors,
+model facts), never the engine: it queues, frees and counts nothing. Per-request state lives
+on `Request` / `Sequence`; a kind's own state there (a seeded generator, a search's beams and
+candidates) is the handler's to advance.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from workbench.engine.engine import LLMEngine
-    from workbench.engine.request import Request, Sequence
+    from workbench.engine.request import Request, RequestKind, Sequence
     from workbench.engine.runner import LogitRows
+    from workbench.engine.step_results import StepResults
 
 
 class KindHandler(ABC):
     """One kind of request, as the engine's step drives it (see the module docstring)."""
 
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine  # its scheduler, block manager, sampler and output processor
+    kind: ClassVar[RequestKind]  # the `Request.kind` it drives
 
     @abstractmethod
-    def advance(self, batch: list[tuple[Sequence, int]], rows: LogitRows) -> None:
-        """Advances these sequences (none of them errored) from their rows of `rows`.
+    def compute(self, batch: list[tuple[Sequence, int]], rows: LogitRows,
+                results: StepResults) -> None:
+        """These sequences' (none of them errored) results from their rows of `rows`.
 
-        A failure contained to one request ends it with `engine.fail_request`."""
+        A failure contained to one request goes to `results.fail`."""
 
     @abstractmethod
     def output(self, req: Request) -> Any | None:

@@ -1,0 +1,71 @@
+"""`Result`: one endpoint call of a `Workbench`, as either back end gives it.
+
+The response body (or the error envelope instead of raising) and the inspect objects built
+from it: `.logprobs` / `table(i)` (`LogprobTable`), `.parsed(i)` (`ParsedOutput`), `.report`
+(`ValidationReport`), `.trace` (`Trace`), `.tool_loop`, `.similarity`. Both back ends
+(`workbench/backend.py`) return it and `workbench/workbench.py` hands it out, so it lives
+below both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.inspect.logprob_table import LogprobTable
+from workbench.inspect.parsed_output import ParsedOutput
+from workbench.inspect.similarity import SimilarityMatrix
+from workbench.inspect.trace import Trace
+from workbench.inspect.validation_report import ValidationReport
+
+
+@dataclass
+class Result:
+    """One endpoint call: the response body (or the error envelope) and its inspect objects."""
+
+    response: dict[str, Any] | None
+    status_code: int = 200
+    error: dict[str, Any] | None = None
+    report: ValidationReport | None = None
+    trace: Trace | None = None
+    tool_loop: Any = None  # `respond`: a ToolLoopTrace (workbench.inspect.tool_loop)
+    similarity: SimilarityMatrix | None = None  # embed / score / rerank
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def logprobs(self) -> LogprobTable | None:
+        """Choice 0's logprobs (`table(i)` for another choice); None without any."""
+        return self.table(0)
+
+    def table(self, choice: int = 0) -> LogprobTable | None:
+        if not self.response or "choices" not in self.response:
+            return None
+        table = LogprobTable.from_response(self.response, choice)
+        return table if (len(table) or table.prompt) else None
+
+    def parsed(self, choice: int = 0, **parsers: Any) -> Any:
+        """A chat choice's tokens marked reasoning / content / tool_call (`ParsedOutput`); name
+        the server's parsers (`reasoning_parser=`, `tool_parser=`); None without logprobs."""
+        choices = (self.response or {}).get("choices") or []
+        if not any(c.get("index") == choice and (c.get("logprobs") or {}).get("content")
+                   is not None and "message" in c for c in choices):
+            return None
+        return ParsedOutput.from_chat(self.response, choice, **parsers)
+
+    @property
+    def text(self) -> str | None:
+        """Choice 0's text (completions), message content (chat) or output text (responses)."""
+        if self.response and self.response.get("object") == "response":
+            return "".join(p.get("text", "") for item in self.response.get("output", [])
+                           if item.get("type") == "message" for p in item.get("content", []))
+        if not self.response or not self.response.get("choices"):
+            return None
+        first = self.response["choices"][0]
+        return first["message"]["content"] if "message" in first else first.get("text")
+
+    def __repr__(self) -> str:
+        what = f"text={self.text!r}" if self.ok else f"error={self.error['error']['message']!r}"
+        return f"Result({self.status_code}, {what})"
