@@ -225,9 +225,74 @@ def test_continuous_usage_without_include_usage_sends_no_usage(tiny_http):
 
 def test_unknown_stream_options_are_refused(tiny_http):
     r = tiny_http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True,
-                                           "stream_options": {"min_characters": 5}})
+                                           "stream_options": {"min_chars": 5}})
     assert r.status_code == 400
-    assert "stream_options.min_characters" in r.json()["error"]["message"]
+    assert "stream_options.min_chars" in r.json()["error"]["message"]
+
+
+# -- issue 28: `stream_options.min_characters`, the least text a streamed chunk carries --------
+
+def test_vllm_stream_options_test_passes_with_min_characters(tiny_server):
+    """The last step of vLLM's `test_chat_completion_stream_options`, sent as it sends it:
+    `min_characters` in `extra_body`, every chunk's `delta.content` concatenated."""
+    import openai
+
+    client = openai.OpenAI(base_url=tiny_server.base_url, api_key="unused")
+    stream = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=MSG, max_completion_tokens=10,
+        extra_body=dict(min_characters=10), temperature=0.0, stream=True,
+        stream_options={"include_usage": False})
+    completion = ""
+    for chunk in stream:
+        assert chunk.usage is None
+        completion += chunk.choices[0].delta.content
+    assert len(completion) >= 10
+
+
+def _pieces(r: httpx.Response) -> list[str]:
+    """The text of each streamed chunk (chat: after the role chunk)."""
+    events = [e for e in _events(r) if e.get("choices")]
+    if "delta" in events[0]["choices"][0]:
+        return [e["choices"][0]["delta"].get("content") or "" for e in events[1:]]
+    return [e["choices"][0]["text"] for e in events]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/chat/completions", {"messages": MSG}),
+])
+@pytest.mark.parametrize("where", ["stream_options", "top level"])
+def test_min_characters_holds_every_chunk_but_the_last_to_that_much_text(tiny_http, path, body,
+                                                                         where):
+    base = {**body, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": True}
+    every = _pieces(tiny_http.post(path, json=base))
+    option = ({"stream_options": {"min_characters": 12}} if where == "stream_options"
+              else {"min_characters": 12})
+    r = tiny_http.post(path, json={**base, **option})
+    assert r.status_code == 200, r.text
+    held = _pieces(r)
+    assert "".join(held) == "".join(every)
+    assert all(len(text) >= 12 for text in held[:-1]) and len(held) < len(every)
+    assert _events(r)[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"stream_options": {"min_characters": 0}}, "stream_options.min_characters"),
+    ({"stream_options": {"min_characters": True}}, "stream_options.min_characters"),
+    ({"stream_options": {"min_characters": "5"}}, "stream_options.min_characters"),
+    ({"min_characters": -1}, "min_characters"),
+    ({"min_characters": 5, "stream_options": {"min_characters": 6}}, "min_characters"),
+    ({"min_characters": 5, "stream": False}, "min_characters"),
+])
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/chat/completions", {"messages": MSG}),
+])
+def test_a_bad_min_characters_is_a_400_naming_it(tiny_http, path, body, extra, param):
+    r = tiny_http.post(path, json={**body, "max_tokens": 2, "stream": True, **extra})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param and "min_characters" in error["message"]
 
 
 def test_prompt_tokens_details_count_cached_tokens(tiny_http):

@@ -2,14 +2,16 @@
 
 Each test is one attack from issue 16 that used to hurt another client or the server:
 a reused request id, a burst past `--max-waiting-requests`, CPU-heavy prompts and templates
-on the event loop, grammars that eat memory or never match. The shutdown and tracing checks
-live in `test_shutdown.py` and `tests/serving/test_tracing.py`.
+on the event loop, grammars that eat memory or never match, oversized request heads (issue
+28). The shutdown and tracing checks live in `test_shutdown.py` and
+`tests/serving/test_tracing.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
@@ -156,6 +158,99 @@ def test_a_grammar_with_no_finite_match_is_not_reported_as_stop(make_server):
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 200
     assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+# -- issue 28: oversized request heads get 431 with a body, not a reset -------------------------
+
+@pytest.fixture(scope="module")
+def quiet_server(make_server):
+    return make_server()
+
+
+def _raw_exchange(url: str, head_lines: list[bytes], body: bytes = b"") -> bytes:
+    """Sends a whole request on a plain socket, then reads the answer until the server
+    closes; raises if the server resets the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        line + b"\r\n" for line in head_lines)
+    head += b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_300_headers_of_1_kb_get_431_with_a_json_body_on_a_raw_socket(quiet_server):
+    from workbench.http.protocol import MAX_HEADER_BYTES
+
+    lines = [b"X-Junk-%d: %s" % (i, b"a" * 1024) for i in range(300)]
+    answer = _raw_exchange(quiet_server.url, lines, b'{"prompt": "hi", "max_tokens": 1}')
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert (error["code"], error["type"]) == (431, "RequestHeaderFieldsTooLarge")
+    assert f"limit of {MAX_HEADER_BYTES} bytes" in error["message"]
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_oversized_headers_through_httpx_get_431_not_a_reset(quiet_server, method):
+    headers = {f"x-junk-{i}": "a" * 1024 for i in range(300)}
+    body = {"json": {"prompt": "hi", "max_tokens": 1}} if method == "POST" else {}
+    r = httpx.request(method, quiet_server.url + "/v1/completions", headers=headers, timeout=30,
+                      **body)
+    assert r.status_code == 431
+    assert r.json()["error"]["code"] == 431
+
+
+def test_too_many_small_header_fields_get_431_naming_the_count(quiet_server):
+    from workbench.http.protocol import MAX_HEADER_FIELDS
+
+    headers = {f"x-h{i}": "1" for i in range(MAX_HEADER_FIELDS + 1)}
+    r = httpx.get(quiet_server.url + "/health", headers=headers, timeout=30)
+    assert r.status_code == 431
+    message = r.json()["error"]["message"]
+    assert "header fields" in message and f"limit is {MAX_HEADER_FIELDS}" in message
+
+
+def test_a_head_just_within_the_limits_is_served_and_the_server_stays_up(quiet_server):
+    from workbench.http.protocol import MAX_HEADER_BYTES, MAX_HEADER_FIELDS
+
+    count = MAX_HEADER_FIELDS - 10  # room for the client's own headers
+    value = "a" * (MAX_HEADER_BYTES // count - 40)
+    with httpx.Client(base_url=quiet_server.url, timeout=30) as client:
+        assert client.get("/health", headers={f"x-h{i}": value for i in range(count)}
+                          ).status_code == 200
+        assert client.get("/health", headers={f"x-h{i}": "1" for i in range(300)}
+                          ).status_code == 431
+        assert client.get("/health").status_code == 200  # a new connection, served
+
+
+def test_workbench_serve_runs_uvicorn_with_the_header_limits(monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench.http import server
+    from workbench.http.protocol import LimitedH11Protocol
+    from workbench.serving.config import ServerConfig
+
+    seen = {}
+
+    class Server:
+        signalled = False
+
+        def __init__(self, config, drain, timeout):
+            seen["http"] = config.http
+
+        def run(self):
+            pass
+
+    state = SimpleNamespace(drain=None, servings=SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(server, "build_app", lambda engine, config: SimpleNamespace(state=state))
+    monkeypatch.setattr(server, "DrainingServer", Server)
+    assert server.serve_engine(SimpleNamespace(), ServerConfig(), host="127.0.0.1", port=0) == 0
+    assert seen["http"] is LimitedH11Protocol
 
 
 def _wait_for(predicate, timeout: float = 30) -> None:

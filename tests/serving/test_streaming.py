@@ -1,4 +1,4 @@
-"""Delta merging and the async merge of several engine streams."""
+"""Delta merging, the async merge of several engine streams, `min_characters` hold-back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import asyncio
 
 import pytest
 
-from workbench.serving.streaming import ChoiceDelta, merge_async_iterators, merge_deltas
+from workbench.serving.streaming import (
+    ChoiceDelta,
+    hold_back,
+    merge_async_iterators,
+    merge_deltas,
+)
 
 
 def test_merge_deltas_concatenates_and_keeps_the_final_reason():
@@ -48,3 +53,50 @@ async def test_a_failing_source_raises_in_the_consumer():
 
     with pytest.raises(RuntimeError, match="engine failed"):
         [x async for x in merge_async_iterators(boom(), numbers(0, []))]
+
+
+async def deltas(*items: ChoiceDelta, error: Exception | None = None, closed: list | None = None):
+    try:
+        for item in items:
+            yield item
+        if error is not None:
+            raise error
+    finally:
+        if closed is not None:
+            closed.append(True)
+
+
+def piece(index: int, text: str, token: int, finish: str | None = None) -> ChoiceDelta:
+    return ChoiceDelta(index, text, [token], [{token: "lp"}], finish)
+
+
+async def test_hold_back_merges_a_choice_until_it_has_min_characters():
+    held = [d async for d in hold_back(deltas(
+        piece(0, "ab", 1), piece(0, "c", 2), piece(0, "def", 3), piece(0, "g", 4),
+        piece(0, "", 5, "length")), 4)]
+    assert [(d.text, d.token_ids, d.finish_reason) for d in held] == [
+        ("abcdef", [1, 2, 3], None), ("g", [4, 5], "length")]  # the finish flushes the rest
+    assert held[0].logprobs == [{1: "lp"}, {2: "lp"}, {3: "lp"}]
+
+
+async def test_hold_back_keeps_each_choice_apart():
+    held = [d async for d in hold_back(deltas(
+        piece(0, "aa", 1), piece(1, "bbb", 2), piece(0, "a", 3, "stop"), piece(1, "b", 4),
+        piece(1, "", 5, "stop")), 3)]
+    assert [(d.index, d.text, d.finish_reason) for d in held] == [
+        (1, "bbb", None), (0, "aaa", "stop"), (1, "b", "stop")]
+
+
+async def test_hold_back_sends_what_it_held_before_a_failure_and_closes_its_source():
+    closed: list = []
+    got = []
+    with pytest.raises(RuntimeError, match="engine failed"):
+        async for d in hold_back(deltas(piece(0, "ab", 1), error=RuntimeError("engine failed"),
+                                        closed=closed), 10):
+            got.append(d.text)
+    assert got == ["ab"] and closed == [True]
+    closed.clear()
+    held = hold_back(deltas(piece(0, "abc", 1), piece(0, "d", 2), closed=closed), 1)
+    assert (await anext(held)).text == "abc"
+    await held.aclose()
+    assert closed == [True]

@@ -286,3 +286,20 @@ async def test_required_with_beam_search_is_refused_not_left_unconstrained(token
         await chat(tokenizer, "[]", tool_call_parser="hermes").create(
             request(tool_choice="required", use_beam_search=True, n=2), RequestMeta())
     assert info.value.parameter == "tool_choice"
+
+
+@pytest.mark.parametrize("least", [16, 10_000])
+async def test_min_characters_chunks_parse_to_the_same_reasoning_and_tool_calls(tokenizer,
+                                                                                 least):
+    text = "<think>I need the weather tool.</think>\n" + HERMES.split("\n", 1)[1]
+    serving = chat(tokenizer, text, reasoning_parser="qwen3", **HERMES_SERVER)
+    message = (await serving.create(request(), RequestMeta())).choices[0].message
+    every = await stream_chunks(serving, request(stream=True))
+    held = await stream_chunks(serving, request(stream=True,
+                                                stream_options={"min_characters": least}))
+    content, reasoning, calls, finish = reassemble(held)
+    assert (reasoning, content, finish) == (message.reasoning, message.content or "",
+                                            "tool_calls")
+    assert [(n, a) for n, a, _ in calls.values()] == \
+        [(c.function.name, c.function.arguments) for c in message.tool_calls]
+    assert len(held) < len(every)

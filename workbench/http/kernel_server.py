@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-
 from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.http.app import build_app
+from workbench.http.protocol import uvicorn_config
 from workbench.http.shutdown import DrainingServer
 from workbench.serving.config import ServerConfig
 
@@ -83,7 +82,7 @@ def serve_in_kernel(llm: Any, port: int = 0, host: str = "127.0.0.1",
     sock.bind((host, port))
     sock.set_inheritable(True)
     bound_port = sock.getsockname()[1]
-    server = DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False),
+    server = DrainingServer(uvicorn_config(app, log_level="warning", access_log=False),
                             app.state.drain, config.shutdown_timeout)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name=f"workbench-server-{bound_port}", daemon=True)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import uvicorn
-
 from workbench.config import EngineConfig
 from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.http.app import build_app
+from workbench.http.protocol import uvicorn_config
 from workbench.http.shutdown import DrainingServer, exit_now
 from workbench.serving.config import ServerConfig
 
@@ -45,7 +44,7 @@ def serve_engine(engine: Any, server_config: ServerConfig, *, host: str, port: i
                  log_level: str = "info", **uvicorn_kwargs: Any) -> int:
     """Serves an `AsyncLLMEngine` until a signal or its death; returns the exit status."""
     app = build_app(engine, server_config)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **uvicorn_kwargs)
+    config = uvicorn_config(app, host=host, port=port, log_level=log_level, **uvicorn_kwargs)
     server = DrainingServer(config, app.state.drain, server_config.shutdown_timeout)
     died: list[BaseException] = []
 

@@ -203,7 +203,7 @@ class ChatServing(GenerationServing):
         for event in self._opening(ctx, continuous):  # prime() saw the first output
             yield event
         try:
-            async with aclosing(self.stream_deltas(ctx)) as deltas:
+            async with aclosing(self.streamed_deltas(ctx)) as deltas:
                 async for delta in deltas:
                     so_far = merged[delta.index]
                     if not (delta.text or delta.token_ids or delta.finish_reason or so_far.token_ids):

@@ -110,7 +110,7 @@ class CompletionServing(GenerationServing):
         cursors = {i: ChoiceCursor() for i in range(len(prompts) * ctx.n)}
         merged = {i: ChoiceDelta(index=i) for i in cursors}
         try:
-            async with aclosing(self.stream_deltas(ctx)) as deltas:
+            async with aclosing(self.streamed_deltas(ctx)) as deltas:
                 async for delta in deltas:
                     cursor = cursors[delta.index]
                     merged[delta.index].extend(delta)

@@ -25,7 +25,12 @@ from workbench.serving.errors import GenerationError
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.common import PromptTokenUsageInfo
 from workbench.serving.recorder import engine_first_token_time
-from workbench.serving.streaming import ChoiceDelta, choice_deltas, merge_async_iterators
+from workbench.serving.streaming import (
+    ChoiceDelta,
+    choice_deltas,
+    hold_back,
+    merge_async_iterators,
+)
 
 logger = logging.getLogger("workbench.serving")
 
@@ -140,6 +145,13 @@ class GenerationServing(OpenAIServing):
                                      "generation", output.request_id)
                         raise GenerationError("Internal server error")
                     yield delta
+
+    def streamed_deltas(self, ctx: ServeContext) -> AsyncGenerator[ChoiceDelta, None]:
+        """`stream_deltas` as a stream sends them: with `stream_options.min_characters`, each
+        choice's text held back until it has that many characters (`streaming.hold_back`)."""
+        least = getattr(ctx.request.stream_options, "min_characters", None)
+        deltas = self.stream_deltas(ctx)
+        return deltas if least is None else hold_back(deltas, least)
 
     async def collect(self, ctx: ServeContext) -> None:
         """Stage 5 (non-streaming): every choice's deltas merged, in choice order, as

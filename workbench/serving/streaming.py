@@ -62,6 +62,30 @@ def merge_deltas(index: int, deltas: list[ChoiceDelta]) -> ChoiceDelta:
     return merged
 
 
+async def hold_back(deltas: AsyncGenerator[ChoiceDelta, None], min_characters: int
+                    ) -> AsyncGenerator[ChoiceDelta, None]:
+    """`stream_options.min_characters`: each choice's deltas merged until their text has at
+    least `min_characters` characters (counted before reasoning and tool calls are parsed out
+    of it). A finishing delta goes out at once with what was held, so a choice's last piece may
+    be shorter; what is held when the source fails goes out before the error."""
+    held: dict[int, ChoiceDelta] = {}
+    try:
+        async with aclosing(deltas):
+            async for delta in deltas:
+                pending = held.setdefault(delta.index, ChoiceDelta(index=delta.index))
+                pending.extend(delta)
+                if len(pending.text) >= min_characters or pending.finish_reason is not None:
+                    yield held.pop(delta.index)
+    except Exception:
+        for pending in held.values():
+            if pending.text or pending.token_ids:
+                yield pending
+        raise
+    for pending in held.values():  # a source that ended without finishing its choices
+        if pending.text or pending.token_ids:
+            yield pending
+
+
 async def merge_async_iterators(*iterators: AsyncGenerator[Any, None]
                                 ) -> AsyncGenerator[tuple[int, Any], None]:
     """Yields `(i, item)` from several async iterators as items arrive.

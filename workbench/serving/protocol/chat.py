@@ -154,6 +154,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
         _check_user_content(data)
         checks.check_cache_salt(data)
         checks.check_response_format(data)
+        data = checks.fold_min_characters(data)
         checks.check_stream_options(data)
         checks.check_integer_fields(data, ("prompt_logprobs", "top_logprobs"))
         checks.check_prompt_logprobs(data)

@@ -21,6 +21,36 @@ def check_stream_options(data: dict[str, Any]) -> None:
                               parameter="stream_options")
 
 
+def check_min_characters(value: Any, parameter: str) -> Any:
+    """At least 1 (an integer, not a JSON `true`), or a 400 naming `parameter`."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ValidationError(f"`{parameter}` must be an integer of at least 1.",
+                              parameter=parameter, value=value)
+    return value
+
+
+def fold_min_characters(data: dict[str, Any]) -> dict[str, Any]:
+    """A top-level `min_characters` (where vLLM's own stream-options test sends it, through
+    the client's `extra_body`) is `stream_options.min_characters`; both given must agree."""
+    if data.get("min_characters") is None:
+        return data
+    data = dict(data)
+    value = check_min_characters(data.pop("min_characters"), "min_characters")
+    if not data.get("stream"):
+        raise ValidationError("`min_characters` applies to streamed responses: it can only be "
+                              "defined when `stream=True`.", parameter="min_characters")
+    options = data.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return data  # the schema refuses it by name
+    options = dict(options or {})
+    if options.get("min_characters") not in (None, value):
+        raise ValidationError("`min_characters` and `stream_options.min_characters` differ; "
+                              "give one.", parameter="min_characters")
+    data["stream_options"] = {**options, "min_characters": value}
+    return data
+
+
 def check_integer_fields(data: dict[str, Any], names: tuple[str, ...]) -> None:
     """As vLLM: a number (a JSON `true` counts as 1, as there) or a 400 naming the field."""
     for name in names:

@@ -11,9 +11,10 @@ import logging
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workbench.errors import ValidationError
+from workbench.serving.protocol.checks import check_min_characters
 
 logger = logging.getLogger("workbench.serving")
 
@@ -86,19 +87,27 @@ class UsageInfo(OpenAIBaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    """As vLLM's: no usage chunk unless `include_usage` is true; OpenAI's
+    """As vLLM's: no usage chunk unless `include_usage` is true; `min_characters`: the least
+    text a streamed chunk of a choice carries (`streaming.hold_back`); OpenAI's
     `include_obfuscation` has no effect (no padding is sent); other keys are refused."""
 
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+    min_characters: int | None = None
     include_obfuscation: bool | None = None
+
+    @field_validator("min_characters", mode="before")
+    @classmethod
+    def _positive(cls, value: Any) -> Any:
+        return check_min_characters(value, "stream_options.min_characters")
 
     @model_validator(mode="after")
     def _refuse_unknown(self) -> "StreamOptions":
         for name in sorted(self.model_extra or {}):
             raise ValidationError(f"Unknown field `stream_options.{name}`: stream_options "
-                                  "takes include_usage, continuous_usage_stats and "
-                                  "include_obfuscation.", parameter="stream_options")
+                                  "takes include_usage, continuous_usage_stats, "
+                                  "min_characters and include_obfuscation.",
+                                  parameter="stream_options")
         return self
 
 

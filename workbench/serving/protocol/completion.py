@@ -99,6 +99,7 @@ class CompletionRequest(OpenAIBaseModel):
         checks.check_prompt_logprobs(data)
         checks.check_top_k_field(data, "logprobs")
         checks.check_logprob_token_ids(data, chat=False)
+        data = checks.fold_min_characters(data)
         checks.check_stream_options(data)
         checks.check_prompt_present(data)
         return data
