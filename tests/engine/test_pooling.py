@@ -6,6 +6,7 @@ hidden state and next-token logits of the last prompt token for SmolLM2.
 """
 
 import asyncio
+import copy
 import dataclasses
 
 import pytest
@@ -14,9 +15,11 @@ import torch.nn.functional as F
 
 from tests.engine.helpers import greedy, make_llm
 from workbench.engine.async_engine import AsyncLLMEngine
+from workbench.engine.encoder_runner import SUPPORTED_TYPES
 from workbench.engine.outputs import PoolingRequestOutput
 from workbench.errors import EngineStepError, ValidationError
 from workbench.llm import LLM
+from workbench.models.registry import ENCODER_TYPES
 from workbench.pooling_params import PoolingParams
 
 SENTENCES = [
@@ -449,3 +452,33 @@ def test_an_encoder_of_another_layout_is_refused_at_start_up():
     with pytest.raises(ValidationError, match="'distilbert' are not supported") as err:
         LLM(_tiny_encoder(config, tok))
     assert err.value.parameter == "model"
+
+
+@pytest.mark.parametrize("model_type", ["xlm-roberta", "electra"])
+def test_the_other_supported_encoders_match_transformers(model_type):
+    """XLM-RoBERTa (RoBERTa's positions) and ELECTRA (embeddings projected to the hidden size)
+    give transformers' own mean-pooled, normalized embeddings."""
+    from transformers import AutoConfig
+
+    from workbench.models import tiny_model
+
+    tok = tiny_model("bert").tokenizer
+    extra = dict(embedding_size=32) if model_type == "electra" else {}
+    config = AutoConfig.for_model(model_type, vocab_size=len(tok), hidden_size=64,
+                                  intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, max_position_embeddings=130,
+                                  pad_token_id=tok.pad_token_id, **extra)
+    got = embeddings(LLM(_tiny_encoder(config, tok)).embed(SENTENCES))
+    want = F.normalize(hf_embedding(_tiny_encoder(config, tok), SENTENCES), dim=-1)
+    assert F.cosine_similarity(got, want, dim=-1).min() >= 0.9999
+
+
+@pytest.mark.parametrize("model_type", sorted(ENCODER_TYPES - SUPPORTED_TYPES))
+def test_every_other_encoder_type_is_refused_by_name(model_type):
+    from workbench.models import tiny_model
+
+    loaded = tiny_model("bert")
+    loaded = dataclasses.replace(loaded, model=copy.deepcopy(loaded.model))
+    loaded.model.config.model_type = model_type
+    with pytest.raises(ValidationError, match=f"'{model_type}' are not supported"):
+        LLM(loaded)

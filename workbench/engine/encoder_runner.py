@@ -133,7 +133,10 @@ class EncoderRunner:
         if self.position_offset:
             pos = pos + self.position_offset
         hidden = self.model.embeddings(input_ids=input_ids, position_ids=pos,
-                                       token_type_ids=torch.zeros_like(input_ids))  # [1, T, H]
+                                       token_type_ids=torch.zeros_like(input_ids))  # [1, T, E]
+        project = getattr(self.model, "embeddings_project", None)  # ELECTRA's E -> H, if E != H
+        if project is not None:
+            hidden = project(hidden)  # [1, T, H]
         ctx = EncoderContext(_runs(lengths))
         for layer in self.model.encoder.layer:
             hidden = layer(hidden, attention_mask=None, wb_enc=ctx)
