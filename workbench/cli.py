@@ -20,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from workbench import bench
 from workbench.config import EngineConfig
+from workbench.errors import ValidationError
 from workbench.models import DEFAULT_MODEL, resolve_model
 
 
@@ -241,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     from workbench.http.server import run_server  # deferred: the server imports torch
 
     # non-zero when the engine loop died, so a supervisor restarts the server
-    return run_server(engine_config, server_config, host=args.host, port=args.port) or 0
+    try:
+        return run_server(engine_config, server_config, host=args.host, port=args.port) or 0
+    except ValidationError as exc:  # the model or the engine's limits refused at load
+        parser.exit(2, f"workbench serve: error: {exc.message}\n")
 
 
 if __name__ == "__main__":

@@ -86,3 +86,15 @@ def test_bench_delegates_its_arguments(monkeypatch):
     monkeypatch.setattr("workbench.bench.main", lambda argv: seen.setdefault("argv", argv) and 0)
     assert cli.main(["bench", "--json", "--quick"]) == 0
     assert seen["argv"] == ["--json", "--quick"]
+
+
+def test_a_model_the_engine_refuses_stops_the_server_at_start_up(tmp_path, capsys):
+    """A family the engine cannot run exactly: exit 2 with the refusal, no traceback."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("gpt_neo").save_pretrained(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--model", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot run model_type 'gpt_neo' exactly" in err and "Supported model types" in err
