@@ -66,7 +66,9 @@ def test_html_is_deterministic_inline_svg(result, tiny_llama):
         'xmlns="http://www.w3.org/2000/svg"', "")
     assert re.search(r'id="wb-beamtree-[0-9a-f]{10}"', html)
     assert live in html  # and a picture copy for untrusted notebooks
-    assert live.count("<g><title>") == len(result.tree) + 1  # and the prompt
+    every = result.tree.to_svg(expanded=True)
+    assert every.count('<g class="wb-node"') == len(result.tree)  # each node, none folded
+    assert every.count("<g><title>") == 1  # and the prompt
 
 
 def test_plot_draws_with_matplotlib(result):
