@@ -62,9 +62,9 @@ def token_html(token: str) -> str:
 
 
 def token_strip(tokens: Iterable[str]) -> str:
-    """Tokens side by side as `token_html`, each boundary a thin line."""
-    return "".join(f'<span style="border-right:1px solid var(--jp-border-color1,#999999);'
-                   f'padding:0 1px">{token_html(t)}</span>' for t in tokens)
+    """Tokens side by side as `token_html`, each boundary a thin line (and a place to wrap)."""
+    return "<wbr>".join(f'<span style="border-right:1px solid var(--jp-border-color1,#999999);'
+                        f'padding:0 1px">{token_html(t)}</span>' for t in tokens)
 
 
 def fmt(value: float | None, digits: int = 4) -> str:

@@ -103,10 +103,10 @@ def test_pruned_candidates_fold_into_a_count_per_parent():
     assert sum(n.status == "kept" for n in wide) == sum(t.startswith("␣tok") for t in drawn)
     every = wide.to_svg(expanded=True)
     assert "pruned<" not in every.replace(">pruned<", "")  # no folds, the legend's word only
-    assert every.count('<g class="wb-node"') == len(wide)
+    assert every.count('<g class="wb-candidate"') == len(wide)
     one = wide.to_svg(expanded=[None], highlight=[])  # the prompt's candidates unfolded
     assert "▾ 4 pruned" in [t for t, *_ in _labels(one)]
-    assert one.count('<g class="wb-node"') == html.count('<g class="wb-node"') + 4
+    assert one.count('<g class="wb-candidate"') == html.count('<g class="wb-candidate"') + 4
 
 
 def test_returned_paths_and_the_selection_are_never_folded():

@@ -67,7 +67,7 @@ def test_html_is_deterministic_inline_svg(result, tiny_llama):
     assert re.search(r'id="wb-beamtree-[0-9a-f]{10}"', html)
     assert live in html  # and a picture copy for untrusted notebooks
     every = result.tree.to_svg(expanded=True)
-    assert every.count('<g class="wb-node"') == len(result.tree)  # each node, none folded
+    assert every.count('<g class="wb-candidate"') == len(result.tree)  # each node, none folded
     assert every.count("<g><title>") == 1  # and the prompt
 
 

@@ -25,7 +25,7 @@ def tree() -> BeamTree:
 def test_children_are_the_controls_then_the_view(tree):
     ex = BeamExplorer(tree=tree)
     assert ex.children[0] is ex.prompt and ex.children[-1] is ex.view
-    assert ex.step in ex.children and ex.node in ex.children
+    assert ex.step in ex.children and ex.node in ex.children[6].children
     assert (ex.prompt.value, ex.beam_width.value, ex.length_penalty.value) == ("Hi", 2, 1.0)
 
 
@@ -177,9 +177,9 @@ def test_a_click_on_a_node_in_the_drawing_selects_it(tree):
     ex.pick.value = "4"  # then on 'e' itself
     assert ex.node.value == 4 and 4 in [v for _, v in ex.node.options]
     assert "node #4:" in ex.view.value and ex.pick.value == ""  # ready for the next click
-    ex.pick.value = "1"  # a node of an earlier step moves the step slider there
-    assert (ex.step.value, ex.node.value) == (1, 1)
-    assert "step 1 of 2" in ex.view.value and "node #1:" in ex.view.value
+    ex.pick.value = "1"  # a node of an earlier step: the drawing stays, the list adds it
+    assert (ex.step.value, ex.node.value) == (2, 1) and ex.node.options[-1][1] == 1
+    assert "step 2 of 2" in ex.view.value and "node #1:" in ex.view.value
     ex.pick.value = "+1"  # folds again
     ex.step.value = 2
     assert 'data-pick="4"' not in ex.view.value
@@ -236,7 +236,7 @@ def test_an_error_names_its_parameter_once():
 
 def test_the_view_spans_the_widget_and_the_drawing_takes_clicks(tree):
     ex = BeamExplorer(tree=tree)
-    assert ex.view.layout.width == "100%" and "wb-explorer" in ex._dom_classes
+    assert "wb-explorer" in ex._dom_classes
     assert "wb-pick" in ex.pick._dom_classes and ex.pick.layout.display == "none"
     assert "onclick" in ex.view.value and "onclick" not in ex.to_html()
 

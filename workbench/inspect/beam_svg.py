@@ -231,7 +231,7 @@ def _node(r: BeamNode | Fold, text: str, x: float, y: float, returned: bool,
         pick = "+" if r.parent is None else f"+{r.parent}"
         cls, key, weight = "wb-fold", "pruned", "normal"
     else:
-        title, pick, cls = _title(r), str(r.id), "wb-node"
+        title, pick, cls = _title(r), str(r.id), "wb-candidate"
         key, weight = r.status, "bold" if returned else "normal"
     mark = (f'<rect class="wb-selected" x="{x - 2:.1f}" y="{y + 1:.1f}" width="{w + 4:.1f}" '
             f'height="{ROW_H - 2}" rx="3" style="fill:{colour("selected")};stroke:'

@@ -89,7 +89,7 @@ def render_step(tree: BeamTree, step: int, node_id: int | None = None,
             path.append(walk.text)
             walk = None if walk.parent is None else tree[walk.parent]
         prompt = tree.prompt_text or ""
-        parts.append(f'<div class="wb-node" style="margin-top:6px">node #{node.id}: '
+        parts.append(f'<div class="wb-node" style="margin-top:6px;overflow-wrap:anywhere">node #{node.id}: '
                      f'{h.token_text(prompt)}<b>{h.token_strip(reversed(path))}</b> '
                      f"(cum logprob {h.fmt(node.cum_logprob)}, score {h.fmt(node.score)}, "
                      f"{node.status})</div>")
@@ -182,29 +182,32 @@ class BeamExplorer(widgets.VBox):
         self.status = widgets.HTML()
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="steps",
                                             layout=widgets.Layout(display="none"))
+        compact = {"description_width": "initial", "button_width": "auto"}
         self.label = widgets.ToggleButtons(
             options=[("token logprob", "logprob"), ("cumulative", "cum_logprob"),
-                     ("score", "score")], value="cum_logprob", description="numbers")
+                     ("score", "score")], value="cum_logprob", description="numbers",
+            style=compact)
         self.zoom = widgets.Dropdown(options=ZOOMS, value=1.0, description="zoom",
                                      layout=widgets.Layout(width="180px"))
         self.pruned = widgets.ToggleButtons(options=["folded", "all"], value="folded",
-                                            description="pruned")
+                                            description="pruned", style=compact)
         self.step = widgets.IntSlider(value=0, min=0, max=0, description="step",
                                       continuous_update=True, layout=widgets.Layout(width="60%"))
         self.node = widgets.Select(options=[], rows=8, description="node",
                                    layout=widgets.Layout(width="60%"))
         self.listed = widgets.ToggleButtons(
             options=[("kept & returned", "kept"), ("all", "all")], value="kept",
-            description="list")
+            description="list", style=compact)
         self.pick = widgets.Text(layout=widgets.Layout(display="none"))  # the drawing's clicks
         self.pick.add_class("wb-pick")
-        self.view = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.view = widgets.HTML()
         controls = widgets.HBox([self.beam_width, self.length_penalty, self.max_tokens,
                                  self.button], layout=widgets.Layout(flex_flow="row wrap"))
         display = widgets.HBox([self.label, self.zoom, self.pruned],
                                layout=widgets.Layout(flex_flow="row wrap"))
+        listing = widgets.HBox([self.node, self.listed])
         super().__init__(children=[self.prompt, controls, self.status, self.progress, display,
-                                   self.step, self.listed, self.node, self.pick, self.view],
+                                   self.step, listing, self.pick, self.view],
                          **kwargs)
         self.add_class("wb-explorer")
         self.tree: BeamTree | None = None
@@ -315,8 +318,9 @@ class BeamExplorer(widgets.VBox):
         nodes = self.tree.step(self.step.value) if self.tree else []
         if self.listed.value == "kept":
             on_path = on_returned_paths(self.tree) if self.tree else set()
-            nodes = [n for n in nodes if n.status != "pruned" or n.id in on_path
-                     or n.id == selected]
+            nodes = [n for n in nodes if n.status != "pruned" or n.id in on_path]
+        if self.tree and selected is not None and all(n.id != selected for n in nodes):
+            nodes.append(self.tree[selected])  # picked in the drawing: of another step, pruned
         self.node.unobserve(self._on_node, names="value")
         self.node.options = [(node_label(n), n.id) for n in nodes]
         self.node.value = selected if any(n.id == selected for n in nodes) else None
@@ -324,8 +328,9 @@ class BeamExplorer(widgets.VBox):
         self._render()
 
     def _on_pick(self, change: dict) -> None:
-        """A click in the drawing: a node id selects that node (at its step); `+parent` (`+`:
-        the prompt) folds or unfolds that parent's pruned candidates."""
+        """A click in the drawing: a node id selects that node (the drawing stays at its step,
+        the list adds the node); `+parent` (`+`: the prompt) folds or unfolds that parent's
+        pruned candidates."""
         value = change["new"]
         if not value or self.tree is None:
             return
@@ -335,12 +340,7 @@ class BeamExplorer(widgets.VBox):
             self.expanded ^= {parent}
             self._render()
             return
-        node = self.tree[int(value)]
-        if node.step != self.step.value:
-            self.step.unobserve(self._on_step, names="value")
-            self.step.value = node.step
-            self.step.observe(self._on_step, names="value")
-        self._list(node.id)
+        self._list(int(value))
 
     def _on_node(self, change: dict) -> None:
         self._render()
