@@ -50,6 +50,10 @@ def test_to_dict_round_trips_and_to_frame_has_a_row_per_node(result):
     assert len(frame) == len(tree)
     assert {"step", "token_id", "text", "logprob", "cum_logprob", "parent", "rank", "status",
             "score"} <= set(frame.columns)
+    # integers stay integers, <NA> where there is none (pandas' nullable Int64, not NaN floats)
+    assert {str(frame[c].dtype) for c in ("parent", "rank", "returned")} == {"Int64"}
+    assert frame["parent"].isna().sum() == len(tree.children(None))
+    assert frame["returned"].notna().sum() == len(tree.returned)
 
 
 def test_repr_is_one_line(result):

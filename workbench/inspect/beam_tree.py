@@ -40,6 +40,8 @@ class BeamTree(BeamTreeData):
 
         cols = list(BeamNode.__dataclass_fields__)
         frame = pd.DataFrame([asdict(n) for n in self.nodes], columns=cols)
+        # ids and ranks as integers with <NA> where there is none (a child of the prompt)
+        frame = frame.astype({"parent": "Int64", "rank": "Int64", "returned": "Int64"})
         return frame.set_index("id")
 
     # -- drawing -----------------------------------------------------------------------------
