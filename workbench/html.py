@@ -14,6 +14,7 @@ import colorsys
 import hashlib
 import html as _html
 import math
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,6 +27,44 @@ def escape(value: Any) -> str:
 def token_text(token: str) -> str:
     """A token for display: newlines and tabs shown as escapes, the rest escaped."""
     return escape(token.replace("\n", "\\n").replace("\t", "\\t"))
+
+
+# Characters a token can hold that would print as nothing (or as a line break): each drawn as a
+# visible mark, so `' '` is not a blank cell and `'\n\n'` not an empty one (as inseq and
+# circuitsvis do); the raw token stays in the hover and in every frame.
+MARKS = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\xa0": "⍽", "\x7f": "␡"}
+EMPTY_TOKEN = "∅"
+
+
+def visible(token: str) -> str:
+    """A token with whitespace and control characters as visible marks (not yet escaped):
+    space `␣`, newline `⏎`, tab `⇥`, other C0 controls as their control pictures (U+2400),
+    other invisible characters as `\\uXXXX`; the empty token as `∅`."""
+    if not token:
+        return EMPTY_TOKEN
+    out = []
+    for ch in token:
+        if ch in MARKS:
+            out.append(MARKS[ch])
+        elif ord(ch) < 0x20:
+            out.append(chr(0x2400 + ord(ch)))
+        elif ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc", "Zl", "Zp"):
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def token_html(token: str) -> str:
+    """A token for a strip, a table cell or a heatmap: its visible marks (`visible`) escaped,
+    inside a span whose hover shows the raw token (`repr`)."""
+    return f'<span class="wb-token" title="{escape(repr(token))}">{escape(visible(token))}</span>'
+
+
+def token_strip(tokens: Iterable[str]) -> str:
+    """Tokens side by side as `token_html`, each boundary a thin line (and a place to wrap)."""
+    return "<wbr>".join(f'<span style="border-right:1px solid var(--jp-border-color1,#999999);'
+                        f'padding:0 1px">{token_html(t)}</span>' for t in tokens)
 
 
 def fmt(value: float | None, digits: int = 4) -> str:

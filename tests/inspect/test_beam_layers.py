@@ -53,3 +53,15 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(module), verbose=False)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_the_drawing_does_not_import_the_tree_it_draws():
+    """beam_svg draws the engine's plain data; only beam_tree imports beam_svg, type-checking
+    imports counted too (no circle for import-linter to miss)."""
+    import grimp
+
+    graph = grimp.build_graph("workbench", exclude_type_checking_imports=False, cache_dir=None)
+    assert graph.direct_import_exists(importer="workbench.inspect.beam_tree",
+                                      imported="workbench.inspect.beam_svg")
+    assert not graph.chain_exists(importer="workbench.inspect.beam_svg",
+                                  imported="workbench.inspect.beam_tree")

@@ -50,6 +50,10 @@ def test_to_dict_round_trips_and_to_frame_has_a_row_per_node(result):
     assert len(frame) == len(tree)
     assert {"step", "token_id", "text", "logprob", "cum_logprob", "parent", "rank", "status",
             "score"} <= set(frame.columns)
+    # integers stay integers, <NA> where there is none (pandas' nullable Int64, not NaN floats)
+    assert {str(frame[c].dtype) for c in ("parent", "rank", "returned")} == {"Int64"}
+    assert frame["parent"].isna().sum() == len(tree.children(None))
+    assert frame["returned"].notna().sum() == len(tree.returned)
 
 
 def test_repr_is_one_line(result):
@@ -66,7 +70,9 @@ def test_html_is_deterministic_inline_svg(result, tiny_llama):
         'xmlns="http://www.w3.org/2000/svg"', "")
     assert re.search(r'id="wb-beamtree-[0-9a-f]{10}"', html)
     assert live in html  # and a picture copy for untrusted notebooks
-    assert live.count("<g><title>") == len(result.tree) + 1  # and the prompt
+    every = result.tree.to_svg(expanded=True)
+    assert every.count('<g class="wb-candidate"') == len(result.tree)  # each node, none folded
+    assert every.count("<g><title>") == 1  # and the prompt
 
 
 def test_plot_draws_with_matplotlib(result):

@@ -42,8 +42,14 @@ def _styles(html: str) -> list[str]:
 
 
 def _prop(style: str, name: str) -> str | None:
+    """A property's value; a drawing's own variable (`var(--wb-x,#fallback)`) as its fallback,
+    the light palette (the dark one is tested in test_beam_svg)."""
     m = re.search(rf"(?:^|;)\s*{name}\s*:\s*([^;]+)", style)
-    return m.group(1).strip() if m else None
+    if not m:
+        return None
+    value = m.group(1).strip()
+    own = re.fullmatch(r"var\(--wb-[a-z]+,(#\w+)\)", value)
+    return own.group(1) if own else value
 
 
 @pytest.mark.parametrize("name", list(_outputs()))

@@ -25,15 +25,17 @@ def tree() -> BeamTree:
 def test_children_are_the_controls_then_the_view(tree):
     ex = BeamExplorer(tree=tree)
     assert ex.children[0] is ex.prompt and ex.children[-1] is ex.view
-    assert ex.step in ex.children and ex.node in ex.children
+    assert ex.step in ex.children and ex.node in ex.children[6].children
     assert (ex.prompt.value, ex.beam_width.value, ex.length_penalty.value) == ("Hi", 2, 1.0)
 
 
 def test_starts_at_the_last_step_with_the_best_node_selected(tree):
     ex = BeamExplorer(tree=tree)
     assert (ex.step.min, ex.step.max, ex.step.value) == (1, 2, 2)
-    assert [value for _, value in ex.node.options] == [2, 3, 4]
+    assert [value for _, value in ex.node.options] == [2, 3]  # kept and returned: not 'e'
     assert ex.node.value == 2
+    ex.listed.value = "all"
+    assert [value for _, value in ex.node.options] == [2, 3, 4] and ex.node.value == 2
     assert "step 2 of 2: 3 candidates (1 kept, 1 completed, 1 pruned)" in ex.view.value
 
 
@@ -52,7 +54,7 @@ def test_selecting_a_node_shows_its_path_and_alternatives(tree):
     ex.step.value = 1
     ex.node.value = 1
     html = ex.view.value
-    assert "node #1: Hi<b>b</b>" in html
+    assert re.search(r"node #1: Hi<b>(<span[^>]*>)+b</span>", html)
     assert "alternatives at step 1 (same parent)" in html
     assert "expanded from it at step 2" in html and ">e<" in html
 
@@ -73,7 +75,7 @@ def test_returned_paths_and_the_selected_node_are_marked_at_every_step(tree):
     ex = BeamExplorer(tree=tree)
     ex.step.value = 1  # node 0 ('a') leads to both returned sequences, node 1 ('b') to none
     svg = ex.view.value
-    assert svg.count('stroke="#c62828" stroke-width="2.5"') == 1 + 1  # the legend + a's edge
+    assert svg.count('stroke:var(--wb-returned,#c62828)" stroke-width="2.5"') == 1 + 1  # + a's
     assert re.search(r'class="wb-selected"[^>]*/><title>&#x27;a&#x27;', svg)
     ex.node.value = 1
     assert re.search(r'class="wb-selected"[^>]*/><title>&#x27;b&#x27;', ex.view.value)
@@ -96,8 +98,9 @@ def test_tree_until_renumbers_and_keeps_returned_nodes_of_those_steps(tree):
 
 def test_html_fallback_is_deterministic_and_matches_the_view(tree):
     ex = BeamExplorer(tree=tree)
-    assert ex.to_html() == ex._repr_html_() == render_step(tree, 2, 2, static=True)
-    assert ex.view.value == render_step(tree, 2, 2)  # live: no picture copy
+    assert ex.to_html() == ex._repr_html_() == render_step(tree, 2, 2, static=True, zoom=1.0)
+    live = render_step(tree, 2, 2, zoom=1.0, interactive=True)  # no picture copy, clickable
+    assert ex.view.value == live
     assert BeamExplorer(tree=tree).to_html() == ex.to_html()
 
 
@@ -132,7 +135,7 @@ def test_a_search_shows_its_busy_state_then_the_new_tree(tree):
     assert view.startswith('<div class="wb-dimmed" style="opacity:0.45">')  # the old tree, dimmed
     assert "searching: beam width 2, up to 2 tokens" in status
     assert not ex.button.disabled and ex.status.value == ""
-    assert ex.view.value == render_step(tree, 2, 2)
+    assert ex.view.value == render_step(tree, 2, 2, zoom=1.0, interactive=True)
 
 
 def test_the_busy_line_counts_the_seconds_of_a_long_search(tree):
@@ -164,6 +167,78 @@ def test_an_error_is_shown_inside_the_widget_and_the_old_tree_stays(tree):
     assert ex.view.value == before and not ex.button.disabled
     with pytest.raises(ValidationError):
         ex.run()
+
+
+def test_a_click_on_a_node_in_the_drawing_selects_it(tree):
+    ex = BeamExplorer(tree=tree)
+    assert 'data-pick="4"' not in ex.view.value  # 'e' is pruned: folded under 'b'
+    ex.pick.value = "+1"  # the click on b's "+1 pruned" row
+    assert 'data-pick="4"' in ex.view.value and "▾ 1 pruned" in ex.view.value
+    ex.pick.value = "4"  # then on 'e' itself
+    assert ex.node.value == 4 and 4 in [v for _, v in ex.node.options]
+    assert "node #4:" in ex.view.value and ex.pick.value == ""  # ready for the next click
+    ex.pick.value = "1"  # a node of an earlier step: the drawing stays, the list adds it
+    assert (ex.step.value, ex.node.value) == (2, 1) and ex.node.options[-1][1] == 1
+    assert "step 2 of 2" in ex.view.value and "node #1:" in ex.view.value
+    ex.pick.value = "+1"  # folds again
+    ex.step.value = 2
+    assert 'data-pick="4"' not in ex.view.value
+
+
+def test_pruned_candidates_can_all_be_shown(tree):
+    ex = BeamExplorer(tree=tree)
+    assert "▸ +1 pruned" in ex.view.value
+    ex.pruned.value = "all"
+    assert "+1 pruned" not in ex.view.value and 'data-pick="4"' in ex.view.value
+
+
+def test_zoom_scales_the_drawing(tree):
+    ex = BeamExplorer(tree=tree)
+    width = int(re.search(r'viewBox="0 0 (\d+) ', ex.view.value).group(1))
+    assert f'width="{width}"' in ex.view.value  # 100%: its own size, scrolling if wider
+    ex.zoom.value = 0.5
+    assert f'width="{round(width / 2)}"' in ex.view.value
+    ex.zoom.value = 0.0  # fit width
+    assert "max-width:100%" in ex.view.value
+
+
+def test_enter_in_the_prompt_searches(tree):
+    calls = []
+    ex = BeamExplorer(tree=tree, search=lambda *args: calls.append(args) or tree)
+    ex.prompt.value = "Hello"
+    ex.prompt._handle_custom_msg({"event": "submit"}, [])  # what the text box sends on Enter
+    assert calls == [("Hello", 2, 1.0, 2)]
+
+
+def test_a_beam_width_above_the_limit_is_refused_in_words(tree):
+    from workbench.widgets.beam_explorer import MAX_BEAM_WIDTH
+
+    calls = []
+    ex = BeamExplorer(tree=tree, search=lambda *args: calls.append(args) or tree)
+    ex.beam_width.value = 40
+    assert ex.beam_width.value == 40  # not clamped silently
+    assert f"beam width must be between 1 and {MAX_BEAM_WIDTH} in the explorer, got 40" \
+        in ex.status.value
+    ex.button.click()
+    assert calls == [] and "parameter=beam_width" in ex.status.value
+    ex.beam_width.value = 16
+    assert ex.status.value == ""
+
+
+def test_an_error_names_its_parameter_once():
+    from workbench.errors import ValidationError
+    from workbench.widgets.beam_explorer import error_html
+
+    html = error_html(ValidationError("The prompt cannot be empty.", parameter="prompt",
+                                      value=[]))
+    assert html.count("parameter") == 1 and "(parameter=prompt, value=[])" in html
+
+
+def test_the_view_spans_the_widget_and_the_drawing_takes_clicks(tree):
+    ex = BeamExplorer(tree=tree)
+    assert "wb-explorer" in ex._dom_classes
+    assert "wb-pick" in ex.pick._dom_classes and ex.pick.layout.display == "none"
+    assert "onclick" in ex.view.value and "onclick" not in ex.to_html()
 
 
 def test_without_a_tree_or_a_search_it_waits():

@@ -352,3 +352,97 @@ def test_repository_notebooks_run_and_read_in_jupyterlab(tmp_path, page, name, t
                 area.screenshot(path=str(SCREENSHOTS / f"{name}-{theme}-cell{i}.png"))
         assert audit["low"] == [], audit["low"]
         assert audit["overflow"] == [], audit["overflow"]
+
+
+# -- a wide search: width 16 x 64 tokens ---------------------------------------------------------
+
+WIDE = """from workbench import LLM
+from workbench.models import tiny_model
+from workbench.widgets import BeamExplorer
+
+llm = LLM(tiny_model("llama", seed=0, dtype="float32"))
+BeamExplorer(llm, "Once upon a time", beam_width=16, max_tokens=64)"""
+
+# every edge of the drawing sampled every 2 px against every label's box (its column's)
+CROSSINGS_JS = """svg => {
+  const columns = new Map();
+  for (const t of svg.querySelectorAll('text.wb-label')) {
+    const b = t.getBBox(), x = Number(t.getAttribute('x'));
+    if (!columns.has(x)) columns.set(x, []);
+    columns.get(x).push([b.x + 0.5, b.x + b.width - 0.5, b.y + 0.5, b.y + b.height - 0.5, t.textContent]);
+  }
+  const starts = [...columns.keys()].sort((a, b) => a - b), crossings = [];
+  let edges = 0;
+  for (const path of svg.querySelectorAll('path.wb-edge')) {
+    edges++;
+    const length = path.getTotalLength();
+    for (let d = 0; d <= length; d += 2) {
+      const p = path.getPointAtLength(d);
+      let column = null;
+      for (const x of starts) { if (x <= p.x) column = x; else break; }
+      for (const [x0, x1, y0, y1, text] of columns.get(column) || [])
+        if (x0 < p.x && p.x < x1 && y0 < p.y && p.y < y1) crossings.push([text, p.x, p.y]);
+    }
+  }
+  return {edges, labels: svg.querySelectorAll('text.wb-label').length, crossings: crossings.slice(0, 5)};
+}"""
+
+BOXES_JS = """el => {
+  const box = el.querySelector('.wb-drawing'), area = el.closest('.jp-OutputArea-output');
+  const r = box.getBoundingClientRect(), a = area.getBoundingClientRect();
+  const s = box.querySelector('.wb-selected').getBoundingClientRect();
+  return {scrollWidth: box.scrollWidth, clientWidth: box.clientWidth, boxRight: r.right,
+          areaRight: a.right, widgetScrolls: el.scrollWidth > el.clientWidth + 1,
+          selectedInView: s.left >= r.left && s.right <= r.right && s.top >= r.top && s.bottom <= r.bottom};
+}"""
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_wide_search_scrolls_in_its_own_box_and_no_edge_crosses_a_label(tmp_path, page, theme):
+    """Width 16 x 64 tokens: the drawing scrolls in its own box inside the output (the controls
+    stay), the returned path's last node is in view, no edge crosses a label, a click on a node
+    selects it, and every text reads in the theme."""
+    (tmp_path / "root").mkdir()
+    _notebook(tmp_path / "root" / "wide.ipynb", [WIDE])
+    with _jupyterlab(tmp_path, theme) as url:
+        page.goto(f"{url}/lab/tree/wide.ipynb?token={TOKEN}")
+        _run_all(page, 1)
+        explorer = page.locator(".wb-explorer")
+        page.wait_for_function("() => document.querySelector('.wb-summary') && "
+                               "document.querySelector('.wb-summary').innerText.startsWith("
+                               "'step 64 of 64: 512 candidates (16 kept')", timeout=240_000)
+        page.wait_for_timeout(500)  # the box's own script brings the selection into view
+        boxes = explorer.evaluate(BOXES_JS)
+        assert boxes["scrollWidth"] > boxes["clientWidth"], boxes  # it scrolls on its own
+        assert boxes["boxRight"] <= boxes["areaRight"] + 1, boxes
+        assert not boxes["widgetScrolls"], boxes  # so the controls stay put
+        assert boxes["selectedInView"], boxes  # the best sequence's last node
+        assert page.locator(".wb-node").inner_text().startswith("node #")
+        options = page.locator(".widget-select select option").count()
+        assert 16 <= options <= 32  # kept and returned, not all 512
+        svg = explorer.locator(".wb-drawing svg")
+        crossings = svg.evaluate(CROSSINGS_JS)
+        assert crossings["edges"] > 64 * 16 and crossings["crossings"] == [], crossings
+        SCREENSHOTS.mkdir(exist_ok=True)
+        explorer.evaluate("el => el.scrollIntoView()")
+        page.screenshot(path=str(SCREENSHOTS / f"explorer-wide-{theme}.png"))
+        audit = page.evaluate(AUDIT_JS)
+        assert audit["low"] == [], audit["low"]
+        assert audit["overflow"] == [], audit["overflow"]
+
+        # a click on a visible node of another beam selects it (the list follows)
+        target = explorer.evaluate("""el => {
+          const box = el.querySelector('.wb-drawing').getBoundingClientRect();
+          const g = [...el.querySelectorAll('.wb-drawing g.wb-candidate')].find(g => {
+            const r = g.getBoundingClientRect();
+            return !g.querySelector('.wb-selected') && r.left > box.left && r.right < box.right
+                   && r.top > box.top && r.bottom < box.bottom; });
+          return g.getAttribute('data-pick'); }""")
+        explorer.locator(f".wb-drawing g[data-pick='{target}']").click()
+        page.wait_for_function(
+            "id => (document.querySelector('.wb-node') || {}).innerText?.startsWith(`node #${id}:`)",
+            arg=target, timeout=30_000)
+        assert page.locator(".widget-select select").input_value().startswith(f"#{target} ")
+        box_after = explorer.evaluate(BOXES_JS)
+        assert box_after["selectedInView"], box_after  # the scroll stayed where the click was
+        page.screenshot(path=str(SCREENSHOTS / f"explorer-wide-clicked-{theme}.png"))

@@ -31,7 +31,8 @@ def test_moving_the_slider_shows_that_positions_alternatives(table):
     viewer.slider.value = 1
     assert viewer.view.value != before
     assert "position 1 of 2" in viewer.view.value and "rank 2" in viewer.view.value
-    assert "<b> world</b>" in viewer.view.value and ">Hi<" not in viewer.view.value
+    assert "<b><span class=\"wb-token\" title=\"&#x27; world&#x27;\">␣world</span></b>" \
+        in viewer.view.value and ">Hi<" not in viewer.view.value
     assert viewer.row is table[1]
 
 
@@ -52,3 +53,11 @@ def test_from_response_reads_a_chat_body():
 def test_an_empty_table_shows_a_note():
     viewer = LogprobViewer(LogprobTable(()))
     assert viewer.slider.max == 0 and "no generated positions" in viewer.view.value
+
+
+def test_a_whitespace_alternative_is_a_visible_mark_with_the_raw_token_on_hover():
+    table = LogprobTable((LogprobRow(0, "\n\n", -0.1, 1, 10, (Alternative("\n\n", -0.1, 1),
+                                                              Alternative(" ", -2.5, 2))),))
+    html = LogprobViewer(table).view.value
+    assert '<span class="wb-token" title="&#x27; &#x27;">␣</span>' in html  # not a blank row
+    assert 'title="&#x27;\\n\\n&#x27;"' in html and ">⏎⏎</span>" in html  # the strip too

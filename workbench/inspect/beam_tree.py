@@ -19,7 +19,7 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
-from workbench.inspect.beam_svg import draw
+from workbench.inspect import beam_svg
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 
@@ -40,32 +40,32 @@ class BeamTree(BeamTreeData):
 
         cols = list(BeamNode.__dataclass_fields__)
         frame = pd.DataFrame([asdict(n) for n in self.nodes], columns=cols)
+        # ids and ranks as integers with <NA> where there is none (a child of the prompt)
+        frame = frame.astype({"parent": "Int64", "rank": "Int64", "returned": "Int64"})
         return frame.set_index("id")
 
     # -- drawing -----------------------------------------------------------------------------
     def layout(self) -> dict[int | None, tuple[float, float]]:
-        """(x, y) of each node id (None = the prompt): x by step, y by order within its step."""
-        pos: dict[int | None, tuple[float, float]] = {None: (0.0, 0.0)}
-        by_step: dict[int, list[BeamNode]] = {}
-        for n in self.nodes:
-            by_step.setdefault(n.step, []).append(n)
-        for s, nodes in by_step.items():
-            # parents' order first, then rank: children sit near their parent
-            nodes = sorted(nodes, key=lambda n: (pos.get(n.parent, (0, 0))[1], n.rank))
-            for y, n in enumerate(nodes):
-                pos[n.id] = (float(s), float(y))
-        return pos
+        """(x, y) of each node id (None = the prompt): x by step, y by order within its step
+        (children under their parent, by rank; every candidate, none folded)."""
+        return beam_svg.layout(self)
 
     def _repr_html_(self) -> str:
         return self.to_svg(static=True)
 
     def to_svg(self, label: str = "cum_logprob", selected: int | None = None,
-               highlight: Collection[int] | None = None, static: bool = False) -> str:
+               highlight: Collection[int] | None = None, static: bool = False, *,
+               expanded: Collection[int | None] | bool = (), zoom: float | None = None,
+               interactive: bool = False, steps: int | None = None) -> str:
         """The tree as inline SVG with its legend (`workbench.inspect.beam_svg`): `label` is the
         number shown (`logprob`, `cum_logprob` or `score`), `selected` a node marked in yellow,
-        `highlight` the node ids drawn as returned paths (default: this tree's); `static` adds
-        a picture copy shown where the notebook is untrusted."""
-        return draw(self, label, selected, highlight, static)
+        `highlight` the node ids drawn as returned paths (default: this tree's); pruned
+        candidates are folded per parent except under `expanded` (True: none folded); `zoom`
+        a scale (None: fitted to the output's width); `static` adds a picture copy shown where
+        the notebook is untrusted; `interactive`: clicks select (inside a `BeamExplorer`);
+        `steps`: only steps 1..steps drawn."""
+        return beam_svg.draw(self, label, selected, highlight, static, expanded=expanded,
+                             zoom=zoom, interactive=interactive, steps=steps)
 
     def plot(self, ax=None):
         """Draws the tree with matplotlib (x = step, y = order); returns the Axes."""

@@ -111,9 +111,9 @@ class LogprobDiff:
             mark = "" if r.same_context else " ·"
             rows.append([
                 f"{r.position}{mark}",
-                f'<span style="{style}white-space:pre">{h.token_text(r.a_token or "")}</span>',
+                f'<span style="{style}white-space:pre">{_token(r.a_token)}</span>',
                 h.fmt(r.a_logprob),
-                f'<span style="{style}white-space:pre">{h.token_text(r.b_token or "")}</span>',
+                f'<span style="{style}white-space:pre">{_token(r.b_token)}</span>',
                 h.fmt(r.b_logprob), h.fmt(r.a_logprob_of_b), h.fmt(r.delta)])
         headers = ["pos", f"{a} token", f"{a} logprob", f"{b} token", f"{b} logprob",
                    f"{a} logprob of {b}'s token", "delta"]
@@ -142,3 +142,8 @@ class LogprobDiff:
         ax.legend(fontsize=8)
         ax.set_title(repr(self), fontsize=9)
         return ax
+
+
+def _token(token: str | None) -> str:
+    """A token as visible marks with the raw token on hover; a missing one as an em dash."""
+    return "—" if token is None else h.token_html(token)

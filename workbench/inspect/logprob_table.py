@@ -252,7 +252,7 @@ class LogprobTable:
         for r in (*self.prompt, *self.rows):
             alts = "; ".join(f"{a.token!r} {h.fmt(a.logprob)}{' masked' if a.masked else ''}"
                              for a in r.top)
-            title = (f"{r.part} {r.position}: logprob {h.fmt(r.logprob)}, rank "
+            title = (f"{r.part} {r.position} {r.token!r}: logprob {h.fmt(r.logprob)}, rank "
                      f"{r.rank if r.rank is not None else '—'}, entropy {h.fmt(r.entropy)}"
                      + (f" | {alts}" if alts else "") + _grammar_note(r))
             border = "border-bottom:2px solid #888;" if r.part == "prompt" else ""
@@ -260,7 +260,7 @@ class LogprobTable:
                 border += "outline:1px dashed #c0392b;"
             spans.append(f'<span title="{h.escape(title)}" style="{h.on(h.prob_color(r.prob))};'
                          f'{border}padding:1px 0;margin:0 1px;'
-                         f'white-space:pre">{h.token_text(r.token)}</span>')
+                         f'white-space:pre">{h.escape(h.visible(r.token))}</span>')
         extra = [("prompt", "border-bottom:2px solid #888")] if self.prompt else []
         if any(r.overruled for r in self.rows):
             extra.append(("grammar overruled the model", "outline:1px dashed #c0392b"))
@@ -283,7 +283,7 @@ class LogprobTable:
         ax.figure.colorbar(image, ax=ax, label="probability")
         for i, r in enumerate(self.rows):
             for j, a in enumerate(r.top[:k]):
-                ax.text(j, i, a.token.replace("\n", "\\n")[:10], ha="center", va="center",
+                ax.text(j, i, h.visible(a.token)[:10], ha="center", va="center",
                         fontsize=7, color="white" if a.prob < 0.5 else "black")
         ax.set_yticks(range(len(self.rows)), [f"{r.position}: {r.token!r}" for r in self.rows],
                       fontsize=7)

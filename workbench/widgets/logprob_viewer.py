@@ -23,11 +23,12 @@ def render_position(table: LogprobTable, position: int) -> str:
     spans = []
     for r in table:
         outline = "outline:2px solid #d62728;" if r.position == row.position else ""
-        spans.append(f'<span style="{h.on(h.prob_color(r.prob))};{outline}padding:1px 0;'
-                     f'margin:0 1px;white-space:pre">{h.token_text(r.token)}</span>')
+        spans.append(f'<span title="{h.escape(repr(r.token))}" style="{h.on(h.prob_color(r.prob))};'
+                     f'{outline}padding:1px 0;margin:0 1px;white-space:pre">'
+                     f"{h.escape(h.visible(r.token))}</span>")
     alternatives = [
         (a.rank if a.rank is not None else "—",
-         f"<b>{h.token_text(a.token)}</b>" if a.token == row.token else h.token_text(a.token),
+         f"<b>{h.token_html(a.token)}</b>" if a.token == row.token else h.token_html(a.token),
          h.fmt(a.logprob), h.fmt(a.prob),
          f'<span style="display:inline-block;height:8px;width:{round(120 * a.prob)}px;'
          f'background:{h.prob_color(a.prob)}"></span>')
