@@ -204,3 +204,14 @@ def test_lora_on_a_family_without_the_adapters_projections_is_refused():
     with pytest.raises(ValidationError, match="model_type 'gpt2' names its projections"):
         make_llm(tiny_model("gpt2"), enable_lora=True)
     assert make_llm(tiny_model("qwen3"), enable_lora=True).llm_engine.lora.modules
+
+
+def test_a_layer_that_does_not_call_the_attention_interface_is_refused_at_load():
+    """The probe step counts the layers that reached the paged attention: one that computes
+    attention its own way would run without the KV cache, so the model is refused."""
+    loaded = tiny_model("llama")
+    attn = loaded.model.model.layers[1].self_attn
+    attn.forward = lambda hidden_states, *args, **kwargs: (torch.zeros_like(hidden_states), None)
+    with pytest.raises(UnsupportedModelError, match="1 of its layers do not call transformers' "
+                                                    "attention interface"):
+        make_llm(loaded)

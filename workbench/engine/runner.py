@@ -4,13 +4,15 @@ The runner owns the KV cache tensors (one flat `[num_blocks * block_size, Hkv, D
 layer) and runs transformers' own base model (embeddings, positions, decoder layers, final
 norm: where the family keeps them is `workbench/models/architectures.py`) on a single ragged
 row of every scheduled token, then the LM head and what the family's causal LM does after it;
-attention goes through `workbench.engine.attention.paged_attention`. Logits are computed only for the rows that need
-them: each sequence's last computed token, and prompt positions when prompt logprobs are asked.
-In every dtype the Q/K/V and gate/up projections are fused and every projection runs on the
-kernel chosen once for this machine (`engine/kernels.py`, `engine/fusion.py`); Llama-family
-layers then run in one lean loop over their own modules (`engine/decoder.py`, bit-identical to
-calling them; taken where a probe step at start-up finds it bit-identical to the base model); with `WORKBENCH_COMPILE=1` a lone stream's decode steps run as one compiled graph
-instead (`engine/compiled.py`).
+attention goes through `workbench.engine.attention.paged_attention`, the forward's context.
+Logits are computed only for the rows that need them: each sequence's last computed token, and
+prompt positions when prompt logprobs are asked. In every dtype the Q/K/V and gate/up
+projections are fused and every projection runs on the kernel chosen once for this machine
+(`engine/kernels.py`, `engine/fusion.py`). A probe step at start-up (`probe`) records what each
+layer's attention asks for (scaling, sliding window, soft-capping) and checks the lean loop
+(`engine/decoder.py`): where it gives the base model's hidden states bit for bit (Llama,
+Mistral, Qwen2), the layers run through it instead; with `WORKBENCH_COMPILE=1` a lone stream's
+decode steps run as one compiled graph instead (`engine/compiled.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
-from workbench.models.architectures import apply_logits, architecture_of, kv_heads, module_at
+from workbench.models.architectures import (
+    apply_logits,
+    architecture_of,
+    kv_heads,
+    module_at,
+    refuse,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +57,9 @@ def probe(runner: ModelRunner, stack: DecoderStack | None, kv_shape: tuple[int, 
     ctx = runner._probe_context(PROBE_TOKENS, kv_shape)
     reference = runner.forward(embeds, pos, ctx, lean=False)
     assert ctx.probe is not None
-    if len(ctx.probe) != len(runner.layers):
-        raise RuntimeError(f"{len(runner.layers) - len(ctx.probe)} of the model's layers did not "
-                           "call the paged attention")
+    if len(ctx.probe) != len(runner.layers):  # it would compute without the cache
+        raise refuse(runner.config, f"{len(runner.layers) - len(ctx.probe)} of its layers do not "
+                                    "call transformers' attention interface")
     if stack is None:
         return dict(ctx.probe), False
     c_ops, stack.c_ops = stack.c_ops, False
@@ -162,8 +170,8 @@ class ModelRunner:
         self.layer_attention, stack_matches = probe(self, stack, (shape[1], shape[2]))
         shapes = {a.kv_shape for a in self.layer_attention.values()}
         if shapes != {shape[1:]}:
-            raise RuntimeError(f"the layers' keys have (heads, size) {sorted(shapes)}, the config "
-                               f"says {shape[1:]}: the KV cache would not fit them")
+            raise refuse(cfg, f"its layers' keys have (heads, size) {sorted(shapes)} where its "
+                              f"config says {shape[1:]}")
         if stack is not None and stack_matches:
             stack.windows = [self.layer_attention[i].sliding_window
                              for i in range(len(self.layers))]

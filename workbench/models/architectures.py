@@ -108,7 +108,8 @@ def supported_types() -> list[str]:
     return sorted(ARCHITECTURES)
 
 
-def _refuse(config: Any, why: str) -> UnsupportedModelError:
+def refuse(config: Any, why: str) -> UnsupportedModelError:
+    """The refusal of a model: its `model_type` (and architectures), why, the supported types."""
     model_type = getattr(config, "model_type", None)
     archs = getattr(config, "architectures", None) or []
     named = f"model_type {model_type!r}" + (f" ({', '.join(archs)})" if archs else "")
@@ -123,7 +124,7 @@ def architecture_of(config: Any) -> Architecture:
     model_type = getattr(config, "model_type", None)
     arch = ARCHITECTURES.get(model_type)  # type: ignore[arg-type]
     if arch is None:
-        raise _refuse(config, "its family is not one the engine knows the layout of")
+        raise refuse(config, "its family is not one the engine knows the layout of")
     rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None)
     ropes = rope.values() if isinstance(rope, dict) and all(
         isinstance(v, dict) for v in rope.values()) else [rope]
@@ -131,12 +132,12 @@ def architecture_of(config: Any) -> Architecture:
         kind = (params or {}).get("rope_type") or (params or {}).get("type") \
             if isinstance(params, dict) else None
         if kind in _LENGTH_DEPENDENT_ROPE:
-            raise _refuse(config, f"rope scaling {kind!r} sets its frequencies from the longest "
+            raise refuse(config, f"rope scaling {kind!r} sets its frequencies from the longest "
                                   "position of the whole forward, which in a packed batch is "
                                   "another sequence's")
     if model_type == "bloom" and getattr(config, "pretraining_tp", 1) > 1 and getattr(
             config, "slow_but_exact", False):
-        raise _refuse(config, "slow_but_exact with pretraining_tp > 1 splits its output "
+        raise refuse(config, "slow_but_exact with pretraining_tp > 1 splits its output "
                               "projection into slices the engine does not reproduce")
     return arch
 
