@@ -176,33 +176,43 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
                                    alibi)
     for chunk in ctx.prefills:
         s, n = chunk.start, chunk.num_tokens
-        slots, mask, first = chunk.slots, chunk.mask, 0
-        if window is not None:  # keys from the first query's window on, each query its own
-            length = slots.shape[0]
-            first = max(0, length - n - window + 1)
-            q_pos = torch.arange(length - n, length, device=q.device).unsqueeze(1)
-            k_pos = torch.arange(first, length, device=q.device).unsqueeze(0)
-            mask = (k_pos <= q_pos) & (k_pos > q_pos - window)  # [n, L - first]
-            slots = slots[first:]
-        kp = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        vp = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
-        qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        if mask is None and (softcap is not None or alibi is not None):
-            length = slots.shape[0]  # plainly causal: query i at position L - n + i
-            mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
-        if alibi is not None and mask is not None:  # a float mask: biases, -inf where masked
-            bias = alibi.bias(torch.arange(first, first + slots.shape[0], device=q.device),
-                              q.dtype)  # [Hq, L]
-            float_mask = bias[:, None, :].masked_fill(~mask, float("-inf")).unsqueeze(0)
-            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=float_mask, scale=scaling,
-                                               enable_gqa=True)
-        elif softcap is not None and mask is not None:
-            o = eager_attention(qp, kp, vp, mask, scaling or q.shape[-1] ** -0.5, softcap)
-        else:
-            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scaling,
-                                               is_causal=mask is None, enable_gqa=True)
-        out[s:s + n] = o[0].transpose(0, 1)
+        out[s:s + n] = _attend_chunk(chunk, q[s:s + n], k_cache, v_cache, scaling, window,
+                                     softcap, alibi)
     return out
+
+
+def _attend_chunk(chunk: PrefillChunk, q: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, scaling: float | None, window: int | None,
+                  softcap: float | None, alibi: Alibi | None) -> torch.Tensor:
+    """One prefill chunk's queries q [n, Hq, D] against its context (causal; within `window`;
+    soft-capped; with ALiBi biases) -> [n, Hq, D]."""
+    n = chunk.num_tokens
+    slots, mask, first = chunk.slots, chunk.mask, 0
+    if window is not None:  # keys from the first query's window on, each query its own
+        length = slots.shape[0]
+        first = max(0, length - n - window + 1)
+        q_pos = torch.arange(length - n, length, device=q.device).unsqueeze(1)
+        k_pos = torch.arange(first, length, device=q.device).unsqueeze(0)
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - window)  # [n, L - first]
+        slots = slots[first:]
+    kp = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+    vp = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+    qp = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+    if mask is None and (softcap is not None or alibi is not None):
+        length = slots.shape[0]  # plainly causal: query i at position L - n + i
+        mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+    if alibi is not None and mask is not None:  # a float mask: biases, -inf where masked
+        bias = alibi.bias(torch.arange(first, first + slots.shape[0], device=q.device),
+                          q.dtype)  # [Hq, L]
+        float_mask = bias[:, None, :].masked_fill(~mask, float("-inf")).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=float_mask, scale=scaling,
+                                           enable_gqa=True)
+    elif softcap is not None and mask is not None:
+        o = eager_attention(qp, kp, vp, mask, scaling or q.shape[-1] ** -0.5, softcap)
+    else:
+        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scaling,
+                                           is_causal=mask is None, enable_gqa=True)
+    return o[0].transpose(0, 1)
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
