@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
 from workbench.inspect import beam_svg
+from workbench.inspect.figure import neutral
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 
@@ -91,7 +92,7 @@ class BeamTree(BeamTreeData):
         ax.set_xlabel("step")
         ax.set_yticks([])
         ax.set_title(repr(self))
-        return ax
+        return neutral(ax)
 
 
 def with_beam_tree(output: Any) -> Any:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class LogprobDiff:
         ax.set_ylabel("logprob of the chosen token")
         ax.legend(fontsize=8)
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)
 
 
 def _token(token: str | None) -> str:

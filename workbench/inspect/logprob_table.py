@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
 from workbench.inspect.logprob_diff import LogprobDiff
 
 
@@ -265,9 +266,9 @@ class LogprobTable:
         if any(r.overruled for r in self.rows):
             extra.append(("grammar overruled the model", "outline:1px dashed #c0392b"))
         div_id = h.content_id("wb-logprobs", self.to_dict())
-        return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
-                f'{h.caption(h.escape(repr(self)) + "; hover a token for its numbers")}'
-                f'{h.prob_legend(extra)}{"".join(spans)}</div>')
+        return h.themed(f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
+                        f'{h.caption(h.escape(repr(self)) + "; hover a token for its numbers")}'
+                        f'{h.prob_legend(extra)}{"".join(spans)}</div>')
 
     def plot(self, k: int | None = None, ax: Any = None):
         """Matplotlib heatmap of probabilities: generated positions x top-k rank."""
@@ -291,7 +292,7 @@ class LogprobTable:
         ax.set_xlabel("rank among returned alternatives")
         ax.set_ylabel("generated position: chosen token")
         ax.set_title("top-k probabilities per position (text: the alternative token)", fontsize=9)
-        return ax
+        return neutral(ax)
 
     heatmap = plot  # the earlier name
 

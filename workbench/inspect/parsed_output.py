@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
 from workbench.serving.chat_tools import ChoiceParser
 from workbench.serving.reasoning import get_reasoning_parser
 from workbench.serving.tool_parsers import get_tool_parser
@@ -165,9 +166,9 @@ class ParsedOutput:
         calls = h.table(["tool", "arguments"], [(c["name"], c["arguments"])
                                                 for c in self.tool_calls]) if self.tool_calls else ""
         div_id = h.content_id("wb-parsed", self.to_dict())
-        return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
-                f'{h.caption(h.escape(repr(self)))}{legend}'
-                f'{"".join(spans)}{calls}</div>')
+        return h.themed(f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
+                        f'{h.caption(h.escape(repr(self)))}{legend}'
+                        f'{"".join(spans)}{calls}</div>')
 
     def plot(self, ax: Any = None) -> Any:
         """Each token's logprob (0 where unknown) as a bar in its part's colour (matplotlib);
@@ -185,4 +186,4 @@ class ParsedOutput:
         ax.set_xlabel("generated position")
         ax.set_ylabel("logprob")
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)

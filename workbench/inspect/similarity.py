@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
 
 
 @dataclass
@@ -128,7 +129,7 @@ class SimilarityMatrix:
         legend = h.swatches([(f"{h.fmt(lo, 2)} (lowest)", h.prob_color(0.0)),
                              (f"{h.fmt((lo + hi) / 2, 2)}", h.prob_color(0.5)),
                              (f"{h.fmt(hi, 2)} (highest)", h.prob_color(1.0))], "colour:")
-        return (f'<div id="{ident}" class="wb-similarity"><div style="font-size:12px">'
+        return h.themed(f'<div id="{ident}" class="wb-similarity"><div style="font-size:12px">'
                 f"{h.escape(self.kind)} similarity, {len(self.rows)}×{len(self.cols)}</div>"
                 f"{h.caption('hover a cell or a cut label for its full text')}{legend}"
                 f'<table style="border-collapse:collapse;font-size:12px"><thead><tr><th></th>'
@@ -154,7 +155,7 @@ class SimilarityMatrix:
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
                             color="white" if (v - lo) / (hi - lo) < 0.5 else "black")
         ax.figure.colorbar(image, ax=ax, label=self.kind)
-        return ax
+        return neutral(ax)
 
     def __repr__(self) -> str:
         return f"SimilarityMatrix({self.kind}, {len(self.rows)}x{len(self.cols)})"

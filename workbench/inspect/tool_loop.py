@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
 
 
 @dataclass(frozen=True)
@@ -192,4 +193,4 @@ class ToolLoopTrace:
         ax.set_ylabel("tokens")
         ax.legend(fontsize=8)
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)
