@@ -128,4 +128,4 @@ def test_no_stale_progress_bar_or_widget_state_is_saved(path):
         if model in state and model not in reachable:
             reachable.add(model)
             todo += re.findall(r"IPY_MODEL_([0-9a-f]{32})", json.dumps(state[model]))
-    assert set(state) == reachable, "widget state of no saved view (a loading bar's)"
+    assert set(state) == reachable, "widget state of no saved view: scripts/tidy_notebooks.py"
