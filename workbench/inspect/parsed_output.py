@@ -157,11 +157,12 @@ class ParsedOutput:
                 f"{len(self.tool_calls)} tool calls)")
 
     def _repr_html_(self) -> str:
-        """Tokens on the background of their part; hover shows position, part and logprob;
-        the parsed tool calls below."""
-        spans = [f'<span title="{h.escape(f"{r.position}: {r.part}, logprob {h.fmt(r.logprob)}")}" '
-                 f'style="{h.on(PART_COLORS[r.part])};padding:1px 0;margin:0 1px;'
-                 f'white-space:pre">{h.token_text(r.token)}</span>' for r in self.rows]
+        """Tokens on the background of their part, whitespace as visible marks (`h.visible`);
+        hover shows position, raw token, part and logprob; the parsed tool calls below."""
+        spans = [f'<span title="{h.escape(f"{r.position} {r.token!r}: {r.part}, logprob ")}'
+                 f'{h.escape(h.fmt(r.logprob))}" style="{h.on(PART_COLORS[r.part])};'
+                 f'padding:1px 0;margin:0 1px;white-space:pre">{h.escape(h.visible(r.token))}'
+                 f"</span>" for r in self.rows]
         legend = h.swatches(PART_COLORS.items(), "parts:")
         calls = h.table(["tool", "arguments"], [(c["name"], c["arguments"])
                                                 for c in self.tool_calls]) if self.tool_calls else ""
