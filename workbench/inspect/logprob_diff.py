@@ -23,6 +23,7 @@ from typing import Any
 
 from workbench import html as h
 from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,8 @@ class LogprobDiff:
                 "rows": [r.to_dict() for r in self.rows]}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame([r.to_dict() for r in self.rows]).set_index("position")
+        columns = [*DiffRow.__dataclass_fields__, "same", "delta"]
+        return frame([r.to_dict() for r in self.rows], columns).set_index("position")
 
     def __repr__(self) -> str:
         where = "identical" if self.diverged_at is None else f"diverge at {self.diverged_at}"

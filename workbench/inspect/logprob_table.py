@@ -27,6 +27,7 @@ from typing import Any
 
 from workbench import html as h
 from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 from workbench.inspect.logprob_diff import LogprobDiff
 
 
@@ -222,7 +223,6 @@ class LogprobTable:
 
     def to_frame(self):
         """One row per position (prompt positions first, `part` tells them apart)."""
-        import pandas as pd  # optional: deferred, only frames need pandas
 
         records = []
         for r in (*self.prompt, *self.rows):
@@ -236,7 +236,10 @@ class LogprobTable:
                    "entropy", "top_mass", "top"]
         if self.constrained:  # grammar columns only where a grammar was at work
             columns += ["allowed", "overruled", "masked"]
-        return pd.DataFrame.from_records(records, columns=columns)
+        return frame(records, columns, {
+            **dict.fromkeys(["token_id", "rank"], "Int64"),
+            **dict.fromkeys(["logprob", "prob", "entropy", "top_mass"], "Float64"),
+            "allowed": "Int64", "overruled": "boolean"})
 
     def __repr__(self) -> str:
         return (f"LogprobTable({len(self.rows)} generated positions, {len(self.prompt)} prompt "

@@ -18,6 +18,7 @@ from typing import Any
 
 from workbench import html as h
 from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 from workbench.serving.chat_tools import ChoiceParser
 from workbench.serving.reasoning import get_reasoning_parser
 from workbench.serving.tool_parsers import get_tool_parser
@@ -145,10 +146,9 @@ class ParsedOutput:
                 "tool_start": self.tool_start, "rows": [asdict(r) for r in self.rows]}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame.from_records([asdict(r) for r in self.rows], columns=[
-            "position", "token", "start", "end", "part", "logprob"])
+        return frame([asdict(r) for r in self.rows],
+                     ["position", "token", "start", "end", "part", "logprob"],
+                     {"logprob": "Float64"})
 
     def __repr__(self) -> str:
         c = self.counts

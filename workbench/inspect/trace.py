@@ -14,6 +14,7 @@ from typing import Any
 
 from workbench import html as h
 from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 
 KIND_COLORS = {"pipeline": "#8fb8de", "engine": "#f0a868", "client": "#b0b0b0"}
 
@@ -95,10 +96,8 @@ class Trace:
                 "num_cached_tokens": self.num_cached_tokens}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame([{**asdict(s), "duration": s.duration} for s in self.spans],
-                            columns=["name", "kind", "start", "end", "duration"])
+        return frame([{**asdict(s), "duration": s.duration} for s in self.spans],
+                     ["name", "kind", "start", "end", "duration"])
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self.spans)

@@ -20,6 +20,7 @@ import pydantic
 
 from workbench import html as h
 from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 from workbench.serving.base import RequestMeta
 from workbench.serving.errors import error_response, validation_error_body
 from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
@@ -105,10 +106,9 @@ class ValidationReport:
                 "error": self.error}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame([asdict(c) for c in self.checks],
-                            columns=["name", "stage", "status", "param", "reason", "value"])
+        return frame([asdict(c) for c in self.checks],
+                     ["name", "stage", "status", "param", "reason", "value"],
+                     {"param": "string", "reason": "string", "value": "object"})
 
     def __repr__(self) -> str:
         verdict = "ok" if self.ok else f"error {self.status_code}"
