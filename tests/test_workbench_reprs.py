@@ -70,3 +70,22 @@ def test_notebook_setup_loads_the_default_model_with_a_progress_bar(capsys):
     assert repr(llm) == "LLM('smollm2-135m-instruct', generate, float32 on cpu, max_model_len=256, seed=0)"
     err = capsys.readouterr().err
     assert "Loading smollm2-135m-instruct" in err and "3/3" in err  # weights, tokenizer, device
+
+
+def test_notebook_setup_clears_its_loading_bars_in_a_kernel(monkeypatch):
+    """Run by a kernel, the loading bars are cleared once the model is there: a saved notebook
+    keeps no `0%| 0/3` bar (outside a kernel nothing is cleared)."""
+    import IPython
+    import IPython.display
+
+    import workbench.notebook as nb
+
+    cleared = []
+    monkeypatch.setattr(nb, "LLM", lambda **kwargs: kwargs)
+    monkeypatch.setattr(IPython.display, "clear_output", lambda wait=False: cleared.append(wait))
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    nb.notebook_setup()
+    assert cleared == []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: type("Shell", (), {"kernel": object()})())
+    assert nb.notebook_setup(seed=3)["seed"] == 3
+    assert cleared == [False]

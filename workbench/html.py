@@ -14,6 +14,7 @@ import colorsys
 import hashlib
 import html as _html
 import math
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -149,6 +150,41 @@ def on(background: str) -> str:
     return f"background:{background};color:{INK}"
 
 
+# The dark theme: each light background we paint (`background:#rrggbb`, inline) has a dark
+# counterpart of the same hue, for light ink; `themed` adds the rules where JupyterLab says its
+# theme is dark, so a view keeps its inline light colours (what an untrusted notebook, which
+# drops `<style>`, and other front-ends show) and its markup.
+DARK_INK = "#e8e8e8"
+
+
+def dark(background: str) -> str:
+    """The dark theme's counterpart of a light `#rrggbb` background: same hue, dark enough
+    for `DARK_INK` (>= 4.5:1, tested)."""
+    r, g, b = (int(background[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    hue, _, sat = colorsys.rgb_to_hls(r, g, b)
+    rgb = colorsys.hls_to_rgb(hue, 0.24, min(sat, 0.45))
+    return "#" + "".join(f"{round(255 * c):02x}" for c in rgb)
+
+
+def themed(html: str) -> str:
+    """`html` followed by the dark theme's rules for the backgrounds it paints (sorted, so the
+    same view gives the same string)."""
+    colours = sorted(set(re.findall(r"background:(#[0-9a-f]{6})\b", html)))
+    if not colours:
+        return html
+    rules = "".join(f"body[data-jp-theme-light='false'] [style*='background:{c}']"
+                    f"{{background:{dark(c)} !important;color:{DARK_INK} !important}}"
+                    for c in colours)
+    return f'{html}<style class="wb-theme">{rules}</style>'
+
+
+def error_box(text: str) -> str:
+    """An error message (already escaped) in JupyterLab's error colours, a light fallback."""
+    return (f'<div class="wb-error" style="color:var(--jp-content-font-color1,{INK});'
+            f"background:var(--jp-rendermime-error-background,#fff0f0);padding:4px 8px;"
+            f'border-left:3px solid {ERROR};white-space:pre-wrap">{text}</div>')
+
+
 def caption(text: str) -> str:
     """A small line of secondary text (already escaped or built from escaped parts)."""
     return f'<div class="wb-caption" style="font-size:11px;color:{MUTED}">{text}</div>'
@@ -169,6 +205,15 @@ def prob_legend(extra: Iterable[tuple[str, str]] = ()) -> str:
     more = "".join(f'<span style="color:{INK};background:#f5f5f5;{css};padding:0 4px;'
                    f'margin-right:4px">{escape(label)}</span>' for label, css in extra)
     return swatches(chips, "token probability:")[:-len("</div>")] + more + "</div>"
+
+
+def clip_words(text: str, limit: int = 60) -> str:
+    """Escaped text up to `limit` characters, cut at a word boundary with an ellipsis (a word
+    longer than `limit` is cut inside); the full text on hover."""
+    if len(text) <= limit:
+        return escape(text)
+    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit - 1]
+    return f'<span title="{escape(text)}">{escape(cut.rstrip())}…</span>'
 
 
 def ellipsis(text: str, limit: int = 24) -> str:

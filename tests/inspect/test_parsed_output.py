@@ -68,3 +68,13 @@ def test_a_workbench_result_gives_its_parsed_output():
     parsed = Result(body).parsed(reasoning_parser="qwen3", tool_parser="hermes")
     assert parsed.counts["tool_call"] == 12 and parsed.tool_calls[0]["name"] == "get_weather"
     assert Result({"choices": [{"index": 0, "message": {}, "logprobs": None}]}).parsed() is None
+
+
+def test_html_marks_whitespace_visibly_and_the_frame_keeps_raw_text():
+    out = ParsedOutput.from_tokens(TOKENS, reasoning_parser="qwen3", tool_parser="hermes")
+    html = out._repr_html_()
+    assert ">.⏎</span>" in html and ">␣weather</span>" in html and ">Sure</span>" in html
+    assert "title=\"10 '.\\n': content" in html.replace("&#x27;", "'")  # the raw token on hover
+    assert ">.\\n</span>" not in html  # not the escape sequence drawn as text
+    frame = out.to_frame()
+    assert list(frame["token"][:5]) == TOKENS[:5] and ".\n" in list(frame["token"])

@@ -88,3 +88,46 @@ def test_old_names_still_work():
     sim, table = INSTANCES["SimilarityMatrix"], INSTANCES["LogprobTable"]
     assert sim.frame().equals(sim.to_frame())
     assert type(table).heatmap is type(table).plot
+
+
+def _gappy() -> dict[str, object]:
+    """Instances whose frames have gaps: no logprobs, a call-less round, a check without a
+    parameter, a child of the prompt."""
+    i = inspect_pkg
+    response = {"id": "resp_2", "status": "completed", "output": [
+        {"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]}
+    return {**INSTANCES,
+            "ParsedOutput": i.ParsedOutput.from_tokens(["a", " b"]),
+            "ToolLoopTrace": i.ToolLoopTrace.from_response(response)}
+
+
+@pytest.mark.parametrize("name", sorted(INSTANCES))
+def test_frames_mark_every_missing_value_as_pandas_na(name):
+    import math
+
+    import pandas as pd
+
+    frame = _gappy()[name].to_frame().reset_index()
+    for column in frame.columns:
+        cells = list(frame[column])
+        assert not any(v is None or (isinstance(v, float) and math.isnan(v)) for v in cells), \
+            (name, column, cells)
+        present = [v for v in cells if v is not pd.NA]
+        if len(present) < len(cells) and present and frame[column].dtype == object:
+            assert not all(isinstance(v, (bool, int, float, str)) for v in present), \
+                f"{name}.{column}: a plain column left as objects, not a nullable dtype"
+
+
+def test_gaps_are_typed_na_in_nullable_columns():
+    import pandas as pd
+
+    frames = {k: v.to_frame() for k, v in _gappy().items()}
+    assert frames["ParsedOutput"]["logprob"].dtype == "Float64"  # typed though all missing
+    assert frames["ParsedOutput"]["logprob"].isna().all()
+    assert frames["ValidationReport"]["param"].dtype == "string"
+    assert frames["ValidationReport"]["param"][0] is pd.NA
+    loop = frames["ToolLoopTrace"]
+    assert loop["tool"][0] is pd.NA and loop["builtin"].dtype == "boolean"
+    assert loop["priority"].dtype == "Int64"
+    assert str(frames["LogprobTable"]["rank"].dtype) == "Int64"
+    assert frames["BeamTree"]["parent"].dtype == "Int64"

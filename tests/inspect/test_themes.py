@@ -88,3 +88,65 @@ def test_fallback_colours_of_theme_variables_read_on_a_light_page():
 def test_token_strips_carry_a_colour_legend():
     for name in ("LogprobTable", "LogprobViewer", "ParsedOutput", "SimilarityMatrix"):
         assert 'class="wb-legend"' in _outputs()[name], name
+
+
+def _with_an_error() -> str:
+    from workbench.inspect import ValidationReport
+    from workbench.serving.recorder import Check
+
+    error = {"error": {"message": "bad n", "type": "BadRequestError", "param": "n", "code": 400}}
+    return ValidationReport("completions", (Check("n", "validate", "failed", "n"),),
+                            error)._repr_html_()
+
+
+def test_the_error_box_takes_the_themes_error_colours():
+    html = _with_an_error()
+    assert 'class="wb-error"' in html and "var(--jp-rendermime-error-background," in html
+    for style in _styles(html):  # the status badge: its own ink on its own background
+        if (_prop(style, "background") or "").startswith("#"):
+            assert contrast(_prop(style, "color"), _prop(style, "background")) >= 4.5
+
+
+@pytest.mark.parametrize("name", [n for n in _outputs() if n != "BeamTree"] + ["error"])
+def test_every_painted_background_has_a_dark_counterpart(name):
+    html = _with_an_error() if name == "error" else _outputs()[name]
+    painted = set(re.findall(r"background:(#[0-9a-f]{6})", html.split('<style class="wb-theme">')[0]))
+    rules = dict(re.findall(r"\[style\*='background:(#[0-9a-f]{6})'\]\{background:(#[0-9a-f]{6})"
+                            r" !important;color:" + h.DARK_INK, html))
+    assert painted and painted == set(rules), name
+    assert "body[data-jp-theme-light='false']" in html
+
+
+def test_dark_counterparts_read_with_dark_ink_and_keep_the_hue_order():
+    from workbench.inspect.parsed_output import PART_COLORS
+    from workbench.inspect.validation_report import _COLORS
+
+    lights = [h.prob_color(i / 100) for i in range(101)] + [h.prob_color(None)]
+    for colour in lights + list(PART_COLORS.values()) + list(_COLORS.values()):
+        assert contrast(h.DARK_INK, h.dark(colour)) >= 4.5, colour
+        assert contrast(h.DARK_INK, h.dark(colour)) > contrast(h.INK, h.dark(colour))
+    assert h.dark(h.prob_color(0.0)) != h.dark(h.prob_color(1.0))
+
+
+def test_plots_are_transparent_with_grey_text_that_reads_on_both_pages():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex, to_rgba
+
+    from tests.inspect.test_protocol import INSTANCES
+    from workbench.inspect.figure import GREY
+
+    assert min(contrast(GREY, DARK_PAGE), contrast(GREY, LIGHT_PAGE)) >= 4.0
+    for name, obj in INSTANCES.items():
+        ax = obj.plot()
+        try:
+            assert ax.figure.patch.get_alpha() == 0.0, name
+            for axes in ax.figure.axes:
+                assert to_rgba(axes.get_facecolor())[3] == 0.0, name
+                ticks = axes.get_xticklabels() + axes.get_yticklabels()
+                assert all(to_hex(t.get_color()) == GREY for t in ticks), name
+                assert to_hex(axes.title.get_color()) == GREY, name
+        finally:
+            plt.close(ax.figure)

@@ -446,3 +446,18 @@ def test_a_wide_search_scrolls_in_its_own_box_and_no_edge_crosses_a_label(tmp_pa
         box_after = explorer.evaluate(BOXES_JS)
         assert box_after["selectedInView"], box_after  # the scroll stayed where the click was
         page.screenshot(path=str(SCREENSHOTS / f"explorer-wide-clicked-{theme}.png"))
+
+
+@pytest.mark.parametrize("name", ["04_beam_search_explorer", "06_validation_and_errors"])
+def test_a_repository_notebook_is_not_modified_by_opening_it(tmp_path, page, name):
+    """Opened as saved (its kernel started, its widget state restored), the tab stays clean."""
+    import shutil
+
+    (tmp_path / "root").mkdir()
+    shutil.copy(REPO_NOTEBOOKS / f"{name}.ipynb", tmp_path / "root")
+    with _jupyterlab(tmp_path) as url:
+        page.goto(f"{url}/lab/tree/{name}.ipynb?token={TOKEN}")
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        page.wait_for_timeout(3000)  # what JupyterLab rewrites on opening, it has by now
+        tab = page.locator(f"li.lm-TabBar-tab:has-text('{name}.ipynb')")
+        assert "jp-mod-dirty" not in (tab.get_attribute("class") or "")

@@ -20,6 +20,8 @@ from typing import Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
 from workbench.inspect import beam_svg
+from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 
@@ -36,13 +38,9 @@ class BeamTree(BeamTreeData):
 
     def to_frame(self):
         """A pandas DataFrame, one row per node, indexed by node id."""
-        import pandas as pd  # optional: deferred so the tree loads without pandas
-
-        cols = list(BeamNode.__dataclass_fields__)
-        frame = pd.DataFrame([asdict(n) for n in self.nodes], columns=cols)
         # ids and ranks as integers with <NA> where there is none (a child of the prompt)
-        frame = frame.astype({"parent": "Int64", "rank": "Int64", "returned": "Int64"})
-        return frame.set_index("id")
+        return frame([asdict(n) for n in self.nodes], list(BeamNode.__dataclass_fields__),
+                     dict.fromkeys(["parent", "rank", "returned"], "Int64")).set_index("id")
 
     # -- drawing -----------------------------------------------------------------------------
     def layout(self) -> dict[int | None, tuple[float, float]]:
@@ -91,7 +89,7 @@ class BeamTree(BeamTreeData):
         ax.set_xlabel("step")
         ax.set_yticks([])
         ax.set_title(repr(self))
-        return ax
+        return neutral(ax)
 
 
 def with_beam_tree(output: Any) -> Any:

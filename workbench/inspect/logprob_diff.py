@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,8 @@ class LogprobDiff:
                 "rows": [r.to_dict() for r in self.rows]}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame([r.to_dict() for r in self.rows]).set_index("position")
+        columns = [*DiffRow.__dataclass_fields__, "same", "delta"]
+        return frame([r.to_dict() for r in self.rows], columns).set_index("position")
 
     def __repr__(self) -> str:
         where = "identical" if self.diverged_at is None else f"diverge at {self.diverged_at}"
@@ -141,7 +142,7 @@ class LogprobDiff:
         ax.set_ylabel("logprob of the chosen token")
         ax.legend(fontsize=8)
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)
 
 
 def _token(token: str | None) -> str:

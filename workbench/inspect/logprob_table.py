@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 from workbench.inspect.logprob_diff import LogprobDiff
 
 
@@ -221,7 +223,6 @@ class LogprobTable:
 
     def to_frame(self):
         """One row per position (prompt positions first, `part` tells them apart)."""
-        import pandas as pd  # optional: deferred, only frames need pandas
 
         records = []
         for r in (*self.prompt, *self.rows):
@@ -235,7 +236,10 @@ class LogprobTable:
                    "entropy", "top_mass", "top"]
         if self.constrained:  # grammar columns only where a grammar was at work
             columns += ["allowed", "overruled", "masked"]
-        return pd.DataFrame.from_records(records, columns=columns)
+        return frame(records, columns, {
+            **dict.fromkeys(["token_id", "rank"], "Int64"),
+            **dict.fromkeys(["logprob", "prob", "entropy", "top_mass"], "Float64"),
+            "allowed": "Int64", "overruled": "boolean"})
 
     def __repr__(self) -> str:
         return (f"LogprobTable({len(self.rows)} generated positions, {len(self.prompt)} prompt "
@@ -265,9 +269,9 @@ class LogprobTable:
         if any(r.overruled for r in self.rows):
             extra.append(("grammar overruled the model", "outline:1px dashed #c0392b"))
         div_id = h.content_id("wb-logprobs", self.to_dict())
-        return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
-                f'{h.caption(h.escape(repr(self)) + "; hover a token for its numbers")}'
-                f'{h.prob_legend(extra)}{"".join(spans)}</div>')
+        return h.themed(f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
+                        f'{h.caption(h.escape(repr(self)) + "; hover a token for its numbers")}'
+                        f'{h.prob_legend(extra)}{"".join(spans)}</div>')
 
     def plot(self, k: int | None = None, ax: Any = None):
         """Matplotlib heatmap of probabilities: generated positions x top-k rank."""
@@ -291,7 +295,7 @@ class LogprobTable:
         ax.set_xlabel("rank among returned alternatives")
         ax.set_ylabel("generated position: chosen token")
         ax.set_title("top-k probabilities per position (text: the alternative token)", fontsize=9)
-        return ax
+        return neutral(ax)
 
     heatmap = plot  # the earlier name
 

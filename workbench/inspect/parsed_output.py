@@ -17,6 +17,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 from workbench.serving.chat_tools import ChoiceParser
 from workbench.serving.reasoning import get_reasoning_parser
 from workbench.serving.tool_parsers import get_tool_parser
@@ -144,10 +146,9 @@ class ParsedOutput:
                 "tool_start": self.tool_start, "rows": [asdict(r) for r in self.rows]}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame.from_records([asdict(r) for r in self.rows], columns=[
-            "position", "token", "start", "end", "part", "logprob"])
+        return frame([asdict(r) for r in self.rows],
+                     ["position", "token", "start", "end", "part", "logprob"],
+                     {"logprob": "Float64"})
 
     def __repr__(self) -> str:
         c = self.counts
@@ -156,18 +157,19 @@ class ParsedOutput:
                 f"{len(self.tool_calls)} tool calls)")
 
     def _repr_html_(self) -> str:
-        """Tokens on the background of their part; hover shows position, part and logprob;
-        the parsed tool calls below."""
-        spans = [f'<span title="{h.escape(f"{r.position}: {r.part}, logprob {h.fmt(r.logprob)}")}" '
-                 f'style="{h.on(PART_COLORS[r.part])};padding:1px 0;margin:0 1px;'
-                 f'white-space:pre">{h.token_text(r.token)}</span>' for r in self.rows]
+        """Tokens on the background of their part, whitespace as visible marks (`h.visible`);
+        hover shows position, raw token, part and logprob; the parsed tool calls below."""
+        spans = [f'<span title="{h.escape(f"{r.position} {r.token!r}: {r.part}, logprob ")}'
+                 f'{h.escape(h.fmt(r.logprob))}" style="{h.on(PART_COLORS[r.part])};'
+                 f'padding:1px 0;margin:0 1px;white-space:pre">{h.escape(h.visible(r.token))}'
+                 f"</span>" for r in self.rows]
         legend = h.swatches(PART_COLORS.items(), "parts:")
         calls = h.table(["tool", "arguments"], [(c["name"], c["arguments"])
                                                 for c in self.tool_calls]) if self.tool_calls else ""
         div_id = h.content_id("wb-parsed", self.to_dict())
-        return (f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
-                f'{h.caption(h.escape(repr(self)))}{legend}'
-                f'{"".join(spans)}{calls}</div>')
+        return h.themed(f'<div id="{div_id}" style="font-family:monospace;line-height:1.9">'
+                        f'{h.caption(h.escape(repr(self)))}{legend}'
+                        f'{"".join(spans)}{calls}</div>')
 
     def plot(self, ax: Any = None) -> Any:
         """Each token's logprob (0 where unknown) as a bar in its part's colour (matplotlib);
@@ -185,4 +187,4 @@ class ParsedOutput:
         ax.set_xlabel("generated position")
         ax.set_ylabel("logprob")
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)

@@ -1,5 +1,9 @@
 """`SimilarityMatrix`: scores between row texts and column texts, as a table and a heatmap.
 
+Every view colours a value the same way, whatever the kind: cosines, `/score` scores and
+`/rerank` relevances on one scale from 0 to 1 (`prob_color`; a value outside it, a negative
+cosine, takes the nearer end), stated in the table's legend and the plot's colorbar.
+
 Built from embeddings (cosine of every row with every column), from a `/score` response (one
 query against many documents, or N:N pairs) or from a `/rerank` response (the query against
 its documents, in document order). Plain data: `rows`, `cols`, `values[i][j]`; `frame()` is a
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
 
 
 @dataclass
@@ -31,7 +36,7 @@ class SimilarityMatrix:
     cols: list[str]
     values: list[list[float]]
     kind: str = "cosine"  # cosine | score | relevance
-    vmin: float | None = field(default=None)  # colour scale; None: the values' range
+    vmin: float | None = field(default=None)  # colour scale; None: SCALE's end
     vmax: float | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -49,7 +54,7 @@ class SimilarityMatrix:
         b = a if col_embeddings is None else _unit(np.asarray(col_embeddings, dtype="float64"))
         values = (a @ b.T).tolist()
         return cls(list(labels), list(labels if col_labels is None else col_labels), values,
-                   "cosine", -1.0, 1.0)
+                   "cosine")
 
     @classmethod
     def from_embedding_response(cls, response: dict[str, Any], labels: list[str]
@@ -107,40 +112,45 @@ class SimilarityMatrix:
 
     # -- rendering --------------------------------------------------------------------------
     def _scale(self) -> tuple[float, float]:
-        flat = [v for row in self.values for v in row]
-        lo = self.vmin if self.vmin is not None else min(flat, default=0.0)
-        hi = self.vmax if self.vmax is not None else max(flat, default=1.0)
+        lo = SCALE[0] if self.vmin is None else self.vmin
+        hi = SCALE[1] if self.vmax is None else self.vmax
         return lo, (hi if hi > lo else lo + 1.0)
+
+    def _legend(self) -> str:
+        lo, hi = self._scale()
+        chips = [(h.fmt(lo + f * (hi - lo), 2), h.prob_color(f)) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+        return h.swatches(chips, f"{self.kind}, the colours of every similarity view "
+                                 f"(below {h.fmt(lo, 2)} as {h.fmt(lo, 2)}):")
 
     def _repr_html_(self) -> str:
         lo, hi = self._scale()
-        head = "".join(f'<th style="padding:2px 6px;text-align:left">{h.ellipsis(c, 24)}</th>'
-                       for c in self.cols)
+        head = "".join(f'<th style="{HEADER}">{h.clip_words(c, 60)}</th>' for c in self.cols)
         body = ""
         for label, row in zip(self.rows, self.values):
             cells = "".join(
                 f'<td style="padding:2px 6px;text-align:right;color:{h.INK};background:'
                 f'{h.prob_color((v - lo) / (hi - lo))}" title="{h.escape(c)}">{h.fmt(v)}</td>'
                 for c, v in zip(self.cols, row))
-            body += f'<tr><th style="padding:2px 6px;text-align:left">{h.ellipsis(label, 40)}' \
-                    f"</th>{cells}</tr>"
+            body += f'<tr><th style="{HEADER}">{h.clip_words(label, 60)}</th>{cells}</tr>'
         ident = h.content_id("wb-sim", self.rows, self.cols, self.values)
-        legend = h.swatches([(f"{h.fmt(lo, 2)} (lowest)", h.prob_color(0.0)),
-                             (f"{h.fmt((lo + hi) / 2, 2)}", h.prob_color(0.5)),
-                             (f"{h.fmt(hi, 2)} (highest)", h.prob_color(1.0))], "colour:")
-        return (f'<div id="{ident}" class="wb-similarity"><div style="font-size:12px">'
+        legend = self._legend()
+        return h.themed(f'<div id="{ident}" class="wb-similarity"><div style="font-size:12px">'
                 f"{h.escape(self.kind)} similarity, {len(self.rows)}×{len(self.cols)}</div>"
                 f"{h.caption('hover a cell or a cut label for its full text')}{legend}"
                 f'<table style="border-collapse:collapse;font-size:12px"><thead><tr><th></th>'
                 f"{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
-    def plot(self, ax: Any = None, cmap: str = "viridis", annotate: bool = True) -> Any:
-        """A heatmap of the values (matplotlib); returns the axes."""
+    def plot(self, ax: Any = None, cmap: Any = None, annotate: bool = True) -> Any:
+        """A heatmap of the values (matplotlib) in the table's colours (`cmap` None) on the
+        same scale; returns the axes."""
         import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+        from matplotlib.colors import ListedColormap
 
         if ax is None:
             _, ax = plt.subplots(figsize=(1.2 + 1.1 * len(self.cols), 0.8 + 0.5 * len(self.rows)))
         lo, hi = self._scale()
+        if cmap is None:
+            cmap = ListedColormap([h.prob_color(i / 100) for i in range(101)])
         image = ax.imshow(self.values, cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
         ax.set_xticks(range(len(self.cols)), [_wrap(c) for c in self.cols], rotation=30,
                       ha="right", fontsize=8)
@@ -152,12 +162,17 @@ class SimilarityMatrix:
             for i, row in enumerate(self.values):
                 for j, v in enumerate(row):
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
-                            color="white" if (v - lo) / (hi - lo) < 0.5 else "black")
-        ax.figure.colorbar(image, ax=ax, label=self.kind)
-        return ax
+                            color=h.INK)
+        ax.figure.colorbar(image, ax=ax, label=f"{self.kind} (below {lo:g} as {lo:g})")
+        return neutral(ax)
 
     def __repr__(self) -> str:
         return f"SimilarityMatrix({self.kind}, {len(self.rows)}x{len(self.cols)})"
+
+
+SCALE = (0.0, 1.0)  # the colour scale of every kind (see the module docstring)
+# a header wraps at spaces (a long text cut at a word by `clip_words`, whole on hover)
+HEADER = "padding:2px 6px;text-align:left;vertical-align:bottom;max-width:12em;white-space:normal"
 
 
 def _unit(x: Any) -> Any:
@@ -173,9 +188,11 @@ def _vector(embedding: Any) -> list[float]:
 
 
 def _wrap(text: str, width: int = 24, lines: int = 3) -> str:
-    """A tick label: wrapped at `width` characters, at most `lines` lines (then an ellipsis)."""
+    """A tick label: wrapped at `width` characters, at most `lines` lines (then an ellipsis
+    after the last whole word that fits)."""
     wrapped = textwrap.wrap(text, width) or [""]
     if len(wrapped) > lines:
-        wrapped = wrapped[:lines]
-        wrapped[-1] = wrapped[-1][: width - 1] + "…"
+        last = wrapped[lines - 1]
+        words = last.rsplit(" ", 1)[0] if len(last) >= width and " " in last else last
+        wrapped = wrapped[:lines - 1] + [words + "…"]
     return "\n".join(wrapped)

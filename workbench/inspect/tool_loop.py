@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,12 @@ class ToolLoopTrace:
         return rows
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame(self.rows())
+        return frame(self.rows(), ["round", "request_id", "priority", "prompt_tokens",
+                                   "output_tokens", "finish_reason", "tool", "builtin",
+                                   "arguments", "output", "error"],
+                     {**dict.fromkeys(["priority", "prompt_tokens", "output_tokens"], "Int64"),
+                      **dict.fromkeys(["request_id", "finish_reason", "tool", "arguments",
+                                       "output", "error"], "string"), "builtin": "boolean"})
 
     def __repr__(self) -> str:
         tools = ", ".join(c.name for c in self.calls) or "no tools"
@@ -192,4 +197,4 @@ class ToolLoopTrace:
         ax.set_ylabel("tokens")
         ax.legend(fontsize=8)
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)

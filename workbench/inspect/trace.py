@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 
 KIND_COLORS = {"pipeline": "#8fb8de", "engine": "#f0a868", "client": "#b0b0b0"}
 
@@ -94,10 +96,8 @@ class Trace:
                 "num_cached_tokens": self.num_cached_tokens}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame([{**asdict(s), "duration": s.duration} for s in self.spans],
-                            columns=["name", "kind", "start", "end", "duration"])
+        return frame([{**asdict(s), "duration": s.duration} for s in self.spans],
+                     ["name", "kind", "start", "end", "duration"])
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self.spans)
@@ -110,16 +110,16 @@ class Trace:
             left, width = 100 * s.start / total, max(100 * s.duration / total, 0.5)
             bar = (f'<div style="position:relative;height:12px;width:300px;background:#f2f2f2">'
                    f'<div style="position:absolute;left:{left:.1f}%;width:{width:.1f}%;height:12px;'
-                   f'background:{KIND_COLORS.get(s.kind, "#999")}"></div></div>')
+                   f'background:{KIND_COLORS.get(s.kind, "#999999")}"></div></div>')
             rows.append((h.escape(s.kind), h.escape(s.name), bar, h.duration(s.duration)))
         steps = (f"prefill steps {self.num_prefill_steps}, decode steps {self.num_decode_steps}"
                  if self.num_prefill_steps is not None else "")
         if self.num_cached_tokens is not None:
             steps += f", cached prompt tokens {self.num_cached_tokens}"
-        return (f'<div><div style="font-size:12px">Trace: {len(self.spans)} spans, total '
-                f'{h.duration(self.total)} {h.escape(steps)}</div>'
-                + h.table(["kind", "span", "timeline", "duration"], rows, escape_cells=False)
-                + "</div>")
+        return h.themed(f'<div><div style="font-size:12px">Trace: {len(self.spans)} spans, total '
+                        f'{h.duration(self.total)} {h.escape(steps)}</div>'
+                        + h.table(["kind", "span", "timeline", "duration"], rows,
+                                  escape_cells=False) + "</div>")
 
     def plot(self, ax: Any = None) -> Any:
         """The spans as a timeline (matplotlib, milliseconds); returns the axes."""
@@ -135,7 +135,7 @@ class Trace:
         ax.invert_yaxis()
         ax.set_xlabel("ms since the first span")
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)
 
 
 def _engine_events(metrics: Any) -> list[tuple[str, str, float, float]]:

@@ -19,6 +19,8 @@ from typing import Any
 import pydantic
 
 from workbench import html as h
+from workbench.inspect.figure import neutral
+from workbench.inspect.frames import frame
 from workbench.serving.base import RequestMeta
 from workbench.serving.errors import error_response, validation_error_body
 from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
@@ -104,10 +106,9 @@ class ValidationReport:
                 "error": self.error}
 
     def to_frame(self):
-        import pandas as pd  # optional: deferred, only frames need pandas
-
-        return pd.DataFrame([asdict(c) for c in self.checks],
-                            columns=["name", "stage", "status", "param", "reason", "value"])
+        return frame([asdict(c) for c in self.checks],
+                     ["name", "stage", "status", "param", "reason", "value"],
+                     {"param": "string", "reason": "string", "value": "object"})
 
     def __repr__(self) -> str:
         verdict = "ok" if self.ok else f"error {self.status_code}"
@@ -117,7 +118,7 @@ class ValidationReport:
     def _repr_html_(self) -> str:
         rows = []
         for c in self.checks:
-            badge = (f'<span style="background:{_COLORS.get(c.status, "#fff")};padding:0 4px">'
+            badge = (f'<span style="{h.on(_COLORS.get(c.status, "#ffffff"))};padding:0 4px">'
                      f"{h.escape(c.status)}</span>")
             rows.append((h.escape(c.stage), h.escape(c.name), badge,
                          h.escape(c.param or ""), h.escape(c.reason)))
@@ -126,11 +127,11 @@ class ValidationReport:
                          escape_cells=False)]
         if self.error is not None:
             err = self.error["error"]
-            parts.append(f'<pre style="background:#f6d0d0;padding:4px;white-space:pre-wrap">'
-                         f'{h.escape(err["code"])} {h.escape(err["type"])} (param '
-                         f'{h.escape(err.get("param"))}): {h.escape(err["message"])}</pre>')
-        return (f'<div id="{h.content_id("wb-validation", self.to_dict())}">'
-                + "".join(parts) + "</div>")
+            parts.append(h.error_box(f'{h.escape(err["code"])} {h.escape(err["type"])} (param '
+                                     f'{h.escape(err.get("param"))}): '
+                                     f'{h.escape(err["message"])}'))
+        return h.themed(f'<div id="{h.content_id("wb-validation", self.to_dict())}">'
+                        + "".join(parts) + "</div>")
 
     def plot(self, ax: Any = None) -> Any:
         """The number of checks per status (matplotlib bars); returns the axes."""
@@ -143,7 +144,7 @@ class ValidationReport:
         ax.invert_yaxis()
         ax.set_xlabel("checks")
         ax.set_title(repr(self), fontsize=9)
-        return ax
+        return neutral(ax)
 
 
 def _jsonable(value: Any) -> Any:

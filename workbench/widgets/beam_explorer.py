@@ -113,10 +113,8 @@ def error_html(exc: BaseException) -> str:
     err = error_response(exc).error
     named = err.param is None or f"parameter={err.param}" in err.message
     param = "" if named else f" (parameter={err.param})"
-    return (f'<div class="wb-error" style="color:var(--jp-content-font-color1,#1a1a1a);'
-            f"background:var(--jp-rendermime-error-background,#fff0f0);padding:4px 8px;"
-            f'border-left:3px solid {h.ERROR};white-space:pre-wrap">{err.code} '
-            f"{h.escape(err.type)}: {h.escape(err.message)}{h.escape(param)}</div>")
+    return h.error_box(f"{err.code} {h.escape(err.type)}: {h.escape(err.message)}"
+                       f"{h.escape(param)}")
 
 
 class _Ticker:

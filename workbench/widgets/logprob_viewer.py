@@ -38,11 +38,12 @@ def render_position(table: LogprobTable, position: int) -> str:
                f"logprob {h.fmt(row.logprob)}, rank {rank}, top-k entropy {h.fmt(row.entropy)} "
                f"(over the returned alternatives, renormalised), top-k mass "
                f"{h.fmt(row.top_mass)}")
-    return (f'<div class="wb-logprob-position" style="font-family:monospace;line-height:1.9">'
-            f'{h.prob_legend([("selected", "outline:2px solid #d62728")])}'
-            f'<div>{"".join(spans)}</div><div class="wb-summary">{summary}</div>'
-            f'{h.table(["rank", "token", "logprob", "prob", ""], alternatives, escape_cells=False)}'
-            f"</div>")
+    return h.themed(
+        f'<div class="wb-logprob-position" style="font-family:monospace;line-height:1.9">'
+        f'{h.prob_legend([("selected", "outline:2px solid #d62728")])}'
+        f'<div>{"".join(spans)}</div><div class="wb-summary">{summary}</div>'
+        f'{h.table(["rank", "token", "logprob", "prob", ""], alternatives, escape_cells=False)}'
+        f"</div>")
 
 
 class LogprobViewer(widgets.VBox):

@@ -1,0 +1,33 @@
+"""Matplotlib figures that read in JupyterLab's light and dark themes.
+
+The kernel cannot know the page's theme, so every `plot()` ends with `neutral(ax)`: the figure
+and its axes (a colorbar's too) on a transparent background, and text, ticks, spines and
+legends in one mid-grey that reads on a white and on a near-black page. Colours inside the
+drawing (bars, lines, a heatmap's cells) stay the plot's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GREY = "#7a7a7a"  # >= 4:1 on JupyterLab's light (#ffffff) and dark (#111111) pages, tested
+
+
+def neutral(ax: Any) -> Any:
+    """Makes `ax`'s figure transparent with grey text (see the module docstring); returns `ax`."""
+    figure = ax.figure
+    figure.patch.set_alpha(0.0)
+    for axes in figure.axes:  # the plot's axes and any colorbar's
+        axes.set_facecolor("none")
+        axes.tick_params(colors=GREY, which="both")
+        for spine in axes.spines.values():
+            spine.set_edgecolor(GREY)
+        for text in (axes.title, axes.xaxis.label, axes.yaxis.label):
+            text.set_color(GREY)
+        legend = axes.get_legend()
+        if legend is not None:
+            legend.get_frame().set_facecolor("none")
+            legend.get_frame().set_edgecolor(GREY)
+            for text in legend.get_texts():
+                text.set_color(GREY)
+    return ax
