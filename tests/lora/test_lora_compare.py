@@ -36,6 +36,8 @@ def test_compare_lora_completions(wb):
     assert all(not r.same_context for r in diff.rows[first + 1:])
     assert diff[first].a_logprob_of_b is None or diff[first].a_logprob_of_b < diff[first].a_logprob
     assert "wb-lora-compare" in cmp._repr_html_() and "wb-logprob-diff" in cmp._repr_html_()
+    # the side labels follow the theme (a fixed dark grey was unreadable on a dark page)
+    assert "color:var(--jp-content-font-color2" in cmp._repr_html_()
 
 
 def test_compare_lora_chat_with_a_lora_request(wb, adapters):

@@ -48,7 +48,7 @@ class LoRAComparison:
             body = (h.escape(result.text) if result.ok
                     else h.escape(result.error["error"]["message"]))
             cells.append(f'<div style="flex:1;border:1px solid #ddd;padding:6px">'
-                         f'<div style="font-size:11px;color:#555">{h.escape(name)}</div>'
+                         f'<div style="font-size:11px;color:{h.MUTED}">{h.escape(name)}</div>'
                          f'<div style="white-space:pre-wrap">{body}</div></div>')
         diff = self.diff
         diff_html = diff._repr_html_() if diff is not None else ""
