@@ -20,7 +20,7 @@ from typing import Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
 from workbench.inspect import beam_svg
-from workbench.inspect.figure import neutral
+from workbench.inspect.figure import GREY, neutral
 from workbench.inspect.frames import frame
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
@@ -75,14 +75,14 @@ class BeamTree(BeamTreeData):
             _, ax = plt.subplots(figsize=(2 + 1.2 * self.num_steps, 1 + 0.25 * rows))
         pos = self.layout()
         on_path = {n.id for i in range(len(self.returned)) for n in self.path(i)}
-        colour = {"kept": "tab:blue", "completed": "tab:green", "pruned": "lightgrey"}
+        colour = {"kept": "tab:blue", "completed": "tab:green", "pruned": GREY}
         for n in self.nodes:
             (x1, y1), (x2, y2) = pos[n.parent], pos[n.id]
             ax.plot([x1, x2], [y1, y2], color="tab:red" if n.id in on_path else colour[n.status],
                     lw=1.5 if n.id in on_path else 0.6)
             ax.annotate(repr(n.text)[1:-1][:10], (x2, y2), fontsize=7, color=colour[n.status])
         ax.legend(handles=[Line2D([], [], color=c, label=s) for s, c in
-                           (("kept", "tab:blue"), ("pruned", "lightgrey"),
+                           (("kept", "tab:blue"), ("pruned", GREY),
                             ("completed", "tab:green"), ("returned", "tab:red"))],
                   loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         ax.invert_yaxis()
