@@ -21,7 +21,8 @@ VIEW = "application/vnd.jupyter.widget-view+json"
 STATE = "application/vnd.jupyter.widget-state+json"
 
 
-def _reachable(state: dict, roots: list[str]) -> set[str]:
+def reachable(state: dict, roots: list[str]) -> set[str]:
+    """The widget models of `state` that the views `roots` reach (the notebook test's check)."""
     seen, todo = set(), list(roots)
     while todo:
         model = todo.pop()
@@ -47,7 +48,7 @@ def tidy(path: Path) -> None:
         cell.outputs = kept
     widgets = nb.metadata.get("widgets", {}).get(STATE)
     if widgets is not None:
-        live = _reachable(widgets["state"], roots)
+        live = reachable(widgets["state"], roots)
         widgets["state"] = {k: v for k, v in widgets["state"].items() if k in live}
         if not widgets["state"]:
             del nb.metadata["widgets"]
