@@ -75,6 +75,7 @@ def probe(runner: ModelRunner, stack: DecoderStack | None, kv_shape: tuple[int, 
         same = False
     finally:
         stack.c_ops = c_ops
+        stack.refresh()  # its C layers again, with the windows the probe found
     if not same:
         logger.info("the lean decoder loop differs from %s's layers: they run as they are",
                     runner.arch.family)
@@ -173,9 +174,6 @@ class ModelRunner:
             raise refuse(cfg, f"its layers' keys have (heads, size) {sorted(shapes)} where its "
                               f"config says {shape[1:]}")
         if stack is not None and stack_matches:
-            stack.windows = [self.layer_attention[i].sliding_window
-                             for i in range(len(self.layers))]
-            stack.refresh()
             self.stack = stack
         windows = [a.sliding_window for a in self.layer_attention.values()]
         # positions further back than every layer's window are never read again
