@@ -42,6 +42,10 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters kept loaded in memory; None: max_loras
     classifier_labels: tuple[str, ...] = ("no", "yes")  # label words of a generative classifier
+    # a request's capture and logit lens at most (MiB of float32); steering vectors by name
+    # (name -> a .pt, .npy, .safetensors or .json file of one [hidden] vector)
+    max_capture_mb: float = 256.0
+    steering_vectors: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -71,6 +75,12 @@ class EngineConfig:
             raise ValidationError(
                 f"classifier_labels must be at least two non-empty words, got {list(labels)}.",
                 parameter="classifier_labels", value=list(labels))
+        if not self.max_capture_mb > 0:
+            raise ValidationError(f"max_capture_mb must be positive, got {self.max_capture_mb}.",
+                                  parameter="max_capture_mb", value=self.max_capture_mb)
+        vectors = self.steering_vectors
+        object.__setattr__(self, "steering_vectors", tuple(
+            (vectors.items() if isinstance(vectors, dict) else vectors)))
         if self.max_logprobs < -1:
             raise ValidationError(f"max_logprobs must be -1 or at least 0, got {self.max_logprobs}.",
                                   parameter="max_logprobs", value=self.max_logprobs)

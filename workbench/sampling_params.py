@@ -16,6 +16,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.inside.params import (
+    CaptureParams,
+    InsideParams,
+    Intervention,
+    LogitLensParams,
+)
 from workbench.errors import refuse
 
 MAX_N_SEQUENCES = 16384
@@ -194,6 +200,11 @@ class SamplingParams:
     # a constraint on the output (JSON schema, regex, choice, grammar): `StructuredOutputsParams`
     # or a dict of its fields; not with beam search
     structured_outputs: StructuredOutputsParams | None = None
+    # what to see or change inside the model (`workbench/capture_params.py`, TransformerLens's
+    # names): activations to record, the logit lens, interventions on this request's rows
+    capture: CaptureParams | None = None
+    logit_lens: LogitLensParams | None = None
+    interventions: list[Intervention] | None = None
     # filled by the engine: token-id sequences of `bad_words`, the model's extra EOS ids
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -212,6 +223,10 @@ class SamplingParams:
             self.logit_bias = self._parse_logit_bias(self.logit_bias)
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        inside = InsideParams.parse(self.capture, self.logit_lens, self.interventions)
+        if inside is not None:
+            self.capture, self.logit_lens = inside.capture, inside.logit_lens
+            self.interventions = inside.interventions or None
         self._verify_args()
         if 0 < self.temperature < _MIN_TEMPERATURE:
             self.temperature = _MIN_TEMPERATURE
@@ -319,6 +334,10 @@ class SamplingParams:
             refuse(f"n must be 1 when using greedy sampling, got {self.n}.", "n", self.n)
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
             refuse("allowed_token_ids is not None and empty!", "allowed_token_ids", self.allowed_token_ids)
+        inside = self.inside
+        if inside is not None and inside.records and self.n > 1:
+            name = "capture" if self.capture is not None else "logit_lens"
+            refuse(f"{name} records one sequence: n must be 1, got {self.n}.", name, self.n)
 
     def verify(self, vocab_size: int, max_logprobs: int) -> None:
         """Checks what depends on the model: vocabulary ids and the logprob cap (-1 = none)."""
@@ -349,6 +368,13 @@ class SamplingParams:
         ):
             refuse("allowed_token_ids contains out-of-vocab token id!",
                   "allowed_token_ids", self.allowed_token_ids)
+
+    @property
+    def inside(self) -> InsideParams | None:
+        """Its capture, logit lens and interventions together; None when it has none."""
+        if self.capture is None and self.logit_lens is None and not self.interventions:
+            return None
+        return InsideParams(self.capture, self.logit_lens, self.interventions or [])
 
     @property
     def greedy(self) -> bool:

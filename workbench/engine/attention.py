@@ -21,11 +21,15 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from workbench.engine import gemv
+
+if TYPE_CHECKING:
+    from workbench.engine.inspection import StepInspector
 
 ATTENTION_NAME = "workbench_paged"
 
@@ -56,6 +60,8 @@ class AttentionContext:
     c_attention: bool = False  # decodes through gemv.decode_attention (`KernelChoice.ops`)
     decode_flat_slots: torch.Tensor | None = field(init=False)  # [B * Lmax], gathered per layer
     probe: dict[int, LayerAttention] | None = None  # filled by each layer's call when given
+    # a step that records or intervenes for some request (`engine/inspection.py`): patterns
+    inspector: StepInspector | None = None
 
     longest_context: int = field(init=False)  # the longest prefill chunk's context
 
@@ -165,6 +171,9 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
     if k is not None and v is not None:  # written first, so that the reads below see them
         k_cache.index_copy_(0, ctx.slot_mapping, k)
         v_cache.index_copy_(0, ctx.slot_mapping, v)
+    if ctx.inspector is not None:
+        ctx.inspector.pattern(layer_idx, q, k_cache, scaling, window, softcap,
+                              None if alibi is None else (lambda pos: alibi.bias(pos, q.dtype)))
     nd = ctx.num_decode
     if window is not None and window >= max(ctx.max_decode_length, ctx.longest_context):
         window = None  # no context reaches past it this step

@@ -82,7 +82,8 @@ class BlockManager:
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
         """Chained hashes of the first `num_blocks` full blocks of `seq`'s tokens."""
         req = seq.request
-        salt = (req.cache_salt, getattr(req.lora_request, "lora_int_id", None))
+        salt = (req.cache_salt, getattr(req.lora_request, "lora_int_id", None),
+                req.interventions_key)
         hashes, parent = [], hash(salt)
         bs = self.block_size
         for i in range(num_blocks):
@@ -99,7 +100,8 @@ class BlockManager:
         assert not seq.block_table
         req = seq.request
         if (not self.enable_prefix_caching or req.params.prompt_logprobs is not None
-                or req.prompt_embeds is not None):  # embeddings: placeholder ids, never shared
+                or req.prompt_embeds is not None  # embeddings: placeholder ids, never shared
+                or req.recording is not None):  # its activations: every position computed
             return 0
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
         self.prefix_queries += max_blocks

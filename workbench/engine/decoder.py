@@ -43,6 +43,17 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return torch.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight
 
 
+def _renorm(hidden: torch.Tensor, x: torch.Tensor, rows: list[int], weight: torch.Tensor,
+            eps: float) -> torch.Tensor:
+    """x with the norm of the residual rows an intervention changed computed again (the
+    others' untouched: bit for bit what they were)."""
+    if rows:
+        index = torch.tensor(sorted(set(rows)), device=hidden.device)
+        x = x.clone()
+        x[index] = _rms_norm(hidden[index], weight, eps)
+    return x
+
+
 def _is_rms_norm(norm) -> bool:
     return type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon")
 
@@ -115,7 +126,9 @@ class DecoderStack:
         c_ops = self.c_ops
         c_silu = c_ops and self.silu
         cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
-        if c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention:
+        inspector = ctx.inspector  # a step that records or intervenes: `engine/inspection.py`
+        if (c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention
+                and inspector is None):
             out = self._c_step(hidden, cos_c, sin_c, ctx)
             if out is not None:
                 return out
@@ -125,6 +138,10 @@ class DecoderStack:
         for i, ((w1, eps1), qkv_proj, o_proj, (w2, eps2), gate_up_proj, down_proj, act,
                 scaling, window) in enumerate(self.plan):
             hidden, x = add_norm(hidden, delta, w1, eps1)
+            if inspector is not None:  # hidden is layer i - 1's resid_post and i's resid_pre
+                changed = inspector.visit("resid_post", i - 1, hidden) if i else []
+                x = _renorm(hidden, x, changed + inspector.visit("resid_pre", i, hidden),
+                            w1, eps1)
             qkv = qkv_proj(x)  # [T, (Hq + 2Hkv) D]
             q = gemv.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping, *ctx.kv_caches[i],
                                    hq, hkv) if c_ops else None
@@ -134,14 +151,26 @@ class DecoderStack:
                 qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
                 v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
                 out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling, window)
-            hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
+            if inspector is not None:
+                inspector.visit("z", i, out)
+                attn = o_proj(out.reshape(t, hq * d))
+                inspector.visit("attn_out", i, attn)
+                hidden, x = add_norm(hidden, attn, w2, eps2)
+                x = _renorm(hidden, x, inspector.visit("resid_mid", i, hidden), w2, eps2)
+            else:
+                hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
             gate_up = gate_up_proj(x)
             y = gemv.silu_mul(gate_up) if c_silu else None
             if y is None:
                 gate, up = gate_up.chunk(2, dim=-1)
                 y = act(gate) * up
             delta = down_proj(y)
-        return hidden if delta is None else hidden + delta
+            if inspector is not None:
+                inspector.visit("mlp_out", i, delta)
+        hidden = hidden if delta is None else hidden + delta
+        if inspector is not None:
+            inspector.visit("resid_post", len(self.plan) - 1, hidden)
+        return hidden
 
     def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:

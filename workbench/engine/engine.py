@@ -40,11 +40,12 @@ from workbench.engine.output_processor import OutputProcessor
 from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
 from workbench.engine.pooling import label_token_ids
 from workbench.engine.request import Request, RequestKind, Sequence, unique_requests
-from workbench.engine.runner import ModelRunner
+from workbench.engine.runner import ModelRunner, kv_shape
 from workbench.engine.sampler import Sampler
 from workbench.engine.scheduler import Scheduler, SchedulerOutput
 from workbench.engine.step_results import StepResults
 from workbench.errors import ValidationError
+from workbench.inside.params import ModelShape, load_vector
 from workbench.lora.request import LoRARequest
 from workbench.models.loader import load_model
 from workbench.pooling_params import PoolingParams
@@ -100,7 +101,8 @@ class LLMEngine:
         self.inputs = InputProcessor(self.tokenizer, self.vocab_size, self.max_model_len,
                                      config.max_logprobs, eos,
                                      model_limits.extra_eos_ids(gen, eos),
-                                     hidden_size=hf.hidden_size)
+                                     hidden_size=hf.hidden_size,
+                                     model_shape=self._model_shape(hf))
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len, self.vocab_size)
         self.books = Bookkeeper(self.scheduler, self.block_manager, self.outputs)
         self._init_handlers(hf)
@@ -132,6 +134,18 @@ class LLMEngine:
                                     config.max_cpu_loras)
             self.runner.lora = self.lora
             self.scheduler.max_loras = config.max_loras
+
+    def _model_shape(self, hf) -> ModelShape | None:
+        """What captures and interventions are checked against (None: an encoder)."""
+        runner = self.runner
+        if not isinstance(runner, ModelRunner):
+            return None
+        heads, config = hf.num_attention_heads, self.config
+        vectors = {name: load_vector(path, hf.hidden_size, f"steering_vectors[{name}]")
+                   for name, path in config.steering_vectors}
+        return ModelShape(len(runner.layers), hf.hidden_size, heads, kv_shape(hf)[1],
+                          self.vocab_size, dict(runner.missing_sites),
+                          int(config.max_capture_mb * 2**20), vectors)
 
     def _init_handlers(self, hf) -> None:
         """One handler per kind of request, each given only what it uses; a request's `kind`

@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.engine.prompt_embeds import PLACEHOLDER_TOKEN_ID, check_prompt_embeds
+from workbench.engine.recording import Recording
 from workbench.engine.request import Request
 from workbench.engine.structured import GrammarCompiler
 from workbench.errors import ValidationError
+from workbench.inside.params import ModelShape, interventions_key
 from workbench.sampling_params import SamplingParams
 
 PromptInput = str | list[int] | dict[str, Any]
@@ -23,8 +25,10 @@ class InputProcessor:
     """Tokenizes and validates requests for one model."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, max_logprobs: int,
-                 eos_token_id: int | None, extra_eos_ids: set[int], hidden_size: int):
+                 eos_token_id: int | None, extra_eos_ids: set[int], hidden_size: int,
+                 model_shape: ModelShape | None = None):
         self.tokenizer = tokenizer
+        self.model_shape = model_shape  # what captures and interventions are checked against
         self.hidden_size = hidden_size  # of `prompt_embeds` rows
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -73,6 +77,7 @@ class InputProcessor:
         self._check_prompt(ids)
         params.verify(self.vocab_size, self.max_logprobs)
         self._resolve_max_tokens(params, len(ids))
+        self._resolve_inside(params, len(ids), request_kwargs)
         if not params.ignore_eos:
             params._all_stop_token_ids |= self.extra_eos_ids
         params._bad_words_token_ids = self._bad_words(params.bad_words)
@@ -82,6 +87,25 @@ class InputProcessor:
             request_kwargs["compiled_grammar"] = self.grammars.compile(params.structured_outputs)
         return Request(request_id, text, ids, params, min_tokens_stop_ids=frozenset(banned),
                        **request_kwargs)
+
+    def _resolve_inside(self, params: SamplingParams, num_prompt: int,
+                        request_kwargs: dict[str, Any]) -> None:
+        """Checks a capture, logit lens or interventions against the model; the request's
+        `Recording` and the key its interventions give its cached blocks."""
+        inside = params.inside
+        if inside is None:
+            return
+        if self.model_shape is None:
+            name = next(iter(inside.to_json()))
+            raise ValidationError(f"{name} needs a decoder whose layers the engine runs; this "
+                                  "model has none.", parameter=name, value=None)
+        assert params.max_tokens is not None  # resolved just before
+        inside.resolve(self.model_shape, num_prompt + params.max_tokens)
+        if inside.records:
+            request_kwargs["recording"] = Recording(inside, num_prompt,
+                                                  self.model_shape.num_layers)
+        if inside.interventions:
+            request_kwargs["interventions_key"] = interventions_key(inside.interventions)
 
     def _truncate(self, ids: list[int], keep: int | None) -> list[int]:
         if keep is None:

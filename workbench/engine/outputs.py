@@ -15,6 +15,9 @@ from workbench.engine.output_views import completion_html, pooling_html, request
 if TYPE_CHECKING:  # only an annotation: this module stays torch-free at run time
     import torch
 
+    from workbench.inside.activations import ActivationCache
+    from workbench.inside.logit_lens import LogitLens
+
 PositionLogprobs = dict[int, "Logprob"]
 
 
@@ -93,6 +96,9 @@ class RequestOutput:
     # finish_reason "error": why the engine failed the request ("RuntimeError: ..."; the
     # engine's log has the traceback under its request id). `LLM` raises it instead.
     error: str | None = None
+    # what its `capture` and `logit_lens` recorded (`workbench.inside`), once it has finished
+    activations: ActivationCache | None = field(default=None, repr=False)
+    logit_lens: LogitLens | None = field(default=None, repr=False)
 
     def _repr_html_(self) -> str:
         return request_html(self)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # torch and the engine's heavier modules stay out of this one
 
     from workbench.engine.beam_search import BeamSearch
     from workbench.engine.detokenizer import IncrementalDetokenizer
+    from workbench.engine.recording import Recording
     from workbench.engine.structured import CompiledGrammar, SequenceGrammar
     from workbench.engine.thinking import ThinkingBudget
     from workbench.lora.request import LoRARequest
@@ -65,6 +66,10 @@ class Request:
     pooling: PoolingParams | None = None  # a pooling request: it ends when its prompt is
     pooled: torch.Tensor | None = None  # computed, with this result instead of sampled tokens
     kind: RequestKind = "generate"
+    # what its capture and logit lens recorded (`SamplingParams.inside`), and a key of its
+    # interventions: the prefix cache shares blocks only between requests with the same
+    recording: Recording | None = None
+    interventions_key: str | None = None
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import attention, attention_modules, kernels
+from workbench.engine import attention, attention_modules, inspection, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk
 from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import fuse_projections
+from workbench.engine.inspection import InspectedRows, StepInspector
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
 from workbench.models.architectures import (
     apply_logits,
@@ -36,6 +37,7 @@ from workbench.models.architectures import (
     kv_heads,
     module_at,
     refuse,
+    sites_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -154,6 +156,7 @@ class ModelRunner:
             attention_modules.install(self.arch.attention, self.layers, model.config)
         self.model = model
         self.base = module_at(model, self.arch.base)
+        self.sites, self.missing_sites = sites_of(self.arch, model.config)
         self.embed = module_at(model, self.arch.embed)
         self.config = model.config
         self.block_size = block_size
@@ -284,12 +287,16 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> LogitRows:
         self.copy_blocks(out.block_copies)
         ordered, input_ids, pos, ctx = self._prepare(out.scheduled)
+        ctx.inspector = self._inspector(ordered)
         embeds = self.embed(input_ids.unsqueeze(0))  # [1, T, H]
         self._splice_prompt_embeds(embeds, ordered)
         if self.lora is not None:  # which rows use which adapter, for the LoRA layers
             self.lora.begin_step(ordered)
         try:
-            hidden = self.forward(embeds, pos.unsqueeze(0), ctx)
+            if ctx.inspector is None:
+                hidden = self.forward(embeds, pos.unsqueeze(0), ctx)
+            else:
+                hidden = self._inspected_forward(embeds, pos.unsqueeze(0), ctx, ctx.inspector)
         finally:
             if self.lora is not None:
                 self.lora.end_step()
@@ -298,6 +305,46 @@ class ModelRunner:
         if self.stack is not None:  # the lean loop leaves the final norm to the rows needed
             hidden = rms_norm(self.base.norm, hidden)
         return LogitRows(self.logits(hidden), last_row, prompt_rows, hidden)
+
+    def _inspector(self, ordered: list[ScheduledSequence]) -> StepInspector | None:
+        """The step's `StepInspector` when a scheduled request records or intervenes."""
+        rows, start = [], 0
+        for s in ordered:
+            seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
+            inside = seq.request.params.inside
+            if inside is not None:
+                rows.append(InspectedRows(seq.request.recording, inside, start, n, c,
+                                          seq.num_prompt_tokens,
+                                          self._slots(seq.block_table, 0, c + n)))
+            start += n
+        if not rows:
+            return None
+        return StepInspector(rows, self.config.num_attention_heads, kv_shape(self.config)[1])
+
+    def _inspected_forward(self, embeds: torch.Tensor, pos: torch.Tensor,
+                           ctx: AttentionContext, inspector: StepInspector) -> torch.Tensor:
+        """`forward` with the step's records and interventions: the lean loop calls them
+        itself (never the one-call C step or the compiled graph), transformers' layers through
+        hooks; then the final norm's rows and the logit lens."""
+        if self.stack is not None:
+            rope = self.base.rotary_emb(embeds, position_ids=pos)
+            hidden = self.stack(embeds[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
+            if inspector.wants("normalized", None):
+                inspector.visit("normalized", None, rms_norm(self.base.norm, hidden[0]))
+        else:
+            with inspection.hooks(inspector, self.layers, self.base, self.sites):
+                hidden = self.forward(embeds, pos, ctx, lean=False)
+        inspector.lens(self.unembed)
+        return hidden
+
+    def unembed(self, resid: torch.Tensor) -> torch.Tensor:
+        """The residual stream after some layer [n, H] -> float32 logits [n, V], as after the
+        last: the final norm, the LM head and the family's logits transform (the logit lens)."""
+        normed = module_at(self.base, self.sites.final_norm)(resid)
+        project_out = getattr(self.base, "project_out", None)  # OPT's, where it has one
+        if project_out is not None:
+            normed = project_out(normed)
+        return self.logits(normed)
 
     def forward(self, embeds: torch.Tensor, pos: torch.Tensor, ctx: AttentionContext,
                 lean: bool = True) -> torch.Tensor:

@@ -46,12 +46,34 @@ class Architecture:
     logits: tuple[str, str] | None = None  # (op, config attribute) after the LM head
     features: str = ""  # what else its layers do (documentation: the README's table)
     attention: str | None = None  # the engine's stand-in for its attention module's forward
+    sites: Sites | None = None  # where TransformerLens's hook points are (None: `LLAMA_SITES`)
+
+
+@dataclass(frozen=True)
+class Sites:
+    """Where a layer's TransformerLens hook points are, by attribute path from the layer (and
+    the final norm's from the base model): `attn_out` / `mlp_out` are the outputs of the
+    modules whose results are added to the residual stream; `resid_mid` is the input of the
+    module the MLP branch reads first (None where attention and MLP run in parallel, as
+    TransformerLens has no `hook_resid_mid` there); `z` the input of the attention's output
+    projection (each head's output, concatenated)."""
+
+    attn_out: str
+    mlp_out: str
+    resid_mid: str | None
+    z: str
+    final_norm: str
+
+
+LLAMA_SITES = Sites("self_attn", "mlp", "post_attention_layernorm", "self_attn.o_proj", "norm")
+_POST_NORMED = Sites("post_attention_layernorm", "post_feedforward_layernorm",
+                     "pre_feedforward_layernorm", "self_attn.o_proj", "norm")
 
 
 def _llama_like(family: str, positions: str = "rotary", logits: tuple[str, str] | None = None,
-                features: str = "") -> Architecture:
+                features: str = "", sites: Sites | None = None) -> Architecture:
     return Architecture(family, "model", "model.embed_tokens", "model.layers", positions, logits,
-                        features)
+                        features, sites=sites)
 
 
 ARCHITECTURES: MappingProxyType[str, Architecture] = MappingProxyType({
@@ -64,39 +86,54 @@ ARCHITECTURES: MappingProxyType[str, Architecture] = MappingProxyType({
     "mixtral": _llama_like("mixtral", features="mixture of experts; sliding window"),
     "gemma": _llama_like("gemma", features="embeddings scaled by sqrt(hidden); (1 + w) RMSNorm"),
     "gemma2": _llama_like("gemma2", logits=("softcap", "final_logit_softcapping"),
-                          features="attention and final soft-capping; local / global layers"),
+                          features="attention and final soft-capping; local / global layers",
+                          sites=_POST_NORMED),
     "gemma3_text": _llama_like("gemma3_text", logits=("softcap", "final_logit_softcapping"),
                                features="QK norms; local / global layers with their own rope "
-                                        "bases"),
+                                        "bases", sites=_POST_NORMED),
     "phi": _llama_like("phi", positions="partial rotary",
-                       features="parallel attention + MLP, LayerNorm, biases"),
+                       features="parallel attention + MLP, LayerNorm, biases",
+                       sites=Sites("self_attn", "mlp", None, "self_attn.dense", "final_layernorm")),
     "phi3": _llama_like("phi3", features="fused QKV and gate/up; sliding window"),
-    "olmo2": _llama_like("olmo2", features="post-norms, QK norms"),
+    "olmo2": _llama_like("olmo2", features="post-norms, QK norms", sites=Sites(
+        "post_attention_layernorm", "post_feedforward_layernorm", "mlp", "self_attn.o_proj",
+        "norm")),
     "granite": _llama_like("granite", logits=("divide", "logits_scaling"),
                            features="embedding, residual and attention multipliers"),
     "starcoder2": _llama_like("starcoder2", features="LayerNorm, biases, plain MLP; "
                                                      "sliding window"),
     "cohere": _llama_like("cohere", logits=("multiply", "logit_scale"),
-                          features="parallel attention + MLP, LayerNorm, interleaved rotary"),
+                          features="parallel attention + MLP, LayerNorm, interleaved rotary",
+                          sites=Sites("self_attn", "mlp", None, "self_attn.o_proj", "norm")),
     "stablelm": _llama_like("stablelm", positions="partial rotary",
                             features="LayerNorm; optional QK norms and parallel residual"),
     "gpt2": Architecture("gpt2", "transformer", "transformer.wte", "transformer.h",
-                         "learned", features="Conv1D projections, LayerNorm, biases"),
+                         "learned", features="Conv1D projections, LayerNorm, biases",
+                         sites=Sites("attn", "mlp", "ln_2", "attn.c_proj", "ln_f")),
     "gpt_neox": Architecture("gpt_neox", "gpt_neox", "gpt_neox.embed_in", "gpt_neox.layers",
                              "partial rotary", features="parallel attention + MLP, fused QKV, "
-                                                        "untied head"),
+                                                        "untied head",
+                             sites=Sites("attention", "mlp", "post_attention_layernorm",
+                                         "attention.dense", "final_layer_norm")),
     "opt": Architecture("opt", "model.decoder", "model.decoder.embed_tokens",
                         "model.decoder.layers", "learned (offset 2)",
-                        features="LayerNorm before or after, optional projections in and out"),
+                        features="LayerNorm before or after, optional projections in and out",
+                        sites=Sites("self_attn", "fc2", "final_layer_norm", "self_attn.out_proj",
+                                    "final_layer_norm")),
     "gptj": Architecture("gptj", "transformer", "transformer.wte", "transformer.h",
-                         "partial rotary (interleaved)", features="parallel attention + MLP"),
+                         "partial rotary (interleaved)", features="parallel attention + MLP",
+                         sites=Sites("attn", "mlp", None, "attn.out_proj", "ln_f")),
     "bloom": Architecture("bloom", "transformer", "transformer.word_embeddings", "transformer.h",
                           "ALiBi", features="embedding LayerNorm, fused QKV, biases",
-                          attention="bloom"),
+                          attention="bloom", sites=Sites(
+                              "self_attention.dense", "mlp.dense_4h_to_h",
+                              "post_attention_layernorm", "self_attention.dense", "ln_f")),
     "falcon": Architecture("falcon", "transformer", "transformer.word_embeddings",
                            "transformer.h", "rotary or ALiBi",
                            features="parallel attention + MLP, multi-query or grouped fused QKV",
-                           attention="falcon"),
+                           attention="falcon", sites=Sites(
+                               "self_attention", "mlp", "post_attention_layernorm",
+                               "self_attention.dense", "ln_f")),
 })
 
 # rope scalings whose frequencies depend on the longest position of the whole call: a packed
@@ -140,6 +177,23 @@ def architecture_of(config: Any) -> Architecture:
         raise refuse(config, "slow_but_exact with pretraining_tp > 1 splits its output "
                               "projection into slices the engine does not reproduce")
     return arch
+
+
+def sites_of(arch: Architecture, config: Any) -> tuple[Sites, dict[str, str]]:
+    """A model's hook points and the sites it does not have, each with why (a config may run
+    attention and MLP in parallel, or normalise after the residual add)."""
+    sites = arch.sites or LLAMA_SITES
+    missing: dict[str, str] = {}
+    parallel = sites.resid_mid is None or any(getattr(config, name, False) for name in (
+        "use_parallel_residual", "parallel_attn", "new_decoder_architecture"))
+    if parallel:
+        missing["resid_mid"] = ("its attention and MLP read the same residual stream in "
+                                "parallel (TransformerLens has no hook_resid_mid there either)")
+    if getattr(config, "do_layer_norm_before", True) is False or getattr(
+            config, "apply_residual_connection_post_layernorm", False):
+        why = "it normalises after the residual add, so its residual stream is not the sum"
+        missing.update(resid_mid=why)
+    return sites, missing
 
 
 def kv_heads(config: Any) -> int:
