@@ -16,13 +16,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.errors import refuse
 from workbench.inside.params import (
     CaptureParams,
     InsideParams,
     Intervention,
     LogitLensParams,
 )
-from workbench.errors import refuse
 
 MAX_N_SEQUENCES = 16384
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's limit on `logprob_token_ids`

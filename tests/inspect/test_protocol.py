@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import workbench.inspect as inspect_pkg
 from workbench.inspect import Inspectable
@@ -43,6 +44,16 @@ def _instances() -> dict[str, object]:
                                                    reasoning_parser="deepseek_r1"),
         "ToolLoopTrace": i.ToolLoopTrace.from_response(response),
         "SimilarityMatrix": i.SimilarityMatrix(["q"], ["a", "b"], [[0.25, 0.75]], "score"),
+        "ActivationCache": i.ActivationCache(
+            tokens=["a", "b"], num_layers=1, positions=[0, 1], tensors={
+                "blocks.0.hook_resid_post": torch.ones(2, 3),
+                "blocks.0.attn.hook_pattern": torch.tensor([[[1.0, 0.0], [0.5, 0.5]]])}),
+        "AttentionPattern": i.AttentionPattern(0, [0], torch.tensor([[[1.0, 0.0], [0.5, 0.5]]]),
+                                               [0, 1], ["a", "b"]),
+        "LogitLens": i.LogitLens(tokens=["a", "b"], layers=[0], positions=[0, 1],
+                                 top_ids=torch.tensor([[[1], [2]]]),
+                                 top_probs=torch.tensor([[[0.5], [0.9]]]),
+                                 top_tokens=[[["b"], ["c"]]]),
     }
 
 

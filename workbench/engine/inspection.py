@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.engine.recording import LensCell, Recording
-from workbench.inside.params import Intervention, InsideParams, site_name
+from workbench.inside.params import InsideParams, Intervention, site_name
 from workbench.models.architectures import Sites, module_at
 
 
@@ -62,8 +62,11 @@ class StepInspector:
             if inside.capture is not None:
                 for name in inside.capture.names:
                     site, layer = _split(name)
-                    (self.pattern_layers.add(layer) if site == "pattern"  # type: ignore[func-returns-value]
-                     else self.sites.add((site, layer)))
+                    if site == "pattern":
+                        assert layer is not None
+                        self.pattern_layers.add(layer)
+                    else:
+                        self.sites.add((site, layer))
             if inside.logit_lens is not None:
                 assert inside.logit_lens.layers is not None
                 self.lens_layers.update(inside.logit_lens.layers)
@@ -211,16 +214,22 @@ def _output(output) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A module's [1, T, W] (one packed sequence) as [T, W], a view; [T, W] as it is (OPT's
+    MLP runs on the batch flattened)."""
+    return t[0] if t.dim() == 3 else t
+
+
 def _pre_hook(inspector: StepInspector, site: str, layer: int | None):
     def hook(module, args, kwargs):
-        inspector.visit(site, layer, _first(args, kwargs)[0])  # in place: nothing to return
+        inspector.visit(site, layer, _rows(_first(args, kwargs)))  # in place: returns nothing
 
     return hook
 
 
 def _post_hook(inspector: StepInspector, site: str, layer: int | None):
     def hook(module, args, output):
-        inspector.visit(site, layer, _output(output)[0])
+        inspector.visit(site, layer, _rows(_output(output)))
 
     return hook
 

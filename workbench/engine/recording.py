@@ -42,12 +42,14 @@ class Recording:
     def add(self, name: str, first: int, rows: torch.Tensor) -> None:
         """rows [n, W] of positions first .. first + n - 1 (copied off the step's buffers)."""
         store = self.rows.setdefault(name, {})
-        for i, row in enumerate(rows.float().cpu().unbind(0)):
+        copied = rows.detach().to("cpu", torch.float32, copy=True)  # never a view: the step
+        for i, row in enumerate(copied.unbind(0)):  # may change its buffer in place later
             store[first + i] = row
 
     def add_pattern(self, layer: int, position: int, probs: torch.Tensor) -> None:
         """probs [heads, position + 1] of the query at `position`."""
-        self.patterns.setdefault(layer, {})[position] = probs.float().cpu()
+        self.patterns.setdefault(layer, {})[position] = probs.detach().to(
+            "cpu", torch.float32, copy=True)
 
     def add_lens(self, layer: int, position: int, cell: LensCell) -> None:
         self.lens_cells.setdefault(layer, {})[position] = cell

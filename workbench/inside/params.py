@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -372,7 +373,7 @@ class Intervention:
 
     def resolve(self, shape: ModelShape, index: int) -> None:
         """Checks it against the model; `vector` becomes a float32 tensor ([W] or [P, W])."""
-        import torch  # deferred: validation of a request without vectors needs no torch
+        torch = importlib.import_module("torch")  # deferred, so importing this loads no torch
 
         p = f"interventions[{index}]"
         self.layer = _resolve_layers([self.layer], shape.num_layers, f"{p}.layer")[0]
@@ -451,7 +452,7 @@ def _tensor(value: Any, parameter: str, torch: Any) -> Any:
 def load_vector(path: str, width: int, parameter: str = "steering_vectors") -> Any:
     """One [width] float32 vector from a file: .pt (a tensor), .npy, .safetensors (its one
     tensor) or .json (a list of numbers); refused naming `parameter` otherwise."""
-    import torch  # deferred: only a server given vectors reads them
+    torch = importlib.import_module("torch")  # deferred: only a server given vectors reads them
 
     try:
         if path.endswith(".npy"):

@@ -1,7 +1,8 @@
 """Inspect objects: each an `Inspectable` (`to_dict()`, `to_frame()`, `plot()`, `_repr_html_`).
 
 `BeamTree` (every candidate of a beam search), `LogprobTable`, `LogprobDiff`,
-`ValidationReport`, `Trace`, `ParsedOutput`, `ToolLoopTrace`, `SimilarityMatrix`, and the
+`ValidationReport`, `Trace`, `ParsedOutput`, `ToolLoopTrace`, `SimilarityMatrix`, the views of
+what a request saw inside the model (`ActivationCache`, `AttentionPattern`, `LogitLens`), and the
 client-side `remote_beam_search` over any OpenAI-compatible server. Names load lazily, so
 importing `workbench.inspect` pulls in neither pandas nor matplotlib.
 """
@@ -22,6 +23,10 @@ _NAMES = {
     "ParsedOutput": "workbench.inspect.parsed_output",
     "ToolLoopTrace": "workbench.inspect.tool_loop",
     "SimilarityMatrix": "workbench.inspect.similarity",
+    # what a request saw inside the model (`workbench.inside`), here beside the other views
+    "ActivationCache": "workbench.inside.activations",
+    "AttentionPattern": "workbench.inside.attention_pattern",
+    "LogitLens": "workbench.inside.logit_lens",
 }
 
 

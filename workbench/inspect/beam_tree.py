@@ -19,9 +19,9 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
-from workbench.inspect import beam_svg
 from workbench.figure import GREY, neutral
 from workbench.frames import frame
+from workbench.inspect import beam_svg
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 

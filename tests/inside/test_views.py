@@ -1,0 +1,177 @@
+"""The views of what a request recorded: ActivationCache, AttentionPattern, LogitLens, and the
+wire form of their tensors. Synthetic data here; tests/engine/test_inspection.py checks the
+values the engine puts in them against transformers."""
+
+import json
+
+import matplotlib
+import pytest
+import torch
+
+from workbench.inside.activations import ActivationCache
+from workbench.inside.attention_pattern import AttentionPattern
+from workbench.inside.logit_lens import LogitLens
+from workbench.inside.tensors import decode_tensor, encode_tensor
+from workbench.inspect.protocol import Inspectable
+
+matplotlib.use("Agg")
+
+TOKENS = ["The", " capital", " of", " France", " is", " Paris", "."]
+
+
+def cache(reduce=None, missing=None) -> ActivationCache:
+    g = torch.Generator().manual_seed(0)
+    positions = [0, 1, 2, 3, 4, 5]
+    rows = (len(positions), 8)
+    tensors = {f"blocks.{layer}.hook_resid_post": torch.randn(*rows, generator=g)
+               for layer in range(3)}
+    tensors["ln_final.hook_normalized"] = torch.randn(*rows, generator=g)
+    pattern = torch.rand(2, 6, 6, generator=g).tril()
+    tensors["blocks.1.attn.hook_pattern"] = pattern / pattern.sum(-1, keepdim=True)
+    if reduce:
+        tensors = {k: v.mean(0) for k, v in tensors.items() if "pattern" not in k}
+    return ActivationCache(tokens=TOKENS, num_layers=3, tensors=tensors, positions=positions,
+                           reduce=reduce, pattern_heads={} if reduce else {1: [0, 3]},
+                           missing=missing or {"position 6": "the last token is sampled"})
+
+
+def test_tensors_cross_the_wire_bit_for_bit():
+    for t in (torch.randn(3, 4), torch.arange(5), torch.tensor([True, False]),
+              torch.randn(2, 2).half()):
+        wire = json.loads(json.dumps(encode_tensor(t)))
+        assert torch.equal(decode_tensor(wire), t) and decode_tensor(wire).dtype == t.dtype
+    b = torch.randn(4).bfloat16()
+    assert torch.equal(decode_tensor(encode_tensor(b)), b.float())  # exact as float32
+    with pytest.raises(ValueError, match="dtype"):
+        decode_tensor({"dtype": "complex64", "shape": [1], "data": ""})
+    with pytest.raises(ValueError, match="dtype, shape, data"):
+        decode_tensor({"shape": [1]})
+
+
+def test_the_cache_answers_transformer_lens_keys():
+    c = cache()
+    full = c["blocks.2.hook_resid_post"]
+    assert c["resid_post", 2] is full and c["resid_post", -1] is full
+    assert c["hook_resid_post", 2] is full
+    assert c["normalized"] is c["ln_final.hook_normalized"]
+    assert c["pattern", 1].shape == (2, 6, 6)
+    assert ("resid_post", 0) in c and "blocks.0.hook_resid_pre" not in c
+    assert list(c) == c.keys() and len(c) == 5
+    with pytest.raises(KeyError, match="needs a layer"):
+        c["resid_post"]
+    with pytest.raises(KeyError, match="outside the model's 3 layers"):
+        c["resid_post", 3]
+    with pytest.raises(KeyError, match="was not captured; this cache holds blocks.0"):
+        c["resid_pre", 0]
+
+
+def test_what_is_absent_is_stated_with_its_reason():
+    c = cache(missing={"blocks.0.hook_mlp_out": "no position it asked for was computed"})
+    with pytest.raises(KeyError, match="asked for but is absent: no position"):
+        c["mlp_out", 0]
+    assert "no position it asked for was computed" in c._repr_html_()
+
+
+def test_stack_layers_and_patterns():
+    c = cache()
+    assert c.layers_of("resid_post") == [0, 1, 2] and c.layers_of("pattern") == [1]
+    stacked = c.stack("resid_post")
+    assert stacked.shape == (3, 6, 8) and torch.equal(stacked[1], c["resid_post", 1])
+    assert torch.equal(c.stack_activation("resid_post", [2]), stacked[2:])
+    with pytest.raises(KeyError, match="no layer of 'mlp_out'"):
+        c.stack("mlp_out")
+    view = c.pattern(1)
+    assert isinstance(view, AttentionPattern) and view.heads == [0, 3]
+    assert torch.equal(view.pattern_of(3), c["pattern", 1][1])
+    with pytest.raises(KeyError, match="head 1 was not captured"):
+        view.pattern_of(1)
+
+
+def test_the_cache_frame_and_wire():
+    c = cache()
+    df = c.to_frame()
+    assert len(df) == 4 * 6  # residual names x positions; the pattern has its own view
+    row = df[(df.name == "blocks.1.hook_resid_post") & (df.position == 5)].iloc[0]
+    assert row.token == " Paris" and row.layer == 1 and row.site == "resid_post"
+    assert row.norm == pytest.approx(c["resid_post", 1][5].norm().item())
+    assert df[df.name == "ln_final.hook_normalized"].layer.isna().all()
+    wire = c.to_wire()
+    back = ActivationCache.from_wire(json.loads(json.dumps(wire)))
+    assert back.to_wire() == wire and back.pattern_heads == {1: [0, 3]}
+    assert all(torch.equal(back[k], c[k]) for k in c)
+    with pytest.raises(ValueError, match="not an `activations` object"):
+        ActivationCache.from_wire({"tokens": []})
+    reduced = cache(reduce="mean")
+    assert reduced["resid_post", 0].shape == (8,)
+    assert reduced.to_frame().position.isna().all() and len(reduced.to_frame()) == 4
+
+
+def test_the_cache_is_inspectable_and_renders():
+    c = cache()
+    assert isinstance(c, Inspectable)
+    page = c._repr_html_()
+    assert "blocks.1.hook_resid_post" in page and "6×8" in page and "positions 0–5" in page
+    assert "cache.pattern(layer)" in page and "the last token is sampled" in page
+    assert page == cache()._repr_html_()  # deterministic
+    assert repr(c) == "ActivationCache(5 tensors, positions 0–5, reduce=None, 1 absent)"
+    ax = c.plot()
+    assert ax.get_ylabel() == "layer" and len(ax.get_yticks()) == 3
+    assert cache(reduce="last").plot().get_xticklabels()[0].get_text() == "last"
+
+
+def test_the_pattern_view_caps_and_says_so():
+    g = torch.Generator().manual_seed(1)
+    n = 30
+    weights = torch.rand(12, n, n, generator=g).tril()
+    view = AttentionPattern(0, list(range(12)), weights / weights.sum(-1, keepdim=True),
+                            list(range(n)), [f"t{i}" for i in range(n)])
+    page = view._repr_html_()
+    assert "8 of 12 heads" in page and "the last 24 queries and keys" in page
+    assert page.count(">head ") == 8
+    assert "#2563eb" in page and "&#x27;t29&#x27; → &#x27;t29&#x27;" in page
+    everything = view.html(heads=list(range(12)), last=n)
+    assert "showing" not in everything and everything.count("<tr>") == 12 * n
+    df = view.to_frame()
+    assert len(df) == 12 * n * (n + 1) // 2  # each query sees its keys up to itself
+    assert df.groupby(["head", "query"]).weight.sum().round(5).eq(1).all()
+    axes = view.plot(heads=[0, 5])
+    assert axes.shape == (1, 2) and axes[0, 1].get_title() == "L0H5"
+
+
+def lens() -> LogitLens:
+    g = torch.Generator().manual_seed(2)
+    probs = torch.rand(2, 3, 2, generator=g).sort(-1, descending=True).values
+    return LogitLens(tokens=TOKENS, layers=[0, 1], positions=[3, 4, 5],
+                     top_ids=torch.tensor([[[7, 8]] * 3, [[9, 7]] * 3]), top_probs=probs,
+                     top_tokens=[[[" a", " b"]] * 3, [[" Paris", " a"]] * 3],
+                     token_ranks={9: torch.tensor([[40, 12, 3], [0, 0, 1]])},
+                     token_probs={9: torch.tensor([[0.01, 0.02, 0.1], [0.6, 0.7, 0.3]])})
+
+
+def test_the_logit_lens_ranks_tops_and_frames():
+    lz = lens()
+    assert lz.rank(9)[1].tolist() == [0, 0, 1] and lz.prob(9)[0, 2].item() == pytest.approx(0.1)
+    with pytest.raises(KeyError, match="token id 5 was not tracked; ask for it"):
+        lz.rank(5)
+    assert [t for t, _ in lz.top(1, 4)] == [" Paris", " a"] and lz.top(-1, -1) == lz.top(1, 5)
+    df = lz.to_frame()
+    assert len(df) == 2 * 3 * 2 and list(df.columns)[-1] == "rank_9"
+    first = df[(df.layer == 1) & (df.position == 4) & (df.k == 0)].iloc[0]
+    assert first.top_token == " Paris" and first.token == " is" and first.rank_9 == 0
+    wire = lz.to_wire()
+    back = LogitLens.from_wire(json.loads(json.dumps(wire)))
+    assert back.to_wire() == wire and torch.equal(back.rank(9), lz.rank(9))
+
+
+def test_the_logit_lens_renders():
+    lz = lens()
+    assert isinstance(lz, Inspectable)
+    page = lz._repr_html_()
+    assert page.index(">1</th>") < page.index(">0</th>")  # the last layer on top
+    assert "Paris" in page and "tracking token ids [9]" in page and "wb-theme" in page
+    assert "&#x27; Paris&#x27; 0." in page  # the top k on hover
+    assert "the last 2 of 3 positions" in lz.html(last=2)
+    ax = lz.plot()
+    assert ax.get_ylabel() == "layer" and [t.get_text() for t in ax.texts][-1] == "␣Paris"
+    ax = lz.plot_rank(9, position=5)
+    assert list(ax.lines[0].get_ydata()) == [4, 2]
