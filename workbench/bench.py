@@ -234,8 +234,36 @@ def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
                              max(config.repeats, 3))  # short runs: at least 3 turns each
 
 
+def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """A lone greedy stream as it is, capturing one layer's `hook_resid_post` at every
+    position, and steered (one vector added at that layer): each against the plain stream in
+    turn (`inside_*_ratio` = its rate / the plain rate)."""
+    llm, prompt = side.ours, side.prompt_ids(1)[0]
+    layer = llm.llm_engine.model.config.num_hidden_layers // 2
+    width = llm.llm_engine.model.config.hidden_size
+    extras = {"plain": {},
+              "capture": {"capture": {"sites": ["resid_post"], "layers": [layer]}},
+              "steer": {"interventions": [{"site": "resid_post", "layer": layer, "op": "add",
+                                           "vector": [0.01] * width}]}}
+
+    def run(extra: dict[str, Any], tokens: int) -> int:
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, **extra)
+        return len(llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids)
+
+    best = dict.fromkeys(extras, 0.0)
+    for extra in extras.values():
+        run(extra, 4)  # warm-up
+    for _ in range(config.repeats):
+        for name, extra in extras.items():
+            best[name] = max(best[name], tokens_per_second(lambda: run(extra, config.tokens)))
+    return {"inside_plain_tok_s": round(best["plain"], 2),
+            "inside_capture_ratio": round(best["capture"] / best["plain"], 3),
+            "inside_steer_ratio": round(best["steer"] / best["plain"], 3)}
+
+
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
-    bench_machine, bench_single_stream, bench_concurrent16, bench_beam4, bench_embed)
+    bench_machine, bench_single_stream, bench_concurrent16, bench_beam4, bench_embed,
+    bench_inside)
 
 
 def peak_rss_mb() -> float:

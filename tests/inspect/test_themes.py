@@ -136,7 +136,7 @@ def test_plots_are_transparent_with_grey_text_that_reads_on_both_pages():
     from matplotlib.colors import to_hex, to_rgba
 
     from tests.inspect.test_protocol import INSTANCES
-    from workbench.inspect.figure import GREY
+    from workbench.figure import GREY
 
     assert min(contrast(GREY, DARK_PAGE), contrast(GREY, LIGHT_PAGE)) >= 4.0
     for name, obj in INSTANCES.items():

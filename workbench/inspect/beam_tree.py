@@ -20,8 +20,8 @@ from typing import Any
 
 from workbench.engine.beam_tree import BeamNode, BeamTreeData
 from workbench.inspect import beam_svg
-from workbench.inspect.figure import GREY, neutral
-from workbench.inspect.frames import frame
+from workbench.figure import GREY, neutral
+from workbench.frames import frame
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move
 

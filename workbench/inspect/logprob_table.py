@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench import html as h
-from workbench.inspect.figure import neutral
-from workbench.inspect.frames import frame
+from workbench.figure import neutral
+from workbench.frames import frame
 from workbench.inspect.logprob_diff import LogprobDiff
 
 

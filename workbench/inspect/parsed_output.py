@@ -17,8 +17,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from workbench import html as h
-from workbench.inspect.figure import neutral
-from workbench.inspect.frames import frame
+from workbench.figure import neutral
+from workbench.frames import frame
 from workbench.serving.chat_tools import ChoiceParser
 from workbench.serving.reasoning import get_reasoning_parser
 from workbench.serving.tool_parsers import get_tool_parser

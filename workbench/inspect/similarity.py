@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from workbench import html as h
-from workbench.inspect.figure import neutral
+from workbench.figure import neutral
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench import html as h
-from workbench.inspect.figure import neutral
-from workbench.inspect.frames import frame
+from workbench.figure import neutral
+from workbench.frames import frame
 
 KIND_COLORS = {"pipeline": "#8fb8de", "engine": "#f0a868", "client": "#b0b0b0"}
 

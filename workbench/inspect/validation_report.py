@@ -19,8 +19,8 @@ from typing import Any
 import pydantic
 
 from workbench import html as h
-from workbench.inspect.figure import neutral
-from workbench.inspect.frames import frame
+from workbench.figure import neutral
+from workbench.frames import frame
 from workbench.serving.base import RequestMeta
 from workbench.serving.errors import error_response, validation_error_body
 from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest
