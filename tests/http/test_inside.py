@@ -224,14 +224,15 @@ def test_n_above_one_with_a_capture_is_refused(tiny_http):
 @pytest.mark.parametrize("path, body", [
     ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
     ("/v1/embeddings", {"input": "hi"}),
+    ("/pooling", {"input": "hi"}),
     ("/tokenize", {"prompt": "hi"}),
 ])
-def test_other_endpoints_refuse_them_by_name(tiny_http, path, body):
-    r = tiny_http.post(path, json={**body, "capture": CAPTURE})
-    assert r.status_code in (400, 404), r.text  # 404: the endpoint is not served here
-    if r.status_code == 400:
-        assert r.json()["error"]["param"] == "capture"
-        assert "/v1/completions and /v1/chat/completions" in r.json()["error"]["message"]
+@pytest.mark.parametrize("field", ["capture", "logit_lens", "interventions"])
+def test_other_endpoints_refuse_them_by_name(tiny_http, path, body, field):
+    r = tiny_http.post(path, json={**body, field: CAPTURE if field != "interventions" else []})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+    assert "/v1/completions and /v1/chat/completions" in r.json()["error"]["message"]
 
 
 def test_the_validation_report_lists_what_is_captured_and_changed(tiny_http):
