@@ -52,6 +52,15 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-logprobs", type=int, default=20)
+    p.add_argument("--max-capture-mb", type=float, default=None, metavar="N",
+                   help="the most a request's `capture` and `logit_lens` may record, in MiB of "
+                   "float32 (default 256); a request that could record more is refused (400)")
+    p.add_argument("--steering-vectors", nargs="+", action="extend", default=None,
+                   metavar="NAME=PATH",
+                   help="steering vectors requests name in `interventions` "
+                   '({"op": "add", "name": NAME}): each PATH a .pt, .npy, .safetensors or '
+                   ".json file of one vector of the model's hidden size, read at start "
+                   "(repeatable)")
     p.add_argument("--classifier-labels", nargs="+", default=None, metavar="WORD",
                    help="label words a generative model classifies and scores with (one token "
                    "each; the last is the positive one for /score and /rerank; default: no yes)")
@@ -158,6 +167,10 @@ def configs_from_args(args: argparse.Namespace):
     engine_kwargs.update(lora_engine_kwargs(args))
     if args.classifier_labels:
         engine_kwargs["classifier_labels"] = tuple(args.classifier_labels)
+    if args.max_capture_mb is not None:
+        engine_kwargs["max_capture_mb"] = args.max_capture_mb
+    if args.steering_vectors:
+        engine_kwargs["steering_vectors"] = parse_steering_vectors(args.steering_vectors)
     engine = EngineConfig(model=model, dtype=args.dtype, kernel=args.kernel, device=args.device,
                           seed=args.seed,
                           max_model_len=args.max_model_len, max_logprobs=args.max_logprobs,
@@ -185,6 +198,22 @@ def configs_from_args(args: argparse.Namespace):
         enable_server_load_tracking=args.enable_server_load_tracking,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     return engine, _with_loras(server, args)
+
+
+def parse_steering_vectors(entries: list[str]) -> tuple[tuple[str, str], ...]:
+    """`--steering-vectors NAME=PATH ...` -> ((name, path), ...); a missing file or a repeated
+    name is an error here, a wrong-size vector when the engine loads the model."""
+    vectors: dict[str, str] = {}
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--steering-vectors {entry!r}: expected NAME=PATH")
+        if name in vectors:
+            raise ValueError(f"--steering-vectors: {name!r} given twice")
+        if not os.path.isfile(path):
+            raise ValueError(f"--steering-vectors {entry}: no such file {path!r}")
+        vectors[name] = path
+    return tuple(vectors.items())
 
 
 LORA_FLAGS = ("lora_modules", "max_loras", "max_lora_rank", "max_cpu_loras", "default_mm_loras",

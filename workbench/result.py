@@ -2,7 +2,8 @@
 
 The response body (or the error envelope instead of raising) and the inspect objects built
 from it: `.logprobs` / `table(i)` (`LogprobTable`), `.parsed(i)` (`ParsedOutput`), `.report`
-(`ValidationReport`), `.trace` (`Trace`), `.tool_loop`, `.similarity`. Both back ends
+(`ValidationReport`), `.trace` (`Trace`), `.tool_loop`, `.similarity`, `.activations`
+(`ActivationCache`) and `.logit_lens` (`LogitLens`) of a `capture` / `logit_lens`. Both back ends
 (`workbench/backend.py`) return it and `workbench/workbench.py` hands it out, so it lives
 below both.
 """
@@ -54,6 +55,30 @@ class Result:
                    is not None and "message" in c for c in choices):
             return None
         return ParsedOutput.from_chat(self.response, choice, **parsers)
+
+    @property
+    def activations(self) -> Any:
+        """Choice 0's `capture` as an `ActivationCache` (`workbench.inside`), decoded from the
+        response's wire form; None when the request asked for none."""
+        return self._inside(0, "activations")
+
+    @property
+    def logit_lens(self) -> Any:
+        """Choice 0's `logit_lens` as a `LogitLens`; None when the request asked for none."""
+        return self._inside(0, "logit_lens")
+
+    def _inside(self, choice: int, key: str) -> Any:
+        choices = (self.response or {}).get("choices") or []
+        wire = next((c.get(key) for c in choices if c.get("index") == choice), None)
+        if wire is None:
+            return None
+        if key == "activations":  # deferred: the views load lazily (no pandas at import)
+            from workbench.inside.activations import ActivationCache
+
+            return ActivationCache.from_wire(wire)
+        from workbench.inside.logit_lens import LogitLens
+
+        return LogitLens.from_wire(wire)
 
     @property
     def text(self) -> str | None:

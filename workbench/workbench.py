@@ -15,7 +15,9 @@ Two back ends, same bodies in and out:
   the coroutines run on the Workbench's own event-loop thread, so calls work inside a running
   Jupyter loop. The report and trace come from the pipeline's recorder.
 - `Workbench(url="http://host:port/v1", api_key=...)`: any OpenAI-compatible server (ours,
-  vLLM) over httpx. The trace is the client's round trip; `validate` needs our `/v1/validate`.
+  vLLM) over httpx. The trace is the client's round trip; `validate` needs our `/v1/validate`,
+  and so do `capture`, `logit_lens` and `interventions` (`.activations`, `.logit_lens`): another
+  server would ignore them, so they are refused client-side (`Result.error`, in the report).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ from workbench.serving.errors import error_response, validation_error_body
 from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
 from workbench.serving.protocol import pooling as proto
 from workbench.serving.protocol.responses import ResponsesRequest
-from workbench.serving.recorder import PipelineRecorder
+from workbench.serving.recorder import Check, PipelineRecorder
+from workbench.serving.unsupported import INSIDE_FIELDS
 
 
 class Workbench:
@@ -358,6 +361,7 @@ class _Remote(Backend):
         self.root = url[:-3] if url.endswith("/v1") else url  # /tokenize lives at the root
         self.client = httpx.Client(headers=headers, timeout=timeout)
         self._model: str | None = None
+        self._ours: bool | None = None  # a workbench server (`ours`), once asked
 
     @property
     def model(self) -> str:
@@ -376,7 +380,38 @@ class _Remote(Backend):
             return Result(None, response.status_code, body)
         return Result(body, response.status_code)
 
+    @property
+    def ours(self) -> bool:
+        """Whether the server is a workbench server: it answers `/v1/validate` (asked once)."""
+        if self._ours is None:
+            try:
+                response = self.client.post(self.base + "/validate",
+                                            json={"model": self.model, "prompt": ""})
+                self._ours = response.status_code == 200 and "checks" in response.json()
+            except (httpx.HTTPError, ValueError):
+                self._ours = False
+        return self._ours
+
+    def _refuse_inside(self, endpoint: str, body: dict[str, Any]) -> Result | None:
+        """`capture`, `logit_lens`, `interventions` against a server that is not ours: a vLLM
+        drops unknown fields, so they would be silently ignored; refused here instead."""
+        asked = [name for name in INSIDE_FIELDS if body.get(name) not in (None, [])]
+        if not asked or self.ours:
+            return None
+        name = asked[0]
+        message = (f"`{name}` needs a workbench server (`workbench serve`): {self.base} is not "
+                   "one (it has no /v1/validate), and an OpenAI-compatible server such as vLLM "
+                   f"ignores `{name}`; nothing was sent.")
+        error = {"error": {"message": message, "type": "BadRequestError", "param": name,
+                           "code": 400}}
+        checks = tuple(Check(n, "client", "failed", n, message if n == name else
+                             f"`{n}` needs a workbench server", body[n]) for n in asked)
+        return Result(None, 400, error, ValidationReport(endpoint, checks, error))
+
     def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
+        refused = self._refuse_inside(endpoint, body)
+        if refused is not None:
+            return refused
         start = time.time()
         result = self._result(self.client.post(self._url(endpoint),
                                                json=_with_model(body, self.model)))
@@ -394,6 +429,10 @@ class _Remote(Backend):
         return self.stream("responses", body)  # `data:` lines; the `event:` lines repeat types
 
     def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        refused = self._refuse_inside(endpoint, body)
+        if refused is not None:
+            yield refused.error
+            return
         body = _with_model({**body, "stream": True}, self.model)
         with self.client.stream("POST", self._url(endpoint), json=body) as response:
             if response.status_code >= 400:

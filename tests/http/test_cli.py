@@ -98,3 +98,52 @@ def test_a_model_the_engine_refuses_stops_the_server_at_start_up(tmp_path, capsy
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "cannot run model_type 'gpt_neo' exactly" in err and "Supported model types" in err
+
+
+def test_inside_flags_reach_the_engine_config(monkeypatch, tmp_path):
+    a, b = tmp_path / "a.pt", tmp_path / "b.npy"
+    a.write_bytes(b"x")
+    b.write_bytes(b"x")
+    got = run_serve(monkeypatch, "--max-capture-mb", "12.5", "--steering-vectors", f"a={a}",
+                    "--steering-vectors", f"b={b}")
+    engine = got["engine"]
+    assert engine.max_capture_mb == 12.5
+    assert engine.steering_vectors == (("a", str(a)), ("b", str(b)))
+    spaced = run_serve(monkeypatch, "--steering-vectors", f"a={a}", f"b={b}")["engine"]
+    assert spaced.steering_vectors == engine.steering_vectors
+    assert run_serve(monkeypatch)["engine"].max_capture_mb == 256.0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steering-vectors", "up=/no/such/vector.pt"], "no such file '/no/such/vector.pt'"),
+    (["--steering-vectors", "up"], "expected NAME=PATH"),
+    (["--steering-vectors", "up=HERE", "up=HERE"], "'up' given twice"),
+    (["--max-capture-mb", "0"], "max_capture_mb must be positive"),
+])
+def test_bad_inside_flags_stop_at_start_up(monkeypatch, capsys, tmp_path, flags, message):
+    here = tmp_path / "v.pt"
+    here.write_bytes(b"x")
+    flags = [f.replace("HERE", str(here)) for f in flags]
+    monkeypatch.setattr("workbench.http.server.run_server", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", *flags])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_steering_vector_of_another_size_stops_the_server_at_load(tmp_path, capsys,
+                                                                     tiny_llama):
+    """The size is the model's: checked when the engine loads it, exit 2 naming the file."""
+    import torch
+
+    model_dir = tmp_path / "tiny"
+    tiny_llama.model.save_pretrained(model_dir)
+    tiny_llama.tokenizer.save_pretrained(model_dir)
+    wrong = tmp_path / "wrong.pt"
+    torch.save(torch.ones(tiny_llama.config.hidden_size + 1), wrong)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--model", str(model_dir), "--dtype", "float32", "--device", "cpu",
+                  "--max-model-len", "64", "--steering-vectors", f"up={wrong}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "steering_vectors[up]" in err and str(wrong) in err and "64 finite numbers" in err

@@ -107,6 +107,13 @@ class AsyncLLMEngine:
     def hidden_size(self) -> int:
         return self.engine.model.config.hidden_size
 
+    @property
+    def model_shape(self) -> Any:
+        """What captures and interventions are checked against (`workbench.inside.params.
+        ModelShape`; None for an encoder). Not part of `EngineClient`: a server without it
+        leaves those checks to the engine."""
+        return self.engine.inputs.model_shape
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 

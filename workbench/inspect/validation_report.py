@@ -4,7 +4,10 @@ Each row is a `Check` recorded by the real pipeline (`workbench/serving/recorder
 request schema, the model name, refused fields, each field the request set (honoured or
 ignored), the prompt (chat template, tokenization, input length), the sampling parameters,
 coercions (temperature raised to 0.01, max_tokens clamped to the context, defaults from the
-model's generation_config) and, in a dry run, the engine's own input checks. `error` is the
+model's generation_config), what the request sees and changes inside the model, resolved
+against it (`capture`: the full names recorded and the positions; `logit_lens`: its layers and
+top-k; one `interventions[i]` row each: site, op, positions) and, in a dry run, the engine's
+own input checks. `error` is the
 error envelope the server returns for this request (None when it would be served).
 
 `validate(servings, body)` is the dry run: it parses the body as the HTTP route does and

@@ -39,6 +39,7 @@ from workbench.serving.streaming import (
     ChoiceDelta,
     chunk_json,
     error_json,
+    inside_fields,
     usage_chunk_json,
     usage_info,
     usage_options,
@@ -147,7 +148,7 @@ class ChatServing(GenerationServing):
             choices.append(ChatCompletionResponseChoice(
                 index=delta.index, message=message, logprobs=logprobs,
                 finish_reason=parser.finish_reason(delta.finish_reason or "stop", called),
-                stop_reason=delta.stop_reason, token_ids=token_ids))
+                stop_reason=delta.stop_reason, token_ids=token_ids, **inside_fields(delta)))
         usage = self.add_prompt_tokens_details(
             usage_info(len(prompt.token_ids), sum(len(d.token_ids) for d in deltas)), ctx)
         if self.tools.counts_reasoning:
@@ -220,7 +221,8 @@ class ChatServing(GenerationServing):
                             continue
                     choice = ChatCompletionResponseStreamChoice(
                         index=delta.index, delta=message or DeltaMessage(), logprobs=logprobs,
-                        finish_reason=finish_reason, token_ids=token_ids)
+                        finish_reason=finish_reason, token_ids=token_ids,
+                        **inside_fields(delta))
                     if delta.finish_reason is not None:
                         choice.stop_reason = delta.stop_reason
                     chunk = self._chunk(ctx, [choice])

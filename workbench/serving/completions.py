@@ -35,6 +35,7 @@ from workbench.serving.streaming import (
     ChoiceDelta,
     chunk_json,
     error_json,
+    inside_fields,
     usage_chunk_json,
     usage_info,
     usage_options,
@@ -172,7 +173,8 @@ class CompletionServing(GenerationServing):
                   "token_ids": generated if request.return_token_ids else None,
                   "prompt_token_ids": ((None if prompt.embeds is not None else prompt.token_ids)
                                        if final else prompt_ids)
-                  if request.return_token_ids else None}
+                  if request.return_token_ids else None,
+                  **inside_fields(delta)}
         if final:
             fields["prompt_logprobs"] = prompt_logprobs_json(ctx.prompt_logprobs.get(prompt_index))
         return fields

@@ -58,7 +58,29 @@ class GenerationServing(OpenAIServing):
         params = [self.sampling_params(ctx.request, prompt) for prompt in prompts]
         for p in params:
             p.verify(self.engine.vocab_size, self.engine.config.max_logprobs)
+        self.resolve_inside(ctx, prompts, params)
         return params
+
+    def resolve_inside(self, ctx: ServeContext, prompts: list[EnginePrompt],
+                       params: list[SamplingParams]) -> None:
+        """A capture, logit lens or interventions checked against the model here, with the
+        engine's own `resolve` (so a bad site or layer, a capture over --max-capture-mb or a
+        wrong-size vector is a 400 before anything is queued), and recorded as resolved: the
+        names captured, the lens, each intervention's site."""
+        shape = getattr(self.engine, "model_shape", None)  # none: the engine checks alone
+        seen: set[str] = set()
+        for prompt, p in zip(prompts, params):
+            inside = p.inside
+            if inside is None:
+                continue
+            if shape is not None:
+                assert p.max_tokens is not None  # resolved by the sampling_params hook
+                inside.resolve(shape, len(prompt.token_ids) + p.max_tokens)
+            for row in inside_checks(inside):
+                key = repr(row)
+                if key not in seen:  # one row per distinct resolution (several prompts)
+                    seen.add(key)
+                    ctx.recorder.add(*row)
 
     def record_coercions(self, ctx: ServeContext) -> None:
         rec, request = ctx.recorder, ctx.request
@@ -195,6 +217,36 @@ class GenerationServing(OpenAIServing):
                                             [c.finish_reason for c in choices])
         if self.tracer is not None:
             self.tracer.record(ctx, choices)
+
+
+def inside_checks(inside: Any) -> list[tuple[str, str, str, str, str, Any]]:
+    """The report's rows of what a request sees and changes inside the model, as
+    `PipelineRecorder.add` arguments: (name, stage, status, param, reason, value)."""
+    rows = []
+    stage = "sampling params"
+    if inside.capture is not None:
+        c = inside.capture.to_json()
+        how = f", reduced by {c['reduce']}" if c["reduce"] else ""
+        heads = f", heads {c['heads']}" if c["heads"] else ""
+        rows.append(("capture", stage, "passed", "capture",
+                     f"records {', '.join(c['sites'])} at positions {c['positions']}"
+                     f"{how}{heads}", c))
+    if inside.logit_lens is not None:
+        lens = inside.logit_lens.to_json()
+        ids = f", and the ranks of token ids {lens['token_ids']}" if lens["token_ids"] else ""
+        layers = "every layer" if lens["layers"] is None else f"layers {lens['layers']}"
+        rows.append(("logit_lens", stage, "passed", "logit_lens",
+                     f"top {lens['top_k']} tokens after {layers} at positions "
+                     f"{lens['positions']}{ids}", lens))
+    for i, intervention in enumerate(inside.interventions):
+        v = intervention.to_json()
+        what = f" {v['name']!r}" if "name" in v else ""
+        scale = f" x{v['scale']}" if "scale" in v and v["scale"] != 1.0 else ""
+        heads = f", heads {v['heads']}" if "heads" in v else ""
+        rows.append((f"interventions[{i}]", stage, "passed", f"interventions[{i}]",
+                     f"{v['op']}{what}{scale} at {v['site']}, positions {v['positions']}"
+                     f"{heads}", v))
+    return rows
 
 
 def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams:

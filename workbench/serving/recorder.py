@@ -89,6 +89,8 @@ class PipelineRecorder:
             value = getattr(request, name, None)
             if name in (request.model_extra or {}):
                 continue  # unknown: listed below
+            if name in unsupported.INSIDE_FIELDS and value not in (None, []) and not beam:
+                continue  # listed as resolved with the sampling params (`inside_checks`)
             if name in no_effect:
                 self.add(name, "validate", "ignored", name, no_effect[name], value)
             elif beam and name in unsupported.BEAM_IGNORED_FIELDS and value is not None:

@@ -30,6 +30,9 @@ class ChoiceDelta:
     logprobs: list[dict[int, Any]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # what the request's capture / logit lens recorded: on the delta that finishes the choice
+    activations: Any = None  # `workbench.inside.activations.ActivationCache`
+    logit_lens: Any = None  # `workbench.inside.logit_lens.LogitLens`
 
     def extend(self, delta: "ChoiceDelta") -> None:
         """Appends a later delta of the same choice; its finish/stop reason wins."""
@@ -41,17 +44,37 @@ class ChoiceDelta:
             self.logprobs.extend(delta.logprobs)
         if delta.finish_reason is not None:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+        if delta.activations is not None:
+            self.activations = delta.activations
+        if delta.logit_lens is not None:
+            self.logit_lens = delta.logit_lens
 
 
 def choice_deltas(output: Any, prompt_index: int, n: int) -> list[ChoiceDelta]:
-    """The deltas carried by one DELTA-mode `RequestOutput`."""
+    """The deltas carried by one DELTA-mode `RequestOutput`; a finished output's activations
+    and logit lens (a capture runs with n=1) go on the delta that finishes its choice."""
+    activations = getattr(output, "activations", None)
+    lens = getattr(output, "logit_lens", None)
     return [
         ChoiceDelta(index=prompt_index * n + o.index, text=o.text or "",
                     token_ids=list(o.token_ids or []),
                     logprobs=None if o.logprobs is None else list(o.logprobs),
-                    finish_reason=o.finish_reason, stop_reason=o.stop_reason)
+                    finish_reason=o.finish_reason, stop_reason=o.stop_reason,
+                    activations=activations if o.finish_reason is not None else None,
+                    logit_lens=lens if o.finish_reason is not None else None)
         for o in output.outputs
     ]
+
+
+def inside_fields(delta: ChoiceDelta) -> dict[str, Any]:
+    """A choice's `activations` and `logit_lens` in wire form (`to_wire()`), those it has:
+    the whole choice of a response, or the streamed piece that finishes it."""
+    fields: dict[str, Any] = {}
+    if delta.activations is not None:
+        fields["activations"] = delta.activations.to_wire()
+    if delta.logit_lens is not None:
+        fields["logit_lens"] = delta.logit_lens.to_wire()
+    return fields
 
 
 def merge_deltas(index: int, deltas: list[ChoiceDelta]) -> ChoiceDelta:

@@ -86,6 +86,9 @@ BEAM_IGNORED_FIELDS = {
 }
 
 _NOT_YET = "is not supported by this server yet"
+# what a request sees or changes inside the model (`workbench.inside.params`): completions and
+# chat completions only, one sampled sequence each
+INSIDE_FIELDS = ("capture", "logit_lens", "interventions")
 _REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
             "guided_decoding_backend", "guided_whitespace_pattern")
 
@@ -107,6 +110,10 @@ def check_common(request: Any) -> None:
     if request.thinking_token_budget not in (None, -1) and request.use_beam_search:
         refuse("`thinking_token_budget` is not supported with beam search.",
                 "thinking_token_budget")
+    for name in INSIDE_FIELDS:
+        if getattr(request, name) not in (None, []) and request.use_beam_search:
+            refuse(f"`{name}` is not supported with beam search (it records or changes one "
+                   "sampled sequence; beam search runs many).", name)
     extra = request.model_extra or {}
     for name in _REMOVED:
         if extra.get(name) is not None:
@@ -123,6 +130,10 @@ def refuse_unknown_fields(request: Any) -> None:
     """A field the request model does not know is refused by name (vLLM accepts and drops it,
     so a typo such as `temprature` silently samples at the default)."""
     extra = sorted(name for name in (request.model_extra or {}) if name != "best_of")
+    inside = [name for name in extra if name in INSIDE_FIELDS]
+    if inside:  # a workbench extra sent to an endpoint that does not run it
+        refuse(f"`{inside[0]}` applies to /v1/completions and /v1/chat/completions only; "
+               f"{type(request).__name__} does not take it.", inside[0])
     if extra:
         refuse(f"Unknown field `{extra[0]}`: it is not part of this endpoint's request body "
                 "(check its spelling). Unknown fields are refused rather than ignored.", extra[0])

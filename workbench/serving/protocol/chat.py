@@ -16,6 +16,7 @@ from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
     INT64_MAX,
     INT64_MIN,
+    InsideWire,
     Metadata,
     OpenAIBaseModel,
     PromptLogprobs,
@@ -144,6 +145,12 @@ class ChatCompletionRequest(OpenAIBaseModel):
     return_mm_kwargs: bool | None = None
     repetition_detection: dict[str, Any] | None = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
+    # workbench's inside-the-model extras (`workbench.inside.params`; parsed and checked by
+    # `SamplingParams`, against the model by the engine): activations to record, the logit
+    # lens, interventions on this request's rows. Not with beam search.
+    capture: Any | None = None
+    logit_lens: Any | None = None
+    interventions: Any | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -268,6 +275,8 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
     routed_experts: list | None = None  # the reference's MoE routing dump; never set here
+    activations: InsideWire = None
+    logit_lens: InsideWire = None
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -301,6 +310,8 @@ class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+    activations: InsideWire = None
+    logit_lens: InsideWire = None
 
 
 class ChatCompletionStreamResponse(OpenAIBaseModel):

@@ -121,6 +121,11 @@ class PromptLogprob(OpenAIBaseModel):
 
 PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
+# A choice's `activations` (`ActivationCache.to_wire()`) and `logit_lens` (`LogitLens.to_wire()`),
+# workbench extras: the keys are absent unless the request asked for `capture` / `logit_lens`
+# (JSON that only a workbench server sends; vLLM's clients never see them)
+InsideWire = Annotated[dict[str, Any] | None, Field(default=None, exclude_if=lambda v: v is None)]
+
 
 class ModelPermission(OpenAIBaseModel):
     id: str

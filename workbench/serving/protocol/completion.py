@@ -15,6 +15,7 @@ from workbench.serving.protocol import checks
 from workbench.serving.protocol.common import (
     INT64_MAX,
     INT64_MIN,
+    InsideWire,
     OpenAIBaseModel,
     PromptLogprobs,
     StopParam,
@@ -85,6 +86,12 @@ class CompletionRequest(OpenAIBaseModel):
     repetition_detection: dict[str, Any] | None = None
     thinking_token_budget: int | None = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
+    # workbench's inside-the-model extras (`workbench.inside.params`; parsed and checked by
+    # `SamplingParams`, against the model by the engine): activations to record, the logit
+    # lens, interventions on this request's rows. Not with beam search.
+    capture: Any | None = None
+    logit_lens: Any | None = None
+    interventions: Any | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +129,8 @@ class CompletionResponseChoice(OpenAIBaseModel):
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
     routed_experts: list | None = None  # the reference's MoE routing dump; never set here
+    activations: InsideWire = None
+    logit_lens: InsideWire = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -146,6 +155,8 @@ class CompletionResponseStreamChoice(OpenAIBaseModel):
     stop_reason: int | str | None = None
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
+    activations: InsideWire = None
+    logit_lens: InsideWire = None
 
 
 class CompletionStreamResponse(OpenAIBaseModel):
