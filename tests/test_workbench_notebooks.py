@@ -33,6 +33,7 @@ def _sanitize(text: str) -> str:
     ('<svg viewBox="0 0 1010 344" width="1010" height="344" style="min-width:606px">',
      '<svg viewBox="0 0 1017 344" width="1017" height="344" style="min-width:610px">'),
     ("height:8px;width:82px;background", "height:8px;width:83px;background"),
+    ('<span style="background-color:#2563eb88"', '<span style="background-color:#2563eb99"'),
     ('<svg id="wb-beamtree-5d19ec7112">', '<svg id="wb-beamtree-0a1b2c3d4e">'),
     # the dark theme's rules (the package's palette), absent from outputs saved before them
     ("<div>x</div><style class=\"wb-theme\">body[data-jp-theme-light='false'] "

@@ -256,7 +256,8 @@ def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
         run(extra, 4)  # warm-up
     for _ in range(config.repeats):
         for name, extra in extras.items():
-            best[name] = max(best[name], tokens_per_second(functools.partial(run, extra, config.tokens)))
+            rate = tokens_per_second(functools.partial(run, extra, config.tokens))
+            best[name] = max(best[name], rate)
     return {"inside_plain_tok_s": round(best["plain"], 2),
             "inside_capture_ratio": round(best["capture"] / best["plain"], 3),
             "inside_steer_ratio": round(best["steer"] / best["plain"], 3)}

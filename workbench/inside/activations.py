@@ -200,7 +200,8 @@ class ActivationCache:
         absent = "".join(f"<li>{h.escape(k)}: {h.escape(v)}</li>" for k, v in self.missing.items())
         return h.themed(
             f'<div class="wb-activations"><div style="font-size:12px">ActivationCache: '
-            f"{len(self.tensors)} tensors, {where}, float32, "
+            f"{len(self.tensors)} tensor{'s' if len(self.tensors) != 1 else ''}, {where}, "
+            "float32, "
             f"{self.nbytes / 1e6:.2f} MB</div>"
             f"{h.caption(h.token_strip(self.tokens[p] for p in self.positions[:MAX_TOKENS]))}"
             f"{h.table(['name', 'shape', 'summary'], rows)}"
@@ -210,7 +211,8 @@ class ActivationCache:
                f"{absent}</ul></div>" if absent else "") + "</div>")
 
     def __repr__(self) -> str:
-        return (f"ActivationCache({len(self.tensors)} tensors, positions "
+        count = f"{len(self.tensors)} tensor{'s' if len(self.tensors) != 1 else ''}"
+        return (f"ActivationCache({count}, positions "
                 f"{_spans(self.positions)}, reduce={self.reduce!r}, "
                 f"{len(self.missing)} absent)")
 

@@ -26,6 +26,7 @@ MAX_HEADS = 8
 MAX_POSITIONS = 24
 HOW_TO_READ = ("a row is a query (its token on the left), a column a key; the darker the cell, "
                "the more weight; hover a cell for it")
+CELL = 9  # pixels a side
 BLUE = "#2563eb"  # a cell is this at alpha = its weight (16 steps), on either theme's page
 
 
@@ -112,27 +113,29 @@ class AttentionPattern:
 
     def _grid(self, head: int, queries: list[tuple[int, int]], first_key: int,
               keys: int) -> str:
+        """One head as a CSS grid of `CELL`-pixel squares (not a table: JupyterLab pads and
+        stripes table cells), each query's token on the left."""
         weights = self.pattern_of(head)
-        rows = []
+        cells = []
         for qi, q in queries:
-            cells = []
+            label = h.escape(h.visible(self.tokens[q])[:10])
+            cells.append(f'<span style="font-size:9px;line-height:{CELL}px;text-align:right;'
+                         f'padding-right:4px;white-space:pre">{label}</span>')
             for k in range(first_key, keys):
-                if k > q:
-                    cells.append('<td style="width:8px;height:8px"></td>')
+                if k > q:  # after the query: masked
+                    cells.append("<span></span>")
                     continue
                 w = float(weights[qi, k])
                 alpha = round(min(max(w, 0.0), 1.0) * 15) * 17  # 16 steps: 0x00 .. 0xff
                 title = (f"H{head} {h.visible(self.tokens[q])!r} → "
                          f"{h.visible(self.tokens[k])!r}: {w:.3f}")
-                cells.append(f'<td style="width:8px;height:8px;padding:0;'
-                             f'background-color:{BLUE}{alpha:02x}" '
-                             f'title="{h.escape(title)}"></td>')
-            label = h.escape(h.visible(self.tokens[q])[:10])
-            rows.append(f'<tr><th style="font-size:9px;font-weight:normal;text-align:right;'
-                        f'padding:0 4px 0 0;white-space:pre">{label}</th>{"".join(cells)}</tr>')
+                cells.append(f'<span style="background-color:{BLUE}{alpha:02x}" '
+                             f'title="{h.escape(title)}"></span>')
+        columns = f"auto repeat({keys - first_key},{CELL}px)"
         return (f'<div><div style="font-size:11px">head {head}</div>'
-                f'<table style="border-collapse:collapse;border:1px solid '
-                f'var(--jp-border-color1,#999999)">{"".join(rows)}</table></div>')
+                f'<div style="display:grid;grid-template-columns:{columns};'
+                f'grid-auto-rows:{CELL}px;border:1px solid var(--jp-border-color2,#cccccc)">'
+                f'{"".join(cells)}</div></div>')
 
     def _repr_html_(self) -> str:
         return self.html()
