@@ -363,3 +363,20 @@ def test_bfloat16_captures_are_the_model_dtype_values():
     for layer in range(2):
         got, expected = out.activations["resid_pre", layer], states[layer][0].float()
         assert (got - expected).abs().max().item() <= 0.05 * max(1.0, expected.abs().max())
+
+
+def test_a_finished_request_leaves_no_recording_behind():
+    """Memory returns: once the outputs are built, the engine holds no request's recording (the
+    cache's tensors belong to the RequestOutput alone)."""
+    import gc
+
+    from workbench.engine.recording import Recording
+
+    loaded, _ = pristine()
+    llm = make_llm(loaded)
+    outs = llm.generate(PROMPTS, [greedy(3, capture={"sites": ["resid_post", "pattern"]}),
+                                  greedy(3, logit_lens={"top_k": 2}), greedy(3)])
+    assert outs[0].activations is not None and outs[1].logit_lens is not None
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, Recording)]
+    assert not llm.llm_engine.has_unfinished_requests()

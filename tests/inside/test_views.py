@@ -11,7 +11,7 @@ import torch
 from workbench.inside.activations import ActivationCache
 from workbench.inside.attention_pattern import AttentionPattern
 from workbench.inside.logit_lens import LogitLens
-from workbench.inside.tensors import decode_tensor, encode_tensor
+from workbench.inside.tensors import decode_array, decode_tensor, encode_tensor
 from workbench.inspect.protocol import Inspectable
 
 matplotlib.use("Agg")
@@ -40,6 +40,9 @@ def test_tensors_cross_the_wire_bit_for_bit():
               torch.randn(2, 2).half()):
         wire = json.loads(json.dumps(encode_tensor(t)))
         assert torch.equal(decode_tensor(wire), t) and decode_tensor(wire).dtype == t.dtype
+    array = decode_array(encode_tensor(torch.arange(6).reshape(2, 3)))
+    assert array.dtype.name == "int64" and array.tolist() == [[0, 1, 2], [3, 4, 5]]
+    array[0, 0] = 7  # writable, its own copy
     b = torch.randn(4).bfloat16()
     assert torch.equal(decode_tensor(encode_tensor(b)), b.float())  # exact as float32
     with pytest.raises(ValueError, match="dtype"):

@@ -16,6 +16,7 @@ _NAMES = {
     "LogitLens": "workbench.inside.logit_lens",
     "encode_tensor": "workbench.inside.tensors",
     "decode_tensor": "workbench.inside.tensors",
+    "decode_array": "workbench.inside.tensors",
 }
 
 

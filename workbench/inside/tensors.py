@@ -7,8 +7,8 @@ as float32 (every bfloat16 is one, exactly). A request's inline vector may use t
 
 >>> import torch
 >>> wire = encode_tensor(torch.tensor([[1.5, -2.0]]))
->>> wire["dtype"], wire["shape"], decode_tensor(wire).tolist()
-('float32', [1, 2], [[1.5, -2.0]])
+>>> wire["dtype"], wire["shape"], decode_tensor(wire).tolist(), decode_array(wire).dtype.name
+('float32', [1, 2], [[1.5, -2.0]], 'float32')
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ def encode_tensor(tensor: Any) -> dict[str, Any]:
 
 def decode_tensor(wire: dict[str, Any]) -> torch.Tensor:
     """The tensor of a wire form; a ValueError names what is wrong with it."""
+    return torch.from_numpy(decode_array(wire))
+
+
+def decode_array(wire: dict[str, Any]) -> np.ndarray:
+    """The numpy array of a wire form (native byte order, writable)."""
     try:
         if wire["dtype"] not in DTYPES:
             raise ValueError(f"dtype {wire['dtype']!r} is not one of {', '.join(DTYPES)}")
@@ -44,4 +49,4 @@ def decode_tensor(wire: dict[str, Any]) -> torch.Tensor:
         array = array.reshape(shape)
     except (KeyError, TypeError) as error:
         raise ValueError(f"a wire tensor is {{dtype, shape, data}}: {error}") from error
-    return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=True))
+    return array.astype(array.dtype.newbyteorder("="), copy=True)
