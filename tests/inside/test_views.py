@@ -137,8 +137,14 @@ def test_the_pattern_view_caps_and_says_so():
     df = view.to_frame()
     assert len(df) == 12 * n * (n + 1) // 2  # each query sees its keys up to itself
     assert df.groupby(["head", "query"]).weight.sum().round(5).eq(1).all()
-    axes = view.plot(heads=[0, 5])
-    assert axes.shape == (1, 2) and axes[0, 1].get_title() == "L0H5"
+    ax = view.plot(heads=[0, 5])
+    assert ax.get_title() == "L0H0" and ax.figure.axes[1].get_title() == "L0H5"
+    import matplotlib.pyplot as plt
+
+    _, one = plt.subplots()
+    assert view.plot(heads=[3], ax=one) is one and one.get_title() == "L0H3"
+    with pytest.raises(ValueError, match="one axes draws one head"):
+        view.plot(ax=one)
 
 
 def lens() -> LogitLens:

@@ -65,11 +65,14 @@ class AttentionPattern:
 
     def plot(self, heads: list[int] | None = None, ax: Any = None) -> Any:
         """A heatmap per head (`heads`: the model's numbers, default every captured one, at
-        most 16), queries down and keys across; returns the axes (an array of them)."""
+        most 16), queries down and keys across, on `ax` (one head) or a new figure's grid;
+        returns the first head's axes (the others are `ax.figure.axes`)."""
         import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
         import numpy as np
 
         chosen = (heads or self.heads)[:16]
+        if ax is not None and len(chosen) > 1:
+            raise ValueError("one axes draws one head: pass heads=[h] with ax, or no ax")
         if ax is None:
             cols = min(len(chosen), 4)
             rows = -(-len(chosen) // cols)
@@ -89,7 +92,7 @@ class AttentionPattern:
             neutral(a)
         for a in axes[len(chosen):]:
             a.set_axis_off()
-        return ax
+        return axes[0]
 
     def html(self, heads: list[int] | None = None, last: int = MAX_POSITIONS) -> str:
         """The head grid for `heads` (the model's numbers; default the first `MAX_HEADS`)
