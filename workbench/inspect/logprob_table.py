@@ -68,7 +68,7 @@ class LogprobRow:
     rank: int | None = None
     token_id: int | None = None
     top: tuple[Alternative, ...] = ()
-    part: str = "generated"  # "prompt" | "generated"
+    part: str = "generated"  # "prompt" | "generated" | "scored" (a given text's, `scoring.py`)
     allowed: int | None = None  # tokens a structured-output grammar allowed here (None: free)
     masked: tuple[Alternative, ...] = ()  # the model's top candidates the grammar masked
     stats: TokenStats | None = None  # the whole distribution here (`token_stats`), if asked
@@ -268,6 +268,12 @@ class LogprobTable:
     def mean_logprob(self) -> float | None:
         known = [r.logprob for r in self.rows if r.logprob is not None]
         return sum(known) / len(known) if known else None
+
+    @property
+    def total_logprob(self) -> float | None:
+        """The rows' logprobs summed: a scored text's log-probability given its context."""
+        known = [r.logprob for r in self.rows if r.logprob is not None]
+        return sum(known) if known else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "rows": [r.to_dict() for r in self.rows],
