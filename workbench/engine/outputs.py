@@ -79,7 +79,7 @@ class CompletionOutput:
     # structured outputs: one `GrammarStep` per token (None where no constraint applied yet)
     grammar_steps: list[GrammarStep | None] | None = None
     # `token_stats`: one `TokenStats` per token, beside `logprobs` (None unless asked)
-    token_stats: list[TokenStats] | None = None
+    token_stats: list[TokenStats] | None = field(default=None, repr=False)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
