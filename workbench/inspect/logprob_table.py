@@ -304,7 +304,9 @@ class LogprobTable:
 
     def __repr__(self) -> str:
         kind = f", entropy {self.entropy_kind}" if self.has_stats else ""
-        return (f"LogprobTable({len(self.rows)} generated positions, {len(self.prompt)} prompt "
+        part = "scored" if self.rows and all(r.part == "scored" for r in self.rows) \
+            else "generated"
+        return (f"LogprobTable({len(self.rows)} {part} positions, {len(self.prompt)} prompt "
                 f"positions, mean logprob {h.fmt(self.mean_logprob)}{kind})")
 
     def diff(self, other: "LogprobTable", names: tuple[str, str] = ("a", "b")):
