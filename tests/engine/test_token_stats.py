@@ -106,3 +106,17 @@ def test_without_any_logprobs_it_is_refused_by_name():
     with pytest.raises(ValidationError) as err:
         SamplingParams(logprobs=1, token_stats="yes")  # type: ignore[arg-type]
     assert err.value.parameter == "token_stats"
+
+
+def test_impossible_tokens_add_nothing_and_each_row_keeps_its_k():
+    from workbench.engine.token_stats import token_stats
+
+    logits = torch.tensor([[0.0, 0.0, float("-inf"), float("-inf")], [3.0, 1.0, 0.0, -1.0]])
+    logprobs = logits.log_softmax(-1)
+    half, skewed = token_stats(logprobs, torch.tensor([2, 1]), [1, 3])
+    assert half.entropy == pytest.approx(float(torch.log(torch.tensor(2.0))))
+    assert half.margin == 0.0 and half.top_k_mass == pytest.approx(0.5) and half.rank == 2
+    probs = logprobs[1].exp()
+    assert skewed.entropy == pytest.approx(float(-(probs * logprobs[1]).sum()), abs=1e-6)
+    assert skewed.margin == pytest.approx(2.0, abs=1e-6)
+    assert skewed.top_k_mass == pytest.approx(float(probs[:3].sum()), abs=1e-6)

@@ -22,6 +22,7 @@ def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int]) -> l
     top = logprobs.topk(width, dim=-1).values  # [R, width], best first
     margin = top[:, 0] - top[:, 1] if width > 1 else torch.full_like(entropy, float("inf"))
     mass = top.exp().cumsum(-1)  # [R, width]: the mass of the top 1, 2, ...
-    return [TokenStats(entropy=float(entropy[i]), rank=int(ranks[i]), margin=float(margin[i]),
-                       top_k_mass=float(mass[i, k - 1]) if k > 0 else 0.0)
-            for i, k in enumerate(ks)]
+    at_k = mass.gather(1, (torch.tensor(ks, device=mass.device) - 1).clamp(min=0).unsqueeze(1))
+    columns = zip(entropy.tolist(), ranks.tolist(), margin.tolist(), at_k.squeeze(1).tolist(), ks)
+    return [TokenStats(entropy=e, rank=int(r), margin=m, top_k_mass=k_mass if k > 0 else 0.0)
+            for e, r, m, k_mass, k in columns]  # one transfer per column, not per number
