@@ -17,8 +17,9 @@ Two back ends, same bodies in and out:
   Jupyter loop. The report and trace come from the pipeline's recorder.
 - `Workbench(url="http://host:port/v1", api_key=...)`: any OpenAI-compatible server (ours,
   vLLM) over httpx. The trace is the client's round trip; `validate` needs our `/v1/validate`,
-  and so do `capture`, `logit_lens` and `interventions` (`.activations`, `.logit_lens`): another
-  server would ignore them, so they are refused client-side (`Result.error`, in the report).
+  and so do `capture`, `logit_lens`, `interventions` (`.activations`, `.logit_lens`) and
+  `token_stats`: another server would ignore them, so they are refused client-side
+  (`Result.error`, in the report).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
 from workbench.serving.protocol import pooling as proto
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.recorder import Check, PipelineRecorder
-from workbench.serving.unsupported import INSIDE_FIELDS
+from workbench.serving.unsupported import WORKBENCH_FIELDS
 
 
 class Workbench:
@@ -471,9 +472,10 @@ class _Remote(Backend):
         return self._ours
 
     def _refuse_inside(self, endpoint: str, body: dict[str, Any]) -> Result | None:
-        """`capture`, `logit_lens`, `interventions` against a server that is not ours: a vLLM
-        drops unknown fields, so they would be silently ignored; refused here instead."""
-        asked = [name for name in INSIDE_FIELDS if body.get(name) not in (None, [])]
+        """`capture`, `logit_lens`, `interventions`, `token_stats` against a server that is not
+        ours: a vLLM drops unknown fields, so they would be silently ignored; refused here
+        instead."""
+        asked = [name for name in WORKBENCH_FIELDS if body.get(name) not in (None, [], False)]
         if not asked or self.ours:
             return None
         name = asked[0]
