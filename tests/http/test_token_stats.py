@@ -131,3 +131,17 @@ def test_the_validation_report_lists_where_it_applies(tiny_http):
     assert len(rows) == 1 and rows[0]["status"] == "passed"
     assert rows[0]["stage"] == "sampling params"
     assert "generated" in rows[0]["reason"] and "prompt" in rows[0]["reason"]
+
+
+def test_chat_streams_them_with_their_tokens_even_held_back(tiny_http):
+    body = {"messages": MSG, "max_tokens": 6, "temperature": 0, "logprobs": True,
+            "top_logprobs": 1, "token_stats": True}
+    whole = tiny_http.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]
+    for extra in ({}, {"stream_options": {"min_characters": 5}}):
+        with tiny_http.stream("POST", "/v1/chat/completions",
+                              json={**body, **extra, "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        pieces = [c["logprobs"] for e in events for c in e["choices"] if c.get("logprobs")]
+        assert all(len(p["token_stats"]) == len(p["content"]) for p in pieces)
+        assert [s for p in pieces for s in p["token_stats"]] == whole["token_stats"]
