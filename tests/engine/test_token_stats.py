@@ -120,3 +120,16 @@ def test_impossible_tokens_add_nothing_and_each_row_keeps_its_k():
     assert skewed.entropy == pytest.approx(float(-(probs * logprobs[1]).sum()), abs=1e-6)
     assert skewed.margin == pytest.approx(2.0, abs=1e-6)
     assert skewed.top_k_mass == pytest.approx(float(probs[:3].sum()), abs=1e-6)
+
+
+def test_a_prompt_computed_in_chunks_gives_the_same_numbers(llm, tiny_llama):
+    chunked = make_llm(tiny_llama, max_num_batched_tokens=4)
+    params = greedy(3, logprobs=2, prompt_logprobs=2, token_stats=True)
+    whole, parts = llm.generate(PROMPT, params)[0], chunked.generate(PROMPT, params)[0]
+    assert len(parts.prompt_token_stats) == len(whole.prompt_token_stats)
+    for a, b in zip(whole.prompt_token_stats[1:], parts.prompt_token_stats[1:]):
+        assert a.rank == b.rank
+        assert (a.entropy, a.margin, a.top_k_mass) == pytest.approx(
+            (b.entropy, b.margin, b.top_k_mass), abs=1e-5)
+    assert [s.rank for s in parts.outputs[0].token_stats] == \
+        [s.rank for s in whole.outputs[0].token_stats]
