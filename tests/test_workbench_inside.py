@@ -104,6 +104,7 @@ def not_ours():
 @pytest.mark.parametrize("field, value", [
     ("capture", CAPTURE), ("logit_lens", {"top_k": 2}),
     ("interventions", [{"site": "resid_post", "layer": 0, "op": "zero"}]),
+    ("token_stats", True),
 ])
 def test_a_server_that_is_not_ours_refuses_them_client_side(not_ours, field, value):
     result = not_ours.completions(PROMPT, max_tokens=2, **{field: value})

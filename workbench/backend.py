@@ -26,6 +26,11 @@ class Backend(Protocol):
 
     model: str  # the served model's name
 
+    @property
+    def ours(self) -> bool:
+        """Whether requests reach a workbench server (or engine): it takes our extras."""
+        ...
+
     def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
         """A completions or chat request, answered whole."""
         ...

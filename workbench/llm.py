@@ -1,5 +1,6 @@
 """`LLM`: the offline, synchronous API with vLLM's names (`generate`, `chat`, `beam_search`,
-and the pooling calls `embed`, `classify`, `score`, `encode`).
+and the pooling calls `embed`, `classify`, `score`, `encode`), and ours: `score_text` /
+`score_chat`, the logprob, rank and entropy of every token of a given text.
 
 >>> from workbench import LLM, SamplingParams                        # doctest: +SKIP
 >>> llm = LLM(model="smollm2-135m-instruct", dtype="float32")        # doctest: +SKIP
@@ -35,7 +36,9 @@ from workbench.engine.outputs import (
 from workbench.engine.pooling import bi_encoder_score, judgement_prompt, score_pairs
 from workbench.errors import EngineStepError, ValidationError
 from workbench.inspect.beam_tree import with_beam_tree
+from workbench.inspect.logprob_table import LogprobTable
 from workbench.inspect.output_views import llm_html, llm_repr
+from workbench.inspect.scoring import ScoredSpan, last_turn, score_params, scored_table
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from workbench.serving.chat_template import ChatRenderer
@@ -187,6 +190,55 @@ class LLM:
         prompts = [judgement_prompt(q, d, tok) for q, d in pairs]
         outs = self.encode(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, "score")
         return [ScoringRequestOutput.from_base(o) for o in outs]
+
+    # -- scoring given text (`workbench/inspect/scoring.py`) ---------------------------------
+    def score_text(self, prompts: str | list[str], texts: str | list[str], logprobs: int = 0,
+                   use_tqdm: bool = False, lora_request: Any = None) -> list[LogprobTable]:
+        """Each text's tokens scored after its prompt (one prompt for all texts, or one per
+        text), all batched in the same engine steps: a `LogprobTable` per text, its rows the
+        text's tokens (logprob, rank, entropy of the whole distribution, margin; `logprobs`
+        top alternatives each; `total_logprob`: the text's log-probability)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        contexts = [prompts] * len(texts) if isinstance(prompts, str) else list(prompts)
+        if len(contexts) != len(texts):
+            raise ValueError(f"Got {len(contexts)} prompts for {len(texts)} texts.")
+        tok = self.get_tokenizer()
+        spans = [ScoredSpan.of_text(tok(c)["input_ids"],
+                                    tok(t, add_special_tokens=False)["input_ids"])
+                 for c, t in zip(contexts, texts)]
+        return self._score(spans, logprobs, use_tqdm, lora_request)
+
+    def score_chat(self, conversations: list[dict] | list[list[dict]], logprobs: int = 0,
+                   use_tqdm: bool = False, chat_template: str | None = None,
+                   chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
+                   lora_request: Any = None) -> list[LogprobTable]:
+        """The last message (the assistant's) of one conversation or each of a list scored
+        given the messages before it, through the chat template: only the turn's tokens (its
+        content and the template's end of turn), batched as `score_text`."""
+        convs = conversations if conversations and isinstance(conversations[0], list) \
+            else [conversations]
+        tok = self.get_tokenizer()
+        renderer = ChatRenderer(tok, trust_request_chat_template=True)  # the caller's own template
+
+        def ids(messages: list[dict], add_generation_prompt: bool) -> list[int]:
+            rendered = renderer.render(
+                [ChatMessageParam.model_validate(m) for m in messages],
+                add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+                chat_template_kwargs=chat_template_kwargs, tools=tools)
+            return tok(rendered.prompt, add_special_tokens=False)["input_ids"]
+
+        spans = []
+        for conv in convs:
+            before, whole = last_turn(conv)
+            spans.append(ScoredSpan.of_turn(ids(before, True), ids(whole, False)))
+        return self._score(spans, logprobs, use_tqdm, lora_request)
+
+    def _score(self, spans: list[ScoredSpan], logprobs: int, use_tqdm: bool,
+               lora_request: Any) -> list[LogprobTable]:
+        outs = self.generate([{"prompt_token_ids": s.token_ids} for s in spans],
+                             score_params(logprobs), use_tqdm=use_tqdm, lora_request=lora_request)
+        return [scored_table(out, span, tokenizer=self.get_tokenizer())
+                for out, span in zip(outs, spans)]
 
     def _drive(self, adders: list[Callable[[str, Callable], Any]], kind: str,
                use_tqdm: bool, steps: int | None = None) -> list:

@@ -3,7 +3,8 @@
 The response body (or the error envelope instead of raising) and the inspect objects built
 from it: `.logprobs` / `table(i)` (`LogprobTable`), `.parsed(i)` (`ParsedOutput`), `.report`
 (`ValidationReport`), `.trace` (`Trace`), `.tool_loop`, `.similarity`, `.activations`
-(`ActivationCache`) and `.logit_lens` (`LogitLens`) of a `capture` / `logit_lens`. Both back ends
+(`ActivationCache`) and `.logit_lens` (`LogitLens`) of a `capture` / `logit_lens`, `.scores` (a
+`LogprobTable` of each scored text's tokens, `Workbench.score_text` / `score_chat`). Both back ends
 (`workbench/backend.py`) return it and `workbench/workbench.py` hands it out, so it lives
 below both.
 """
@@ -31,6 +32,7 @@ class Result:
     trace: Trace | None = None
     tool_loop: Any = None  # `respond`: a ToolLoopTrace (workbench.inspect.tool_loop)
     similarity: SimilarityMatrix | None = None  # embed / score / rerank
+    scores: list[LogprobTable] | None = None  # score_text / score_chat: one table per text
 
     @property
     def ok(self) -> bool:

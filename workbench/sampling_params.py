@@ -182,6 +182,10 @@ class SamplingParams:
     # logprobs of exactly these ids at each generated position (besides the sampled token's),
     # whatever their rank; turns logprobs on by itself
     logprob_token_ids: list[int] | None = None
+    # the whole distribution at every position that carries logprobs (generated ones with
+    # `logprobs`, prompt ones with `prompt_logprobs`), exactly: entropy over the full
+    # vocabulary, the token's rank, the top-2 margin, the top-k's mass (`TokenStats`)
+    token_stats: bool = False
     # end the reasoning by force after this many reasoning tokens (-1 / None: no limit); the
     # reasoning ends with `reasoning_end_token_ids` and opens at the first output token, or,
     # with `reasoning_start_token_ids`, once the output ends with them (`engine/thinking.py`)
@@ -306,6 +310,13 @@ class SamplingParams:
                 f"greater than max allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids",
                 len(self.logprob_token_ids),
             )
+        if not isinstance(self.token_stats, bool):
+            refuse(f"token_stats must be a boolean, got {self.token_stats!r}.", "token_stats",
+                   self.token_stats)
+        if self.token_stats and not self.wants_logprobs and self.prompt_logprobs is None:
+            refuse("token_stats describes the positions that carry logprobs: ask for logprobs "
+                   "(generated tokens) or prompt_logprobs (prompt tokens) with it.",
+                   "token_stats", self.token_stats)
         if self.thinking_token_budget is not None:
             if self.thinking_token_budget < -1:
                 refuse(f"thinking_token_budget must be -1 (no limit) or >= 0, got "

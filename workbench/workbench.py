@@ -4,7 +4,8 @@ One method per endpoint (`completions`, `chat`, `tokenize`, `detokenize`, `model
 `stream_completions`, `stream_chat`, `beam_search` with its `BeamTree`, `compare_lora` (base
 vs a LoRA adapter, with a `LogprobDiff`), and the pooling
 endpoints `embed`, `score`, `rerank`, `classify`, `pool` with a `SimilarityMatrix` in
-`.similarity`), each taking the request body's fields as keyword
+`.similarity`; and `score_text` / `score_chat`, given text scored token by token through
+`/tokenize` and `/v1/completions` prompt logprobs, in `.scores`), each taking the request body's fields as keyword
 arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logprobs`
 (`LogprobTable`, when the response has logprobs), `.report` (`ValidationReport`), `.trace`
 (`Trace`), `.error` (the error envelope, instead of raising).
@@ -16,8 +17,9 @@ Two back ends, same bodies in and out:
   Jupyter loop. The report and trace come from the pipeline's recorder.
 - `Workbench(url="http://host:port/v1", api_key=...)`: any OpenAI-compatible server (ours,
   vLLM) over httpx. The trace is the client's round trip; `validate` needs our `/v1/validate`,
-  and so do `capture`, `logit_lens` and `interventions` (`.activations`, `.logit_lens`): another
-  server would ignore them, so they are refused client-side (`Result.error`, in the report).
+  and so do `capture`, `logit_lens`, `interventions` (`.activations`, `.logit_lens`) and
+  `token_stats`: another server would ignore them, so they are refused client-side
+  (`Result.error`, in the report).
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from workbench.backend import Backend
 from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.protocol import EngineClient
+from workbench.errors import ValidationError
 from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.lora_compare import compare_lora
 from workbench.inspect.remote_beam import remote_beam_search
+from workbench.inspect.scoring import ScoredSpan, last_turn, score_body, scored_table
 from workbench.inspect.similarity import SimilarityMatrix
 from workbench.inspect.tool_loop import ToolLoopTrace
 from workbench.inspect.trace import Span, Trace
@@ -57,7 +61,7 @@ from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
 from workbench.serving.protocol import pooling as proto
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.recorder import Check, PipelineRecorder
-from workbench.serving.unsupported import INSIDE_FIELDS
+from workbench.serving.unsupported import WORKBENCH_FIELDS
 
 
 class Workbench:
@@ -151,6 +155,62 @@ class Workbench:
         """`/pooling`: the pooler's raw output for `task` (the model's default when None)."""
         return self._backend.pooling("pooling", {"input": input, "task": task, **body})
 
+    # -- scoring given text (`workbench/inspect/scoring.py`): `.scores`, a table per text ----
+    def score_text(self, prompts: str | list[str], texts: str | list[str], logprobs: int = 0,
+                   **body: Any) -> Result:
+        """Each text's tokens scored after its prompt (one prompt for all, or one per text) in
+        one `/v1/completions` request of prompt logprobs: `.scores`, a `LogprobTable` per
+        text (logprob, rank, entropy; `logprobs` alternatives each). The tokens come from the
+        server's `/tokenize`, so this works against any server with both (vLLM too; the
+        entropy there is over the returned top-k). `body`: more completions fields."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        contexts = [prompts] * len(texts) if isinstance(prompts, str) else list(prompts)
+        if len(contexts) != len(texts):
+            raise ValueError(f"Got {len(contexts)} prompts for {len(texts)} texts.")
+        try:
+            spans = [_refusing(ScoredSpan.of_text, self._tokens({"prompt": c}),
+                               self._tokens({"prompt": t, "add_special_tokens": False}))
+                     for c, t in zip(contexts, texts)]
+        except _Refused as refused:
+            return refused.result
+        return self._score(spans, logprobs, body)
+
+    def score_chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
+                   logprobs: int = 0, chat_template_kwargs: dict[str, Any] | None = None,
+                   **body: Any) -> Result:
+        """The last message (the assistant's) of one conversation or each of a list scored
+        given the messages before it, through the server's chat template (`/tokenize` of
+        both renderings): only the turn's tokens, in `.scores` as `score_text`'s."""
+        convs = conversations if conversations and isinstance(conversations[0], list) \
+            else [conversations]
+        render = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
+        try:
+            spans = []
+            for conv in convs:
+                before, whole = _refusing(last_turn, conv)
+                spans.append(_refusing(
+                    ScoredSpan.of_turn,
+                    self._tokens({"messages": before, "add_generation_prompt": True, **render}),
+                    self._tokens({"messages": whole, "add_generation_prompt": False, **render})))
+        except _Refused as refused:
+            return refused.result
+        return self._score(spans, logprobs, body)
+
+    def _tokens(self, body: dict[str, Any]) -> list[int]:
+        """The server's `/tokenize` of a prompt or messages; a failure raises `_Refused`."""
+        result = self._backend.call("tokenize", _with_model(body, self.model))
+        if not result.ok:
+            raise _Refused(result)
+        return list(result.response["tokens"])
+
+    def _score(self, spans: list[ScoredSpan], logprobs: int, body: dict[str, Any]) -> Result:
+        request = {**score_body(spans, logprobs, token_stats=self._backend.ours), **body}
+        result = self._backend.generate("completions", request)
+        if result.ok:
+            result.scores = [scored_table(result.response, span, i)
+                             for i, span in enumerate(spans)]
+        return result
+
     def validate(self, body: dict[str, Any] | None = None, **fields: Any) -> ValidationReport:
         """Dry run of a completions or chat body (chat when it has `messages`)."""
         return self._backend.validate({**(body or {}), **fields})
@@ -203,9 +263,28 @@ def kernel_words(error: dict[str, Any]) -> dict[str, Any]:
     return {**error, "error": {**error["error"], "message": message + hint}}
 
 
+class _Refused(Exception):
+    """A scoring's step failed before its request: `result` says why (the error envelope)."""
+
+    def __init__(self, result: Result):
+        super().__init__(result.error)
+        self.result = result
+
+
+def _refusing(fn: Any, *args: Any) -> Any:
+    """`fn(*args)`, a `ValidationError` turned into `_Refused` with its 400 envelope."""
+    try:
+        return fn(*args)
+    except ValidationError as exc:
+        error = error_response(exc).model_dump()
+        raise _Refused(Result(None, error["error"]["code"], error)) from exc
+
+
 class _Local(Backend):
     """The `Backend` of the serving objects on an async engine, driven from a private
     event-loop thread."""
+
+    ours = True  # our serving objects: every workbench extra applies
 
     def __init__(self, llm: Any, config: Any, tool_server: Any = None):
         self._owns_engine = not isinstance(llm, EngineClient)  # an `LLM`: served by a front
@@ -393,9 +472,10 @@ class _Remote(Backend):
         return self._ours
 
     def _refuse_inside(self, endpoint: str, body: dict[str, Any]) -> Result | None:
-        """`capture`, `logit_lens`, `interventions` against a server that is not ours: a vLLM
-        drops unknown fields, so they would be silently ignored; refused here instead."""
-        asked = [name for name in INSIDE_FIELDS if body.get(name) not in (None, [])]
+        """`capture`, `logit_lens`, `interventions`, `token_stats` against a server that is not
+        ours: a vLLM drops unknown fields, so they would be silently ignored; refused here
+        instead."""
+        asked = [name for name in WORKBENCH_FIELDS if body.get(name) not in (None, [], False)]
         if not asked or self.ours:
             return None
         name = asked[0]

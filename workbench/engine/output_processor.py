@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from workbench.engine.detokenizer import IncrementalDetokenizer
-from workbench.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from workbench.engine.outputs import CompletionOutput, Logprob, RequestOutput, TokenStats
 from workbench.engine.request import Request, Sequence
+from workbench.engine.token_stats import token_stats
 from workbench.sampling_params import RequestOutputKind
 
 
@@ -71,8 +72,10 @@ class OutputProcessor:
 
     def append_token(self, seq: Sequence, token: int, lp: float | None, rank: int | None,
                      top_ids: list[int] | None, top_lps: list[float] | None,
-                     tracked: tuple[list[int], list[float], list[int]] | None = None) -> None:
-        """Adds a sampled token, its logprobs, and finishes the sequence if it should stop."""
+                     tracked: tuple[list[int], list[float], list[int]] | None = None,
+                     stats: TokenStats | None = None) -> None:
+        """Adds a sampled token, its logprobs (and `token_stats`), and finishes the sequence
+        if it should stop."""
         p = seq.request.params
         seq.token_ids.append(token)
         if seq.grammar_matcher is not None:  # structured outputs: the matcher takes the token
@@ -85,6 +88,8 @@ class OutputProcessor:
                 k = p.num_logprobs(self.vocab_size) or 0
                 seq.logprobs.append(position_logprobs(token, lp, rank, top_ids, top_lps, k,
                                                       self.texts, tracked))
+            if seq.token_stats is not None and stats is not None:
+                seq.token_stats.append(stats)
         reason, stop_reason = self._check_stop(seq, token)
         if p.detokenize and (reason != "stop" or p.include_stop_str_in_output):
             # a stop token's text stays out unless asked for; stop strings count after min_tokens
@@ -136,6 +141,8 @@ class OutputProcessor:
             req.prompt_logprobs.append(position_logprobs(
                 int(targets[i]), float(chosen[i]), int(ranks[i]), top_ids[i].tolist(),
                 top_lp[i].tolist(), k, self.texts))
+        if req.prompt_token_stats is not None:
+            req.prompt_token_stats += token_stats(lps, ranks, [k] * len(lps))
 
     # -- outputs ----------------------------------------------------------------------------
     def make_output(self, req: Request) -> RequestOutput | None:
@@ -168,6 +175,7 @@ class OutputProcessor:
             prompt_logprobs=prompt_lps, outputs=outputs, finished=finished,
             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics,
             lora_request=req.lora_request, error=req.error,
+            prompt_token_stats=None if prompt_lps is None else req.prompt_token_stats,
             **(self._inside(req) if finished and req.recording is not None else {}))
 
     def _inside(self, req: Request) -> dict[str, Any]:
@@ -207,10 +215,11 @@ class OutputProcessor:
                 return None
             seq.final_sent = done
         logprobs = None if seq.logprobs is None else seq.logprobs[start:]
+        stats = None if seq.token_stats is None else seq.token_stats[start:]
         return CompletionOutput(
             index=seq.index, text=text, token_ids=ids,
             cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
             logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
             lora_request=seq.request.lora_request,
             grammar_steps=None if seq.grammar_matcher is None
-            else seq.grammar_matcher.steps[start:])
+            else seq.grammar_matcher.steps[start:], token_stats=stats)

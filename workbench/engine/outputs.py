@@ -31,6 +31,26 @@ class Logprob:
 
 
 @dataclass
+class TokenStats:
+    """The whole next-token distribution at one position, summed up exactly (`token_stats`):
+    from the same raw logprobs over the full vocabulary as the position's logprobs, so the
+    numbers do not depend on how many top logprobs were asked for (`top_k_mass` counts them).
+
+    entropy: of the full distribution, in nats; rank: the position's token among the whole
+    vocabulary (1 = most likely); margin: logprob of the best token minus the second best;
+    top_k_mass: the probability of the returned top-k together (0.0 when k is 0)."""
+
+    entropy: float
+    rank: int
+    margin: float
+    top_k_mass: float
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"entropy": self.entropy, "rank": self.rank, "margin": self.margin,
+                "top_k_mass": self.top_k_mass}
+
+
+@dataclass
 class GrammarStep:
     """What a structured-output grammar did at one generated position: how many tokens it
     allowed, and which of the model's top candidates (by raw logprob) it masked."""
@@ -58,6 +78,8 @@ class CompletionOutput:
     lora_request: object | None = None
     # structured outputs: one `GrammarStep` per token (None where no constraint applied yet)
     grammar_steps: list[GrammarStep | None] | None = None
+    # `token_stats`: one `TokenStats` per token, beside `logprobs` (None unless asked)
+    token_stats: list[TokenStats] | None = field(default=None, repr=False)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -99,6 +121,9 @@ class RequestOutput:
     # what its `capture` and `logit_lens` recorded (`workbench.inside`), once it has finished
     activations: ActivationCache | None = field(default=None, repr=False)
     logit_lens: LogitLens | None = field(default=None, repr=False)
+    # `token_stats` with `prompt_logprobs`: one `TokenStats` per prompt position, beside
+    # `prompt_logprobs` (None for the first position, as there)
+    prompt_token_stats: list[TokenStats | None] | None = field(default=None, repr=False)
 
     def _repr_html_(self) -> str:
         return request_html(self)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from workbench.engine.outputs import Logprob, RequestMetrics
+from workbench.engine.outputs import Logprob, RequestMetrics, TokenStats
 from workbench.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # torch and the engine's heavier modules stay out of this one at run time
@@ -55,6 +55,8 @@ class Request:
     prompt_embeds: torch.Tensor | None = None  # [tokens, hidden]: the ids are then placeholders
     sequences: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # `token_stats` with prompt logprobs: one per prompt position, beside `prompt_logprobs`
+    prompt_token_stats: list[TokenStats | None] | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics = field(init=False)  # set from arrival_time by __post_init__
     min_tokens_stop_ids: frozenset[int] = frozenset()  # EOS and stop ids banned before min_tokens
@@ -75,6 +77,8 @@ class Request:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]
+            if self.params.token_stats:
+                self.prompt_token_stats = [None]
 
     @property
     def errored(self) -> bool:
@@ -104,6 +108,10 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] | None = (
             [] if request.params.wants_logprobs else None
+        )
+        # `token_stats`: one per generated token, beside `logprobs`
+        self.token_stats: list[TokenStats] | None = (
+            [] if request.params.wants_logprobs and request.params.token_stats else None
         )
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from workbench.engine.outputs import TokenStats
+from workbench.engine.token_stats import token_stats
 from workbench.sampling_params import SamplingParams
 
 
@@ -40,6 +42,8 @@ class SampleResult:
     top_logprobs: torch.Tensor | None  # [R, K]
     # per row: (ids, raw logprobs, ranks) of its `logprob_token_ids`, None where it has none
     tracked: list[tuple[list[int], list[float], list[int]] | None] | None = None
+    # per row: its `TokenStats` when its request asked for `token_stats`, else None
+    stats: list[TokenStats | None] | None = None
 
 
 def apply_token_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -221,4 +225,19 @@ class Sampler:
         logprobs, chosen, ranks, top_ids, top_lp = compute_logprobs(raw, tokens, k)
         tracked = [tracked_logprobs(logprobs[i], r.params.logprob_token_ids)
                    if r.params.logprob_token_ids else None for i, r in enumerate(rows)]
-        return SampleResult(tokens, chosen, ranks, top_ids, top_lp, tracked)
+        return SampleResult(tokens, chosen, ranks, top_ids, top_lp, tracked,
+                            self._stats(logprobs, ranks, rows))
+
+    def _stats(self, logprobs: torch.Tensor, ranks: torch.Tensor, rows: list[SamplingRow]
+               ) -> list[TokenStats | None] | None:
+        """`token_stats` of the rows that asked, from the full raw logprobs [R, V]."""
+        asked = [i for i, r in enumerate(rows) if r.params.token_stats and r.params.wants_logprobs]
+        if not asked:
+            return None
+        ks = [rows[i].params.num_logprobs(self.vocab_size) or 0 for i in asked]
+        index = torch.tensor(asked, device=logprobs.device)
+        found = token_stats(logprobs.index_select(0, index), ranks.index_select(0, index), ks)
+        stats: list[TokenStats | None] = [None] * len(rows)
+        for i, one in zip(asked, found):
+            stats[i] = one
+        return stats

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only
     import torch
 
+    from workbench.engine.outputs import TokenStats
     from workbench.engine.request import Request, Sequence
 
-# (token, logprob, rank, top ids, top logprobs, tracked ids' (ids, logprobs, ranks)): the
-# arguments of `OutputProcessor.append_token` after the sequence
+# (token, logprob, rank, top ids, top logprobs, tracked ids' (ids, logprobs, ranks), its
+# `TokenStats`): the arguments of `OutputProcessor.append_token` after the sequence
 SampledToken = tuple[int, float | None, int | None, list[int] | None, list[float] | None,
-                     tuple[list[int], list[float], list[int]] | None]
+                     tuple[list[int], list[float], list[int]] | None, "TokenStats | None"]
 
 
 @dataclass

@@ -12,10 +12,15 @@ how many tokens the grammar allowed there (`allowed`), which of the model's top 
 masked (`masked`, raw logprobs; those among `top` have `masked=True`), and whether it overruled
 the model (`overruled`: a masked token was more likely than the chosen one).
 
-Entropy is computed over the alternatives the source returned (the top-k, plus the chosen
-token when it is outside them), *renormalised* to sum to one: a lower bound on nothing in
-particular, but comparable across positions of one table. `top_mass` says how much of the
-distribution those alternatives hold.
+Entropy, and which one a row has (`entropy_kind`): with `token_stats` (our engine, or a
+workbench server's `token_stats` / `prompt_token_stats` keys) each row carries the engine's
+`TokenStats`, and `entropy` is that of the whole vocabulary's distribution ("full"), `rank` the
+token's rank over the whole vocabulary, `margin` the top-2 logprob gap and `top_mass` the mass
+of the returned top-k, all exact. Without them (a vLLM server, a request that did not ask)
+`entropy` is computed over the alternatives the source returned (the top-k, plus the chosen
+token when it is outside them), *renormalised* to sum to one ("top-k"): a lower bound on
+nothing in particular, but comparable across positions of one table; `top_mass` then says how
+much of the distribution those alternatives hold, and `margin` is unknown.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench import html as h
+from workbench.engine.outputs import TokenStats
 from workbench.figure import neutral
 from workbench.frames import frame
 from workbench.inspect.logprob_diff import LogprobDiff
@@ -62,9 +68,10 @@ class LogprobRow:
     rank: int | None = None
     token_id: int | None = None
     top: tuple[Alternative, ...] = ()
-    part: str = "generated"  # "prompt" | "generated"
+    part: str = "generated"  # "prompt" | "generated" | "scored" (a given text's, `scoring.py`)
     allowed: int | None = None  # tokens a structured-output grammar allowed here (None: free)
     masked: tuple[Alternative, ...] = ()  # the model's top candidates the grammar masked
+    stats: TokenStats | None = None  # the whole distribution here (`token_stats`), if asked
 
     @property
     def prob(self) -> float | None:
@@ -81,12 +88,31 @@ class LogprobRow:
 
     @property
     def top_mass(self) -> float | None:
-        """Probability mass held by the returned alternatives."""
+        """Probability mass of the returned top-k (the engine's, with `stats`), else of the
+        returned alternatives."""
+        if self.stats is not None:
+            return self.stats.top_k_mass
         return sum(a.prob for a in self.top) if self.top else None
 
     @property
+    def margin(self) -> float | None:
+        """Logprob of the best token minus the second best (with `stats`; else unknown)."""
+        return None if self.stats is None else self.stats.margin
+
+    @property
+    def entropy_kind(self) -> str | None:
+        """Which entropy `entropy` is: "full" (the whole vocabulary, from the engine's
+        `token_stats`), "top-k" (the returned alternatives, renormalised) or None (none)."""
+        if self.stats is not None:
+            return "full"
+        return "top-k" if self.entropy is not None else None
+
+    @property
     def entropy(self) -> float | None:
-        """Entropy (nats) over the returned alternatives, renormalised to sum to one."""
+        """Entropy (nats): of the whole distribution with `stats`, else over the returned
+        alternatives, renormalised to sum to one (`entropy_kind` says which)."""
+        if self.stats is not None:
+            return self.stats.entropy
         if not self.top:
             return None
         probs = [a.prob for a in self.top]
@@ -99,6 +125,11 @@ class LogprobRow:
         out = asdict(self)
         out["top"] = [a.to_dict() for a in self.top]
         out["entropy"] = self.entropy
+        if self.stats is None:  # rows without token_stats read as before they existed
+            del out["stats"]
+        else:
+            out["stats"] = self.stats.to_json()
+            out["entropy_kind"] = self.entropy_kind
         if self.allowed is None:  # unconstrained rows read as before grammars existed
             del out["allowed"], out["masked"]
         else:
@@ -144,12 +175,16 @@ class LogprobTable:
         steps = getattr(sample, "grammar_steps", None) or []
         positions = sample.logprobs if sample.logprobs is not None else (
             [None] * len(sample.token_ids) if steps else [])
-        rows = tuple(_with_grammar(_engine_row(i, tid, pos, tokenizer, "generated"),
-                                   steps[i] if i < len(steps) else None, tokenizer)
+        stats = getattr(sample, "token_stats", None)
+        rows = tuple(_with_stats(_with_grammar(_engine_row(i, tid, pos, tokenizer, "generated"),
+                                               steps[i] if i < len(steps) else None, tokenizer),
+                                 stats, i)
                      for i, (tid, pos) in enumerate(zip(sample.token_ids, positions)))
         prompt = ()
         if output.prompt_logprobs is not None:
-            prompt = tuple(_engine_row(i, tid, pos, tokenizer, "prompt") for i, (tid, pos)
+            prompt_stats = getattr(output, "prompt_token_stats", None)
+            prompt = tuple(_with_stats(_engine_row(i, tid, pos, tokenizer, "prompt"),
+                                       prompt_stats, i) for i, (tid, pos)
                            in enumerate(zip(output.prompt_token_ids, output.prompt_logprobs)))
         return cls(rows, prompt, "engine")
 
@@ -159,14 +194,17 @@ class LogprobTable:
         body = _as_dict(body)
         ch = _choice(body, choice)
         lp = ch.get("logprobs") or {}
+        stats = _json_stats(lp.get("token_stats"))
         rows = []
         for i, token in enumerate(lp.get("tokens") or []):
             logprob = (lp.get("token_logprobs") or [None])[i] if i < len(
                 lp.get("token_logprobs") or []) else None
             tops = (lp.get("top_logprobs") or [])
             top = _ranked((tops[i] or {}).items() if i < len(tops) else ())
-            rows.append(LogprobRow(i, token, logprob, _rank_of(token, logprob, top), None, top))
-        prompt = _json_prompt_rows(ch.get("prompt_logprobs"), ch.get("prompt_token_ids"))
+            rows.append(_with_stats(LogprobRow(i, token, logprob, _rank_of(token, logprob, top),
+                                               None, top), stats, i))
+        prompt = _json_prompt_rows(ch.get("prompt_logprobs"), ch.get("prompt_token_ids"),
+                                   ch.get("prompt_token_stats"))
         return cls(tuple(rows), prompt, "completions")
 
     @classmethod
@@ -175,13 +213,16 @@ class LogprobTable:
         body = _as_dict(body)
         ch = _choice(body, choice)
         content = (ch.get("logprobs") or {}).get("content") or []
+        stats = _json_stats((ch.get("logprobs") or {}).get("token_stats"))
         rows = []
         for i, entry in enumerate(content):
             top = _ranked((a["token"], a["logprob"]) for a in entry.get("top_logprobs") or [])
             logprob = entry.get("logprob")
-            rows.append(LogprobRow(i, entry["token"], logprob,
-                                   _rank_of(entry["token"], logprob, top), None, top))
-        prompt = _json_prompt_rows(body.get("prompt_logprobs"), body.get("prompt_token_ids"))
+            rows.append(_with_stats(LogprobRow(i, entry["token"], logprob,
+                                               _rank_of(entry["token"], logprob, top), None, top),
+                                    stats, i))
+        prompt = _json_prompt_rows(body.get("prompt_logprobs"), body.get("prompt_token_ids"),
+                                   body.get("prompt_token_stats"))
         return cls(tuple(rows), prompt, "chat")
 
     # -- access -----------------------------------------------------------------------------
@@ -213,9 +254,26 @@ class LogprobTable:
         return [r.position for r in self.rows if r.overruled]
 
     @property
+    def has_stats(self) -> bool:
+        """Some position carries the engine's `token_stats` (exact entropy, rank, margin)."""
+        return any(r.stats is not None for r in (*self.prompt, *self.rows))
+
+    @property
+    def entropy_kind(self) -> str | None:
+        """Which entropy the table's rows have: "full", "top-k", "mixed" or None (none)."""
+        kinds = {r.entropy_kind for r in (*self.prompt, *self.rows)} - {None}
+        return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
     def mean_logprob(self) -> float | None:
         known = [r.logprob for r in self.rows if r.logprob is not None]
         return sum(known) / len(known) if known else None
+
+    @property
+    def total_logprob(self) -> float | None:
+        """The rows' logprobs summed: a scored text's log-probability given its context."""
+        known = [r.logprob for r in self.rows if r.logprob is not None]
+        return sum(known) if known else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "rows": [r.to_dict() for r in self.rows],
@@ -231,19 +289,25 @@ class LogprobTable:
                             "rank": r.rank, "entropy": r.entropy, "top_mass": r.top_mass,
                             "top": [(a.token, a.logprob) for a in r.top],
                             "allowed": r.allowed, "overruled": r.overruled,
-                            "masked": [(a.token, a.logprob) for a in r.masked]})
+                            "masked": [(a.token, a.logprob) for a in r.masked],
+                            "margin": r.margin, "entropy_kind": r.entropy_kind})
         columns = ["part", "position", "token", "token_id", "logprob", "prob", "rank",
                    "entropy", "top_mass", "top"]
+        if self.has_stats:  # the engine's token_stats: which entropy, and the margin
+            columns[8:8] = ["entropy_kind", "margin"]
         if self.constrained:  # grammar columns only where a grammar was at work
             columns += ["allowed", "overruled", "masked"]
         return frame(records, columns, {
             **dict.fromkeys(["token_id", "rank"], "Int64"),
-            **dict.fromkeys(["logprob", "prob", "entropy", "top_mass"], "Float64"),
-            "allowed": "Int64", "overruled": "boolean"})
+            **dict.fromkeys(["logprob", "prob", "entropy", "top_mass", "margin"], "Float64"),
+            "allowed": "Int64", "overruled": "boolean", "entropy_kind": "string"})
 
     def __repr__(self) -> str:
-        return (f"LogprobTable({len(self.rows)} generated positions, {len(self.prompt)} prompt "
-                f"positions, mean logprob {h.fmt(self.mean_logprob)})")
+        kind = f", entropy {self.entropy_kind}" if self.has_stats else ""
+        part = "scored" if self.rows and all(r.part == "scored" for r in self.rows) \
+            else "generated"
+        return (f"LogprobTable({len(self.rows)} {part} positions, {len(self.prompt)} prompt "
+                f"positions, mean logprob {h.fmt(self.mean_logprob)}{kind})")
 
     def diff(self, other: "LogprobTable", names: tuple[str, str] = ("a", "b")):
         """Position by position against another table of the same prompt (`LogprobDiff`)."""
@@ -258,7 +322,7 @@ class LogprobTable:
                              for a in r.top)
             title = (f"{r.part} {r.position} {r.token!r}: logprob {h.fmt(r.logprob)}, rank "
                      f"{r.rank if r.rank is not None else '—'}, entropy {h.fmt(r.entropy)}"
-                     + (f" | {alts}" if alts else "") + _grammar_note(r))
+                     + _stats_note(r) + (f" | {alts}" if alts else "") + _grammar_note(r))
             border = "border-bottom:2px solid #888;" if r.part == "prompt" else ""
             if r.overruled:  # the grammar overruled the model here: a red outline
                 border += "outline:1px dashed #c0392b;"
@@ -361,6 +425,29 @@ def _with_grammar(row: LogprobRow, step: Any, tokenizer: Any) -> LogprobRow:
     return replace(row, top=top, allowed=step.num_allowed, masked=masked)
 
 
+def _with_stats(row: LogprobRow, stats: Any, i: int) -> LogprobRow:
+    """The row with position `i`'s `TokenStats` (of a list, or None), its rank the stats' one:
+    over the whole vocabulary (a JSON source's rank is only the place among what it returned)."""
+    one = stats[i] if stats is not None and i < len(stats) else None
+    return row if one is None else replace(row, stats=one, rank=one.rank)
+
+
+def _json_stats(stats: Any) -> list[TokenStats | None] | None:
+    """A workbench body's `token_stats` / `prompt_token_stats` (dicts or None per position)."""
+    if stats is None:
+        return None
+    return [None if s is None else TokenStats(float(s["entropy"]), int(s["rank"]),
+                                              float(s["margin"]), float(s["top_k_mass"]))
+            for s in stats]
+
+
+def _stats_note(row: LogprobRow) -> str:
+    if row.stats is None:
+        return ""
+    return (f" (full vocabulary), margin {h.fmt(row.margin)}, top-k mass "
+            f"{h.fmt(row.top_mass)}")
+
+
 def _grammar_note(row: LogprobRow) -> str:
     if row.allowed is None:
         return ""
@@ -369,11 +456,19 @@ def _grammar_note(row: LogprobRow) -> str:
             + (" (overruled the model)" if row.overruled else ""))
 
 
-def _json_prompt_rows(prompt_logprobs: Any, prompt_token_ids: Any) -> tuple[LogprobRow, ...]:
+def _json_prompt_rows(prompt_logprobs: Any, prompt_token_ids: Any, prompt_token_stats: Any = None
+                      ) -> tuple[LogprobRow, ...]:
     """vLLM's `prompt_logprobs`: per position `{token_id: {logprob, rank, decoded_token}}`;
-    the prompt's own token is `prompt_token_ids[i]` when returned, else the first entry."""
+    the prompt's own token is `prompt_token_ids[i]` when returned, else the first entry;
+    a workbench server's `prompt_token_stats` beside them."""
     if not prompt_logprobs:
         return ()
+    stats = _json_stats(prompt_token_stats)
+    return tuple(_with_stats(row, stats, row.position)
+                 for row in _json_prompt_positions(prompt_logprobs, prompt_token_ids))
+
+
+def _json_prompt_positions(prompt_logprobs: Any, prompt_token_ids: Any) -> list[LogprobRow]:
     rows = []
     for i, position in enumerate(prompt_logprobs):
         given = prompt_token_ids[i] if prompt_token_ids and i < len(prompt_token_ids) else None
@@ -389,4 +484,4 @@ def _json_prompt_rows(prompt_logprobs: Any, prompt_token_ids: Any) -> tuple[Logp
                     for t, e in ordered)
         rows.append(LogprobRow(i, chosen.get("decoded_token") or f"<{tid}>", chosen.get("logprob"),
                                chosen.get("rank"), tid, top, "prompt"))
-    return tuple(rows)
+    return rows

@@ -6,7 +6,8 @@ ignored), the prompt (chat template, tokenization, input length), the sampling p
 coercions (temperature raised to 0.01, max_tokens clamped to the context, defaults from the
 model's generation_config), what the request sees and changes inside the model, resolved
 against it (`capture`: the full names recorded and the positions; `logit_lens`: its layers and
-top-k; one `interventions[i]` row each: site, op, positions) and, in a dry run, the engine's
+top-k; one `interventions[i]` row each: site, op, positions), `token_stats` with the positions
+it applies to (generated, prompt) and, in a dry run, the engine's
 own input checks. `error` is the
 error envelope the server returns for this request (None when it would be served).
 

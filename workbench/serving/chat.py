@@ -22,7 +22,12 @@ from workbench.serving.chat_tools import ChatTools, chat_message, stream_parts
 from workbench.serving.context import ServeContext
 from workbench.serving.errors import error_response
 from workbench.serving.generation import GenerationServing
-from workbench.serving.logprobs import chat_logprobs, positions_or_blank, prompt_logprobs_json
+from workbench.serving.logprobs import (
+    chat_logprobs,
+    positions_or_blank,
+    prompt_logprobs_json,
+    token_stats_json,
+)
 from workbench.serving.lora import message_content_types
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.chat import (
@@ -129,7 +134,8 @@ class ChatServing(GenerationServing):
                 num_top = len(request.logprob_token_ids) + 1
             positions = positions_or_blank(delta.logprobs, len(delta.token_ids))
             logprobs = chat_logprobs(delta.token_ids, positions, num_top, self.tokenizer,
-                                     as_token_ids=self.as_token_ids(request))
+                                     as_token_ids=self.as_token_ids(request),
+                                     stats=delta.token_stats)
         return delta.text, logprobs, delta.token_ids if request.return_token_ids else None
 
     # stage 6 -------------------------------------------------------------------------------
@@ -157,6 +163,7 @@ class ChatServing(GenerationServing):
             id=ctx.request_id, created=ctx.created, model=ctx.model_name, choices=choices,
             usage=usage,
             prompt_logprobs=prompt_logprobs_json(ctx.prompt_logprobs.get(0)),
+            prompt_token_stats=token_stats_json(ctx.prompt_token_stats.get(0)),
             prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
             prompt_text=prompt.text if request.return_prompt_text else None,
             system_fingerprint=self.system_fingerprint)

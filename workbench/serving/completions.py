@@ -19,7 +19,12 @@ from workbench.serving.base import RequestMeta
 from workbench.serving.context import ServeContext
 from workbench.serving.errors import error_response
 from workbench.serving.generation import GenerationServing
-from workbench.serving.logprobs import completion_logprobs, positions_or_blank, prompt_logprobs_json
+from workbench.serving.logprobs import (
+    completion_logprobs,
+    positions_or_blank,
+    prompt_logprobs_json,
+    token_stats_json,
+)
 from workbench.serving.prompt_embeds import embeds_prompts
 from workbench.serving.prompts import EnginePrompt
 from workbench.serving.protocol.common import UsageInfo
@@ -146,8 +151,10 @@ class CompletionServing(GenerationServing):
         prompt = ctx.require_prompts()[prompt_index]
         echo_only = request.echo and request.max_tokens == 0
         text, token_ids, logprobs = delta.text, delta.token_ids, delta.logprobs
+        stats = delta.token_stats
         if echo_only:  # the one token generated for the engine's sake is dropped
             text, token_ids, logprobs = "", [], []
+            stats = [] if stats is not None else None
         generated = token_ids
         prompt_ids = None
         if not cursor.opened:  # the first piece of a choice carries the prompt (echo, ids)
@@ -159,6 +166,10 @@ class CompletionServing(GenerationServing):
                 token_ids = prompt.token_ids + token_ids
                 if request.logprobs is not None:
                     logprobs = (prompt_lps or [None] * len(prompt.token_ids)) + (logprobs or [])
+                    if request.token_stats:
+                        prompt_stats = ctx.prompt_token_stats.get(prompt_index)
+                        stats = ((prompt_stats or [None] * len(prompt.token_ids))
+                                 + (stats or [None] * len(generated)))
         lp_object = None
         if request.logprobs is not None:
             num_top = self.engine.vocab_size if request.logprobs == -1 else request.logprobs
@@ -166,7 +177,8 @@ class CompletionServing(GenerationServing):
                 num_top = len(request.logprob_token_ids)
             lp_object, cursor.text_offset = completion_logprobs(
                 token_ids, positions_or_blank(logprobs, len(token_ids)), num_top, self.tokenizer,
-                initial_offset=cursor.text_offset, as_token_ids=self.as_token_ids(request))
+                initial_offset=cursor.text_offset, as_token_ids=self.as_token_ids(request),
+                stats=stats)
         cursor.num_tokens += len(generated)
         fields = {"index": delta.index, "text": text, "logprobs": lp_object,
                   "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason,
@@ -177,6 +189,9 @@ class CompletionServing(GenerationServing):
                   **inside_fields(delta)}
         if final:
             fields["prompt_logprobs"] = prompt_logprobs_json(ctx.prompt_logprobs.get(prompt_index))
+            prompt_stats = token_stats_json(ctx.prompt_token_stats.get(prompt_index))
+            if prompt_stats is not None:
+                fields["prompt_token_stats"] = prompt_stats
         return fields
 
     def usage(self, ctx: ServeContext, choices: list[ChoiceDelta]) -> UsageInfo:

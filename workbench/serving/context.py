@@ -61,6 +61,7 @@ class ServeContext(Generic[RequestT]):
     beam: list[BeamSearchParams] | None = None  # `use_beam_search`: one per prompt
     first_token_at: float | None = None
     prompt_logprobs: dict[int, list | None] = field(default_factory=dict)
+    prompt_token_stats: dict[int, list | None] = field(default_factory=dict)  # `token_stats`
     # Responses: the `ToolLoop` whose rounds the result generator runs
     loop: Any = None
 

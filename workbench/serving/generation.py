@@ -59,6 +59,8 @@ class GenerationServing(OpenAIServing):
         for p in params:
             p.verify(self.engine.vocab_size, self.engine.config.max_logprobs)
         self.resolve_inside(ctx, prompts, params)
+        if params and params[0].token_stats:  # one row: every prompt's params ask alike
+            ctx.recorder.add(*token_stats_check(params[0]))
         return params
 
     def resolve_inside(self, ctx: ServeContext, prompts: list[EnginePrompt],
@@ -155,6 +157,9 @@ class GenerationServing(OpenAIServing):
                         self.metrics.first_token(ctx.first_token_at - ctx.started)
                 if output.prompt_logprobs is not None and index not in ctx.prompt_logprobs:
                     ctx.prompt_logprobs[index] = list(output.prompt_logprobs)
+                    stats = getattr(output, "prompt_token_stats", None)
+                    if stats is not None:
+                        ctx.prompt_token_stats[index] = list(stats)
                 yield index, output
 
     async def stream_deltas(self, ctx: ServeContext) -> AsyncGenerator[ChoiceDelta, None]:
@@ -247,6 +252,17 @@ def inside_checks(inside: Any) -> list[tuple[str, str, str, str, str, Any]]:
                      f"{v['op']}{what}{scale} at {v['site']}, positions {v['positions']}"
                      f"{heads}", v))
     return rows
+
+
+def token_stats_check(params: SamplingParams) -> tuple[str, str, str, str, str, Any]:
+    """The report's row of `token_stats`, as `PipelineRecorder.add` arguments: where the
+    numbers come (generated positions with logprobs, prompt positions with prompt_logprobs)."""
+    where = [what for what, asked in (("each generated position", params.wants_logprobs),
+                                      ("each prompt position", params.prompt_logprobs is not None))
+             if asked]
+    return ("token_stats", "sampling params", "passed", "token_stats",
+            "entropy of the whole vocabulary's distribution, the token's rank, the top-2 margin "
+            f"and the top-k mass at {' and '.join(where)}, from the full logits", True)
 
 
 def beam_search_params(request: Any, params: SamplingParams) -> BeamSearchParams:

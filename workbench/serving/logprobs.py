@@ -4,7 +4,9 @@ Engine positions are dicts `{token_id: Logprob}` ordered sampled token first, th
 Completions (legacy format): `tokens`, `token_logprobs`, `text_offset` and `top_logprobs`
 dicts keyed by decoded text holding up to k+1 entries. Chat: `content` entries with UTF-8
 `bytes` and the first k entries of the position as `top_logprobs`. `-inf` becomes -9999.0;
-with `return_tokens_as_token_ids` every token string is `token_id:N`.
+with `return_tokens_as_token_ids` every token string is `token_id:N`. With `token_stats`, both
+objects carry a workbench extra `token_stats` (one `TokenStats.to_json()` per token, None where a
+position has none) and the prompt's go beside `prompt_logprobs` as `prompt_token_stats`.
 """
 
 from __future__ import annotations
@@ -40,10 +42,20 @@ def positions_or_blank(positions: Sequence[dict[int, Any] | None] | None, count:
     return positions or [None] * count
 
 
+def token_stats_json(stats: Sequence[Any | None] | None) -> list[dict[str, float | int] | None
+                                                                 ] | None:
+    """`TokenStats` per position (None where a position has none) as JSON; None: not asked."""
+    if stats is None:
+        return None
+    return [None if s is None else s.to_json() for s in stats]
+
+
 def completion_logprobs(token_ids: list[int], positions: Sequence[dict[int, Any] | None],
                         num_top: int, tokenizer: Any, *, initial_offset: int = 0,
-                        as_token_ids: bool = False) -> tuple[CompletionLogProbs, int]:
-    """The legacy logprobs object, and the text offset just past its last token."""
+                        as_token_ids: bool = False, stats: Sequence[Any | None] | None = None,
+                        ) -> tuple[CompletionLogProbs, int]:
+    """The legacy logprobs object, and the text offset just past its last token; `stats`:
+    the positions' `TokenStats` (`token_stats`), or None."""
     offsets: list[int] = []
     tokens: list[str] = []
     token_lps: list[float | None] = []
@@ -67,6 +79,8 @@ def completion_logprobs(token_ids: list[int], positions: Sequence[dict[int, Any]
     # every field assigned, so stream chunks (serialized with exclude_unset) keep them all
     out = CompletionLogProbs(text_offset=offsets, token_logprobs=token_lps, tokens=tokens,
                              top_logprobs=tops)
+    if stats is not None:  # assigned only when asked: the key stays out of other bodies
+        out.token_stats = token_stats_json(stats)
     return out, offset
 
 
@@ -76,8 +90,9 @@ def _entry(token: str, logprob: float) -> ChatCompletionLogProb:
 
 
 def chat_logprobs(token_ids: list[int], positions: Sequence[dict[int, Any] | None],
-                  num_top: int,
-                  tokenizer: Any, *, as_token_ids: bool = False) -> ChatCompletionLogProbs:
+                  num_top: int, tokenizer: Any, *, as_token_ids: bool = False,
+                  stats: Sequence[Any | None] | None = None) -> ChatCompletionLogProbs:
+    """Chat's logprobs object; `stats`: the positions' `TokenStats` (`token_stats`), or None."""
     content = []
     for token_id, position in zip(token_ids, positions):
         step = None if position is None else position.get(token_id)
@@ -92,7 +107,10 @@ def chat_logprobs(token_ids: list[int], positions: Sequence[dict[int, Any] | Non
         content.append(ChatCompletionLogProbsContent(
             token=token, logprob=clamp(step.logprob), top_logprobs=tops,
             bytes=list(decoded.encode("utf-8", errors="replace"))))
-    return ChatCompletionLogProbs(content=content)
+    out = ChatCompletionLogProbs(content=content)
+    if stats is not None:  # assigned only when asked: the key stays out of other bodies
+        out.token_stats = token_stats_json(stats)
+    return out
 
 
 def prompt_logprobs_json(prompt_logprobs: list[dict[int, Any] | None] | None

@@ -91,6 +91,8 @@ class PipelineRecorder:
                 continue  # unknown: listed below
             if name in unsupported.INSIDE_FIELDS and value not in (None, []) and not beam:
                 continue  # listed as resolved with the sampling params (`inside_checks`)
+            if name == "token_stats" and value and not beam:
+                continue  # listed with the sampling params, where it applies (`token_stats_check`)
             if name in no_effect:
                 self.add(name, "validate", "ignored", name, no_effect[name], value)
             elif beam and name in unsupported.BEAM_IGNORED_FIELDS and value is not None:

@@ -73,4 +73,6 @@ def build_sampling_params(request: Any, *, max_tokens: int, logprobs: int | None
         # inside the model (`workbench.inside.params`): parsed and checked here, by name
         capture=request.capture, logit_lens=request.logit_lens,
         interventions=request.interventions,
+        # the whole distribution at each position with logprobs (checked by SamplingParams)
+        token_stats=False if request.token_stats is None else request.token_stats,
     )

@@ -33,6 +33,7 @@ class ChoiceDelta:
     # what the request's capture / logit lens recorded: on the delta that finishes the choice
     activations: Any = None  # `workbench.inside.activations.ActivationCache`
     logit_lens: Any = None  # `workbench.inside.logit_lens.LogitLens`
+    token_stats: list[Any] | None = None  # `TokenStats` beside `logprobs`, when asked
 
     def extend(self, delta: "ChoiceDelta") -> None:
         """Appends a later delta of the same choice; its finish/stop reason wins."""
@@ -42,6 +43,8 @@ class ChoiceDelta:
             if self.logprobs is None:
                 self.logprobs = []
             self.logprobs.extend(delta.logprobs)
+        if delta.token_stats is not None:
+            self.token_stats = (self.token_stats or []) + delta.token_stats
         if delta.finish_reason is not None:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
         if delta.activations is not None:
@@ -59,6 +62,8 @@ def choice_deltas(output: Any, prompt_index: int, n: int) -> list[ChoiceDelta]:
         ChoiceDelta(index=prompt_index * n + o.index, text=o.text or "",
                     token_ids=list(o.token_ids or []),
                     logprobs=None if o.logprobs is None else list(o.logprobs),
+                    token_stats=None if getattr(o, "token_stats", None) is None
+                    else list(o.token_stats),
                     finish_reason=o.finish_reason, stop_reason=o.stop_reason,
                     activations=activations if o.finish_reason is not None else None,
                     logit_lens=lens if o.finish_reason is not None else None)

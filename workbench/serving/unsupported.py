@@ -89,6 +89,8 @@ _NOT_YET = "is not supported by this server yet"
 # what a request sees or changes inside the model (`workbench.inside.params`): completions and
 # chat completions only, one sampled sequence each
 INSIDE_FIELDS = ("capture", "logit_lens", "interventions")
+# workbench's extras of completions and chat completions: the inside fields and `token_stats`
+WORKBENCH_FIELDS = (*INSIDE_FIELDS, "token_stats")
 _REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
             "guided_decoding_backend", "guided_whitespace_pattern")
 
@@ -114,6 +116,9 @@ def check_common(request: Any) -> None:
         if getattr(request, name) not in (None, []) and request.use_beam_search:
             refuse(f"`{name}` is not supported with beam search (it records or changes one "
                    "sampled sequence; beam search runs many).", name)
+    if request.token_stats and request.use_beam_search:
+        refuse("`token_stats` is not supported with beam search (it describes the logprobs of "
+               "sampled positions; beam search returns none).", "token_stats")
     extra = request.model_extra or {}
     for name in _REMOVED:
         if extra.get(name) is not None:
@@ -130,7 +135,7 @@ def refuse_unknown_fields(request: Any) -> None:
     """A field the request model does not know is refused by name (vLLM accepts and drops it,
     so a typo such as `temprature` silently samples at the default)."""
     extra = sorted(name for name in (request.model_extra or {}) if name != "best_of")
-    inside = [name for name in extra if name in INSIDE_FIELDS]
+    inside = [name for name in extra if name in WORKBENCH_FIELDS]
     if inside:  # a workbench extra sent to an endpoint that does not run it
         refuse(f"`{inside[0]}` applies to /v1/completions and /v1/chat/completions only; "
                f"{type(request).__name__} does not take it.", inside[0])

@@ -72,7 +72,7 @@ class GenerationHandler(KindHandler):
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor) -> list[SampledToken]:
         """One token per row: (token, logprob, rank, top ids, top logprobs, tracked ids'
-        logprobs) for each."""
+        logprobs, token stats) for each."""
         rows = [SamplingRow(s.request.params,  # embedded prompts have no ids to penalize
                             [] if s.request.prompt_embeds is not None else s.request.prompt_token_ids,
                             s.output_token_ids,
@@ -88,7 +88,7 @@ class GenerationHandler(KindHandler):
 
         return list(zip(result.tokens.tolist(), column(result.token_logprobs),
                         column(result.ranks), column(result.top_ids), column(result.top_logprobs),
-                        result.tracked or [None] * n))
+                        result.tracked or [None] * n, result.stats or [None] * n))
 
     def output(self, req: Request) -> RequestOutput | None:
         return self.outputs.make_output(req)

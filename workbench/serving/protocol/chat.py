@@ -22,6 +22,7 @@ from workbench.serving.protocol.common import (
     PromptLogprobs,
     StopParam,
     StreamOptions,
+    TokenStatsWire,
     UsageInfo,
 )
 from workbench.serving.protocol.tools import DeltaToolCall, ToolCall
@@ -151,6 +152,9 @@ class ChatCompletionRequest(OpenAIBaseModel):
     capture: Any | None = None
     logit_lens: Any | None = None
     interventions: Any | None = None
+    # workbench's `token_stats` (`SamplingParams.token_stats`): the whole distribution at each
+    # position that carries logprobs (entropy, rank, top-2 margin, top-k mass)
+    token_stats: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -265,6 +269,7 @@ class ChatCompletionLogProbsContent(ChatCompletionLogProb):
 
 class ChatCompletionLogProbs(OpenAIBaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
+    token_stats: TokenStatsWire = None  # workbench's `token_stats`, one per content entry
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -289,6 +294,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     system_fingerprint: str | None = None
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_stats: TokenStatsWire = None  # `token_stats` with `prompt_logprobs`
     prompt_token_ids: list[int] | None = None
     prompt_text: str | None = None
     kv_transfer_params: dict[str, Any] | None = None

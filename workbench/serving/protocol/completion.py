@@ -20,6 +20,7 @@ from workbench.serving.protocol.common import (
     PromptLogprobs,
     StopParam,
     StreamOptions,
+    TokenStatsWire,
     UsageInfo,
 )
 
@@ -92,6 +93,9 @@ class CompletionRequest(OpenAIBaseModel):
     capture: Any | None = None
     logit_lens: Any | None = None
     interventions: Any | None = None
+    # workbench's `token_stats` (`SamplingParams.token_stats`): the whole distribution at each
+    # position that carries logprobs (entropy, rank, top-2 margin, top-k mass)
+    token_stats: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -117,6 +121,7 @@ class CompletionLogProbs(OpenAIBaseModel):
     token_logprobs: list[float | None] = Field(default_factory=list)
     tokens: list[str] = Field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    token_stats: TokenStatsWire = None  # workbench's `token_stats`, one per token
 
 
 class CompletionResponseChoice(OpenAIBaseModel):
@@ -131,6 +136,7 @@ class CompletionResponseChoice(OpenAIBaseModel):
     routed_experts: list | None = None  # the reference's MoE routing dump; never set here
     activations: InsideWire = None
     logit_lens: InsideWire = None
+    prompt_token_stats: TokenStatsWire = None  # `token_stats` with `prompt_logprobs`
 
 
 class CompletionResponse(OpenAIBaseModel):
