@@ -11,6 +11,7 @@ import pytest
 
 from tests.inspect.contrast import contrast
 from workbench import html as h
+from tests.inspect.test_protocol import INSTANCES
 from workbench.inspect import ParsedOutput
 from workbench.inspect.beam_tree import BeamNode, BeamTree
 from workbench.inspect.logprob_table import Alternative, LogprobRow, LogprobTable
@@ -34,7 +35,8 @@ def _outputs() -> dict[str, str]:
             "ParsedOutput": parsed._repr_html_(),
             "SimilarityMatrix": SimilarityMatrix(["q"], ["a", "b", "c"],
                                                  [[0.1, 0.5, 0.9]])._repr_html_(),
-            "BeamTree": tree._repr_html_()}
+            "BeamTree": tree._repr_html_(),
+            "BranchTree": INSTANCES["BranchTree"]._repr_html_()}
 
 
 def _styles(html: str) -> list[str]:
@@ -86,7 +88,8 @@ def test_fallback_colours_of_theme_variables_read_on_a_light_page():
 
 
 def test_token_strips_carry_a_colour_legend():
-    for name in ("LogprobTable", "LogprobViewer", "ParsedOutput", "SimilarityMatrix"):
+    for name in ("LogprobTable", "LogprobViewer", "ParsedOutput", "SimilarityMatrix",
+                 "BranchTree"):
         assert 'class="wb-legend"' in _outputs()[name], name
 
 
