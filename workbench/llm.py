@@ -108,8 +108,9 @@ class LLM:
         while len(self._params) > _REMEMBERED_PARAMS:
             self._params.popitem(last=False)
 
-    def branch(self, output: RequestOutput, position: int, tokens: int | Sequence[int] | None = None,
-               top: int | None = None, params: SamplingParams | None = None, *, index: int = 0,
+    def branch(self, output: RequestOutput, position: int,
+               tokens: int | Sequence[int] | None = None, top: int | None = None,
+               params: SamplingParams | None = None, *, index: int = 0,
                use_tqdm: bool = False) -> bt.BranchTree:
         """What if generated token `position` of `output` had been another: the prompt and the
         tokens generated before `position`, then each forced token, then a continuation.

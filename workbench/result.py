@@ -31,6 +31,7 @@ class Result:
     trace: Trace | None = None
     tool_loop: Any = None  # `respond`: a ToolLoopTrace (workbench.inspect.tool_loop)
     similarity: SimilarityMatrix | None = None  # embed / score / rerank
+    request: dict[str, Any] | None = None  # completions: the body sent (`Workbench.branch`)
 
     @property
     def ok(self) -> bool:

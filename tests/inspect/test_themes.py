@@ -10,8 +10,8 @@ import re
 import pytest
 
 from tests.inspect.contrast import contrast
-from workbench import html as h
 from tests.inspect.test_protocol import INSTANCES
+from workbench import html as h
 from workbench.inspect import ParsedOutput
 from workbench.inspect.beam_tree import BeamNode, BeamTree
 from workbench.inspect.logprob_table import Alternative, LogprobRow, LogprobTable

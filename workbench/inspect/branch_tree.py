@@ -249,9 +249,10 @@ class BranchTree:
         points = {b.position for b in self.branches}
         cells = []
         for row, (name, branch, path, start) in enumerate(self._paths(), start=1):
+            was = (h.visible(self.original.tokens[start].text) if start < len(self.original)
+                   else h.EMPTY_TOKEN)
             label = (name if branch is None else
-                     f"{name}: {h.visible(self.original.tokens[start].text) if start < len(self.original) else '∅'}"
-                     f" → {h.visible(path.tokens[start].text)}")
+                     f"{name}: {was} → {h.visible(path.tokens[start].text)}")
             cells.append(f'<div style="grid-row:{row};grid-column:1;padding:1px 6px 1px 0;'
                          f'white-space:pre">{h.escape(label)}</div>')
             for k in range(start, len(path)):
@@ -264,12 +265,13 @@ class BranchTree:
                     mark = "outline:2px solid #1f77b4;"
                 elif branch is None and k in points:
                     mark = "outline:1px dotted #d62728;"
-                pick = (f' data-pick="{k}" onclick="{h.escape(_PICK)}" style="cursor:pointer"'
-                        if interactive and branch is None else "")
+                clickable = interactive and branch is None
+                pick = f' data-pick="{k}" onclick="{h.escape(_PICK)}"' if clickable else ""
                 title = f"{t.text!r} position {k} logprob {h.fmt(t.logprob)}"
+                style = (f"{h.on(h.prob_color(prob))};{mark}padding:0 1px;margin:0 1px;"
+                         f"white-space:pre{';cursor:pointer' if clickable else ''}")
                 cells.append(f'<div style="grid-row:{row};grid-column:{k + 2};padding:1px 0">'
-                             f'<span{pick} title="{h.escape(title)}" style="{h.on(h.prob_color(prob))};'
-                             f'{mark}padding:0 1px;margin:0 1px;white-space:pre">'
+                             f'<span{pick} title="{h.escape(title)}" style="{style}">'
                              f"{h.escape(h.visible(t.text))}</span></div>")
         grid = (f'<div style="display:grid;grid-template-columns:auto repeat({width},auto);'
                 f'justify-content:start;row-gap:4px;line-height:1.7">{"".join(cells)}</div>')
