@@ -109,3 +109,17 @@ def test_refusals_name_the_parameter(local):
         with pytest.raises(ValidationError) as err:
             local.branch(good, **kwargs)
         assert err.value.parameter == parameter, kwargs
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_the_token_explorer_on_a_workbench(request, llm, offline, where):
+    from workbench.widgets import TokenExplorer
+
+    wb = request.getfixturevalue(where)
+    result = wb.completions(PROMPT, max_tokens=MAX, temperature=0, logprobs=3, **IDS)
+    ex = TokenExplorer(wb, result, tokenizer=_tokenizer(llm, where))
+    ex.position.value = 2
+    alt = ex.alternative.options[0][1]
+    ex.alternative.value = alt
+    assert ex.status.value == "" and ex.branch is not None
+    _same(ex.tree, llm.branch(offline, 2, tokens=[alt]))
