@@ -129,7 +129,7 @@ def test_refusals_of_the_widget_name_the_parameter(llm, output):
 def test_an_output_without_logprobs_says_so(llm):
     plain = llm.generate(PROMPT, greedy(3))[0]
     ex = TokenExplorer(llm, plain)
-    assert ex.alternative.options == () and "logprobs=5" in ex.status.value
+    assert ex.alternative.options == () and "logprobs=6" in ex.status.value
 
 
 def test_the_fallback_is_deterministic_static_html(llm, output):

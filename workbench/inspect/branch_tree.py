@@ -448,5 +448,6 @@ def alternatives(pairs: Sequence[tuple[int, float]], token_id: int, top: int,
     if len(alts) < top:
         raise _invalid(f"top={top} but position {position} has only {len(alts)} alternatives "
                        f"in the output's logprobs: ask for top={len(alts)} or fewer, or generate "
-                       f"with logprobs={top} or more.", "top", top)
+                       f"with logprobs={top + 1} or more (the sampled token is among them).",
+                       "top", top)
     return alts[:top]

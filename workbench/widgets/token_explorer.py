@@ -170,7 +170,7 @@ class TokenExplorer(widgets.VBox):
         if not options and len(self.tree.original):
             self.status.value = h.error_box(
                 f"position {position} has no alternatives in the output's logprobs: generate "
-                f"with logprobs={self.top} to list them.")
+                f"with logprobs={self.top + 1} to list them.")
         elif 'class="wb-error"' in self.status.value:
             self.status.value = ""
         self._render()
