@@ -164,6 +164,13 @@ def test_a_position_without_alternatives_is_refused(llm):
     assert err.value.parameter == "top"
 
 
+def test_top_over_the_engines_logprob_cap_is_refused_by_name(llm):
+    plain = llm.generate(PROMPT, greedy(3))[0]
+    with pytest.raises(ValidationError, match="max_logprobs=20") as err:
+        llm.branch(plain, 1, top=20)
+    assert err.value.parameter == "top"
+
+
 def test_an_output_of_unknown_params_needs_params(llm, original):
     stranger = replace(original, request_id="elsewhere-1")
     with pytest.raises(ValidationError, match="pass params=") as err:

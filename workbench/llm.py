@@ -143,6 +143,11 @@ class LLM:
         forced = bt.forced_tokens(original, position, tokens, top, self.llm_engine.vocab_size)
         pairs = original.tokens[position].top
         if forced is None:  # no logprobs in the output: ask the model for the position's best
+            cap = self.config.max_logprobs
+            if cap != -1 and top + 1 > cap:
+                raise ValidationError(f"top={top} asks the model for the {top + 1} best tokens "
+                                      f"at position {position}, over this engine's "
+                                      f"max_logprobs={cap}.", parameter="top", value=top)
             probe = self._probe(ids, top + 1, [], lora_request, use_tqdm)
             pairs = bt.path_of_output(probe.outputs[0], bt.token_texts(self.get_tokenizer())
                                       ).tokens[0].top

@@ -105,7 +105,8 @@ class Workbench:
         needs its token ids (`return_token_ids=True`); `top=n` takes the n best alternatives
         from its logprobs (asked with `return_tokens_as_token_ids=True`), or, where it has
         none, from a one-token request at that position. A forced token's logprob is the
-        result's where it returned it, else asked with `logprob_token_ids` (a vLLM extra).
+        result's where it returned it, else asked with `logprob_token_ids` (a vLLM extra; a
+        server without it leaves it unknown, None).
         `tokenizer`: the served model's, for remote servers whose model we don't have. Each
         branch's `output` is its choice of the answer; a refusal raises `ValidationError`
         naming the parameter, an error answer `RuntimeError` with the server's envelope."""
