@@ -68,7 +68,10 @@ def test_top_n_branches_equal_the_offline_ones(request, llm, offline, where):
     assert result.ok, result.error
     assert result.response["choices"][0]["prompt_token_ids"] == offline.prompt_token_ids
     assert result.request["logprobs"] == 3
+    bm = llm.llm_engine.block_manager
+    hits = bm.prefix_hits
     tree = wb.branch(result, 2, top=2, tokenizer=_tokenizer(llm, where))
+    assert bm.prefix_hits - hits >= 2  # each branch's prefill: the shared blocks, from the cache
     _same(tree, llm.branch(offline, 2, top=2))
     assert all(b.output["prompt_token_ids"][-1] == b.token_id for b in tree.branches)
 

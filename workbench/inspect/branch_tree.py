@@ -93,7 +93,7 @@ class Path:
 class Branch:
     """The original forced at `position` to `path.tokens[position]` and continued; `path` is the
     whole generated path (the original's tokens before `position` first). `output` is what the
-    engine or the server answered for it (a `RequestOutput`, or a completions `Result`);
+    engine or the server answered for it (a `RequestOutput`, or its completions choice);
     `num_cached_tokens`: its prompt's tokens served from the prefix cache (None: not reported)."""
 
     position: int
