@@ -157,6 +157,20 @@ def test_refusals_name_the_parameter(llm, original, kwargs, parameter):
     assert f"parameter={parameter}" in str(err.value)
 
 
+def test_structured_outputs_are_refused_and_numpy_ids_taken(llm, original):
+    import numpy as np
+
+    from workbench.sampling_params import StructuredOutputsParams
+
+    constrained = greedy(4, structured_outputs=StructuredOutputsParams(regex="[a-z ]+"))
+    with pytest.raises(ValidationError, match="grammar") as err:
+        llm.branch(original, 1, tokens=[5], params=constrained)
+    assert err.value.parameter == "params"
+    tree = llm.branch(original, np.int64(1), tokens=np.array([5, 6]))
+    assert [b.token_id for b in tree.branches] == [5, 6]
+    assert all(type(b.position) is int and type(b.token_id) is int for b in tree.branches)
+
+
 def test_a_position_without_alternatives_is_refused(llm):
     bare = llm.generate(PROMPT, greedy(4, logprobs=0))[0]
     with pytest.raises(ValidationError, match="no alternatives") as err:

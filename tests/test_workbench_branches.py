@@ -108,6 +108,8 @@ def test_refusals_name_the_parameter(local):
                               ({"position": 0, "tokens": [10 ** 7]}, "tokens"),
                               ({"position": 0, "top": 1, "echo": True}, "echo"),
                               ({"position": 0, "top": 1, "n": 2}, "n"),
+                              ({"position": 0, "top": 1,
+                                "response_format": {"type": "json_object"}}, "response_format"),
                               ({"position": 0, "top": 1, "index": 2}, "index")]:
         with pytest.raises(ValidationError) as err:
             local.branch(good, **kwargs)

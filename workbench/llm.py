@@ -130,6 +130,7 @@ class LLM:
         tree = bt.BranchTree.of(output, self.get_tokenizer(), index)
         original, prefix = tree.original, list(tree.prompt_token_ids)
         bt.check_position(original, position)
+        position = int(position)
         base = params if params is not None else self._params.get(output.request_id)
         if base is None:
             raise ValidationError(f"the sampling params of request {output.request_id!r} are "
@@ -138,6 +139,10 @@ class LLM:
         if base.n != 1:
             raise ValidationError(f"a branch is one continuation: params.n must be 1, got "
                                   f"{base.n}.", parameter="params", value=base.n)
+        if base.structured_outputs is not None:
+            raise ValidationError("a branch's continuation would start its grammar afresh after "
+                                  "the forced token, not where the original's matcher was: "
+                                  "pass params without structured_outputs.", parameter="params")
         ids = prefix + original.token_ids[:position]  # the context of the forced position
         lora_request = output.lora_request
         forced = bt.forced_tokens(original, position, tokens, top, self.llm_engine.vocab_size)

@@ -114,6 +114,7 @@ class Workbench:
         tree = bt.BranchTree.of(result, tok, index)
         original = tree.original
         bt.check_position(original, position)
+        position = int(position)
         sent = dict(result.request or {})
         for name in _NOT_IN_A_BRANCH:
             value = body[name] if name in body else sent.get(name)
@@ -268,7 +269,9 @@ class Workbench:
         return f"Workbench({where}, model={self.model!r})"
 
 
-_NOT_IN_A_BRANCH = ("stream", "echo", "n", "best_of", "use_beam_search")  # fields refused there
+# fields refused in a branch: one plain completion (a grammar would start afresh after the token)
+_NOT_IN_A_BRANCH = ("stream", "echo", "n", "best_of", "use_beam_search", "response_format",
+                    "structured_outputs")
 _FLAG = re.compile(r"--([a-z][a-z0-9-]+)")
 
 

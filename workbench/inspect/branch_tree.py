@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 from workbench import html as h
@@ -398,7 +399,7 @@ def forced_path(original: Path, position: int, token: PathToken, continuation: P
 # -- what a branch call forces (both facades) -------------------------------------------------
 def check_position(original: Path, position: Any) -> None:
     """`position` must index one of the original's generated tokens."""
-    if isinstance(position, bool) or not isinstance(position, int):
+    if isinstance(position, bool) or not isinstance(position, Integral):
         raise _invalid(f"position must be an integer, got {position!r}.", "position", position)
     if not 0 <= position < len(original):
         raise _invalid(f"position {position} is out of range: the output generated "
@@ -417,18 +418,21 @@ def forced_tokens(original: Path, position: int, tokens: Any, top: Any,
         raise _invalid("say what to force: tokens=[ids], or top=n for the n best alternatives "
                        "at that position.", "tokens")
     if tokens is not None:
-        if isinstance(tokens, int) and not isinstance(tokens, bool):
+        if isinstance(tokens, Integral) and not isinstance(tokens, bool):
             tokens = [tokens]
-        if not isinstance(tokens, (list, tuple)) or not tokens:
+        if isinstance(tokens, (str, bytes, dict)) or not isinstance(tokens, Iterable):
             raise _invalid(f"tokens must be a non-empty list of token ids, got {tokens!r}.",
                            "tokens", tokens)
+        tokens = list(tokens)
+        if not tokens:
+            raise _invalid("tokens must be a non-empty list of token ids, got [].", "tokens", [])
         for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab_size:
                 raise _invalid(f"tokens holds {t!r}, which is not a token id of this model "
                                f"(0 to {vocab_size - 1}).", "tokens", t)
         if len(set(tokens)) != len(tokens):
             raise _invalid(f"tokens repeats an id: {list(tokens)}.", "tokens", list(tokens))
-        return list(tokens)
+        return [int(t) for t in tokens]
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise _invalid(f"top must be an integer of at least 1, got {top!r}.", "top", top)
     token = original.tokens[position]
