@@ -126,9 +126,25 @@ def test_refusals_of_the_widget_name_the_parameter(llm, output):
     assert err.value.parameter == "alternative" and "wb-error" in ex.status.value
 
 
-def test_an_output_without_logprobs_says_so(llm):
+def test_an_output_without_logprobs_asks_the_model(llm):
     plain = llm.generate(PROMPT, greedy(3))[0]
-    ex = TokenExplorer(llm, plain)
+    ex = TokenExplorer(llm, plain, top=2)
+    assert ex.alternative.options == () and "asks the model for the 2 best" in ex.status.value
+    ex.position.value = 1
+    ex.button.click()
+    want = llm.branch(plain, 1, top=2)
+    assert [v for _, v in ex.alternative.options] == [b.token_id for b in want.branches]
+    assert ex.alternative.value == want.branches[0].token_id and ex.branch is ex.tree.branches[0]
+    assert [b.path.token_ids for b in ex.tree.branches] == [b.path.token_ids
+                                                            for b in want.branches]
+    assert ex.status.value == "" and not ex.busy
+    ex.alternative.value = want.branches[1].token_id  # run already: shown, not rerun
+    assert ex.branch is ex.tree.branches[1] and len(ex.tree.branches) == 2
+
+
+def test_a_position_with_only_the_sampled_token_says_so(llm):
+    bare = llm.generate(PROMPT, greedy(3, logprobs=0))[0]
+    ex = TokenExplorer(llm, bare)
     assert ex.alternative.options == () and "logprobs=6" in ex.status.value
 
 

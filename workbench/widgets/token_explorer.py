@@ -3,9 +3,10 @@ branch forced there runs and its continuation appears (`BranchTree`, `LLM.branch
 
 Controls: the position (a slider; a click on a token in the drawing selects it too, through
 the hidden `.wb-pick` box), that position's alternatives from the output's own logprobs (picking
-one runs its branch; the Branch button runs the selection again after an error), a status line
-and the view: the tree of every branch run so far (the selected position outlined in blue),
-then the selected branch's text. While a branch runs the controls are disabled and the status
+one runs its branch; the Branch button runs the selection again after an error, and for an
+output without logprobs asks the model for the position's best tokens and branches on each), a
+status line and the view: the tree of every branch run so far (the selected position outlined
+in blue), then the selected branch's text. While a branch runs the controls are disabled and the status
 says what runs; an error is shown in the widget (`status`), never swallowed, and the tree so
 far stays. `render` is a pure function of the tree and the selection; `to_html()` is the
 fallback where widgets don't render.
@@ -70,6 +71,7 @@ class TokenExplorer(widgets.VBox):
         self._extra = {} if tokenizer is None else {"tokenizer": tokenizer}  # a remote's
         self.tree = BranchTree.of(output, self._tokenizer, index)
         self._runs: dict[tuple[int, int], Branch] = {}
+        self._asks = not any(t.top for t in self.tree.original.tokens)  # no logprobs: ask
         self.branch: Branch | None = None  # the one shown
         last = max(len(self.tree.original) - 1, 0)
         self.position = widgets.IntSlider(value=0, min=0, max=last, description="position",
@@ -118,6 +120,8 @@ class TokenExplorer(widgets.VBox):
         shows its branch again) and shows it; on an error the widget shows it, and raises it
         unless `raise_errors` is false (the controls' handlers)."""
         position, token_id = self.position.value, self.alternative.value
+        if token_id is None and self._asks and not self._asked(position):
+            return self._ask(position, raise_errors)
         if token_id is None:
             self.status.value = h.error_box("pick an alternative first.")
             if raise_errors:
@@ -143,6 +147,31 @@ class TokenExplorer(widgets.VBox):
         self._idle("")
         return done
 
+    def _ask(self, position: int, raise_errors: bool) -> Branch | None:
+        """The output has no logprobs: the model's `top` best at `position`, each branched
+        (`source.branch(..., top=)`); they become the position's alternatives, the first shown."""
+        self._busy(f"asking the model for the {self.top} best tokens at position {position} "
+                   "and branching on each …")
+        try:
+            tree = self.source.branch(self.output, position, top=self.top, index=self.index,
+                                      **self._extra)
+        except Exception as exc:  # shown in the widget: a handler has nowhere to raise
+            self._idle(error_html(exc))
+            if raise_errors:
+                raise
+            return None
+        for b in tree.branches:
+            self._runs[(position, b.token_id)] = b
+        self.tree = self.tree.with_branches(tree.branches)
+        self.branch = tree.branches[0]
+        self._idle("")
+        self._list(self.branch.token_id)
+        return self.branch
+
+    def _asked(self, position: int) -> list[Branch]:
+        """The branches run at `position`, in the order they ran."""
+        return [b for (p, _), b in self._runs.items() if p == position]
+
     def _busy(self, line: str) -> None:
         self.button.disabled, self.button.description = True, "Branching…"
         self.button.icon = "spinner"
@@ -158,20 +187,28 @@ class TokenExplorer(widgets.VBox):
         self._render()
 
     # -- reactions ---------------------------------------------------------------------------
-    def _list(self) -> None:
-        """The selected position's alternatives (none selected), then redraws."""
+    def _list(self, selected: int | None = None) -> None:
+        """The selected position's alternatives (`selected` selected, without running), then
+        redraws. Without logprobs in the output, those the model was asked for there."""
         position = self.position.value
         options: list[tuple[str, int]] = []
-        if position < len(self.tree.original):
+        if self._asks:
+            options = [(alternative_label(b.token_id, b.token.text, b.token.logprob), b.token_id)
+                       for b in self._asked(position)]
+        elif position < len(self.tree.original):
             alts = self.tree.original.tokens[position].alternatives()[:self.top]
             options = [(alternative_label(t, self._tokenizer.decode([t]), lp), t)
                        for t, lp in alts]
-        self._set_alternative(None, options)
-        if not options and len(self.tree.original):
+        self._set_alternative(selected, options)
+        if self._asks and not options and len(self.tree.original):
+            self.status.value = h.caption(
+                f"the output has no logprobs: Branch asks the model for the {self.top} best "
+                f"tokens at position {position} and branches on each.")
+        elif not options and len(self.tree.original):
             self.status.value = h.error_box(
                 f"position {position} has no alternatives in the output's logprobs: generate "
                 f"with logprobs={self.top + 1} to list them.")
-        elif 'class="wb-error"' in self.status.value:
+        elif 'class="wb-error"' in self.status.value or 'class="wb-caption"' in self.status.value:
             self.status.value = ""
         self._render()
 
