@@ -118,9 +118,10 @@ class LLM:
         `tokens`: the ids to force (one or a list); or `top=n`: the n best alternatives at that
         position from the output's own logprobs (where it has none, the model is asked for
         them first; refused where the position has fewer than n). The continuation uses the
-        original request's sampling params (`params` to change them; `max_tokens` counts
-        from the token after the forced one), with at least `logprobs=0` so every branch has
-        its tokens' logprobs; a forced token's own logprob is the output's where it returned
+        original request's sampling params (`params` to change them; what counts generated
+        tokens, `max_tokens` and the penalties, counts from the token after the forced one;
+        structured outputs are refused: their grammar would start afresh there), with at
+        least `logprobs=0` so every branch has its tokens' logprobs; a forced token's own logprob is the output's where it returned
         it, else asked of the model at that position (`logprob_token_ids`). All branches run
         as one batch, their prompts' prefix served from the prefix cache (the original's
         blocks: `num_cached_tokens` of each branch). `index`: which completion of an `n > 1`
