@@ -321,7 +321,8 @@ REPO_NOTEBOOKS = Path(__file__).parents[2] / "notebooks"
 
 @pytest.mark.parametrize(("name", "theme"), [("04_beam_search_explorer", "light"),
                                              ("04_beam_search_explorer", "dark"),
-                                             ("05_logprobs", "dark")])
+                                             ("05_logprobs", "dark"),
+                                             ("21_branches", "dark")])
 def test_repository_notebooks_run_and_read_in_jupyterlab(tmp_path, page, name, theme):
     """A notebook of `notebooks/` run cell by cell in JupyterLab, then audited as above."""
     (tmp_path / "root").mkdir()
