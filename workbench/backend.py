@@ -64,6 +64,11 @@ class Backend(Protocol):
         """A beam search with its tree (the tokenizer: only where the search runs client-side)."""
         ...
 
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer: the engine's, or for a remote server ours of the same
+        model (an alias or a local directory), as the client-side steps need it."""
+        ...
+
     def close(self) -> None:
         """Releases what the backend holds (its engine, loop thread, or HTTP client)."""
         ...

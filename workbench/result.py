@@ -33,6 +33,7 @@ class Result:
     tool_loop: Any = None  # `respond`: a ToolLoopTrace (workbench.inspect.tool_loop)
     similarity: SimilarityMatrix | None = None  # embed / score / rerank
     scores: list[LogprobTable] | None = None  # score_text / score_chat: one table per text
+    request: dict[str, Any] | None = None  # completions: the body sent (`Workbench.branch`)
 
     @property
     def ok(self) -> bool:

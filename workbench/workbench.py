@@ -43,7 +43,9 @@ from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.protocol import EngineClient
 from workbench.errors import ValidationError
+from workbench.inspect import branch_tree as bt
 from workbench.inspect.beam_tree import with_beam_tree
+from workbench.inspect.branch_tree import BranchTree
 from workbench.inspect.lora_compare import compare_lora
 from workbench.inspect.remote_beam import remote_beam_search
 from workbench.inspect.scoring import ScoredSpan, last_turn, score_body, scored_table
@@ -85,7 +87,88 @@ class Workbench:
         return self._backend.model
 
     def completions(self, prompt: Any = None, **body: Any) -> Result:
-        return self._backend.generate("completions", {"prompt": prompt, **body})
+        """`/v1/completions`; the result keeps the body it sent (`.request`, for `branch`)."""
+        result = self._backend.generate("completions", {"prompt": prompt, **body})
+        result.request = {"prompt": prompt, **body}
+        return result
+
+    def get_tokenizer(self) -> Any:
+        """The served model's tokenizer (remotely: ours of the same model, which must be one of
+        our aliases or a local directory)."""
+        return self._backend.tokenizer()
+
+    def branch(self, result: Result, position: int, tokens: int | list[int] | None = None,
+               top: int | None = None, *, index: int = 0, tokenizer: Any = None,
+               **body: Any) -> BranchTree:
+        """What if generated token `position` of a completions `result` had been another, as
+        `LLM.branch` (`workbench.inspect.branch_tree`): for each forced token one completions
+        request of token ids, prompt + the tokens before `position` + that token, all in one
+        call (a batch of prompts), continued with the result's own request body (`.request`)
+        updated by `body`; works against any OpenAI-compatible server (vLLM too). `result`
+        needs its token ids (`return_token_ids=True`); `top=n` takes the n best alternatives
+        from its logprobs (asked with `return_tokens_as_token_ids=True`), or, where it has
+        none, from a one-token request at that position. A forced token's logprob is the
+        result's where it returned it, else asked with `logprob_token_ids` (a vLLM extra; a
+        server without it leaves it unknown, None).
+        `tokenizer`: the served model's, for remote servers whose model we don't have. Each
+        branch's `output` is its choice of the answer; a refusal raises `ValidationError`
+        naming the parameter, an error answer `RuntimeError` with the server's envelope."""
+        tok = tokenizer if tokenizer is not None else self.get_tokenizer()
+        tree = bt.BranchTree.of(result, tok, index)
+        original = tree.original
+        bt.check_position(original, position)
+        position = int(position)
+        sent = dict(result.request or {})
+        for name in _NOT_IN_A_BRANCH:
+            value = body[name] if name in body else sent.get(name)
+            if value is not None and value is not False and (name not in ("n", "best_of")
+                                                            or value != 1):
+                raise ValidationError(f"a branch is one plain completion: `{name}` "
+                                      f"({value!r}) is not allowed.", parameter=name, value=value)
+        ids = list(tree.prompt_token_ids) + original.token_ids[:position]
+        forced = bt.forced_tokens(original, position, tokens, top, len(tok))
+        text = bt.token_texts(tok)
+        pairs = original.tokens[position].top
+        if forced is None:  # no logprobs in the result: ask the server for the position's best
+            probe = self._probe(ids, {"logprobs": top + 1})
+            pairs = bt.path_of_choice(probe, text).tokens[0].top
+            forced = bt.alternatives(pairs, original.token_ids[position], top, position)
+        known = dict(pairs)
+        unknown = [t for t in forced if t not in known]
+        if unknown:
+            probe = self._probe(ids, {"logprobs": 1, "logprob_token_ids": unknown})
+            probed = dict(bt.path_of_choice(probe, text).tokens[0].top)
+            known.update({t: probed.get(t) for t in unknown})
+        fields = {k: v for k, v in {**sent, **body}.items()
+                  if k != "prompt" and k not in _NOT_IN_A_BRANCH}
+        if fields.get("logprobs") is None:
+            fields["logprobs"] = 0  # every branch carries its tokens' logprobs
+        answer = self._backend.generate("completions", {
+            **fields, "prompt": [ids + [t] for t in forced], "return_token_ids": True,
+            "return_tokens_as_token_ids": True})
+        if not answer.ok:
+            raise RuntimeError(f"the branches' request failed: {answer.error}")
+        choices = sorted(answer.response["choices"], key=lambda c: c["index"])
+        branches = []
+        for t, choice in zip(forced, choices):
+            token = bt.PathToken(t, text(t), known[t], pairs)
+            continuation = bt.path_of_choice(choice, text)
+            whole = tok.decode(original.token_ids[:position] + [t],
+                               skip_special_tokens=fields.get("skip_special_tokens", True)
+                               ) + continuation.text
+            branches.append(bt.Branch(position, bt.forced_path(original, position, token,
+                                                               continuation, whole),
+                                      None, choice))
+        return tree.with_branches(branches)
+
+    def _probe(self, ids: list[int], fields: dict[str, Any]) -> dict[str, Any]:
+        """One greedy token after `ids` with `fields` (logprobs): its choice."""
+        answer = self._backend.generate("completions", {
+            "prompt": ids, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True,
+            "return_tokens_as_token_ids": True, **fields})
+        if not answer.ok:
+            raise RuntimeError(f"the request for the position's logprobs failed: {answer.error}")
+        return answer.response["choices"][0]
 
     def chat(self, messages: list[dict[str, Any]], **body: Any) -> Result:
         return self._backend.generate("chat", {"messages": messages, **body})
@@ -245,6 +328,9 @@ class Workbench:
         return f"Workbench({where}, model={self.model!r})"
 
 
+# fields refused in a branch: one plain completion (a grammar would start afresh after the token)
+_NOT_IN_A_BRANCH = ("stream", "echo", "n", "best_of", "use_beam_search", "response_format",
+                    "structured_outputs")
 _FLAG = re.compile(r"--([a-z][a-z0-9-]+)")
 
 
@@ -421,6 +507,9 @@ class _Local(Backend):
 
         return self.run(search())
 
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
     def close(self) -> None:
         if self._owns_engine:
             self.engine.shutdown()
@@ -441,6 +530,7 @@ class _Remote(Backend):
         self.client = httpx.Client(headers=headers, timeout=timeout)
         self._model: str | None = None
         self._ours: bool | None = None  # a workbench server (`ours`), once asked
+        self._tokenizer: Any = None
 
     @property
     def model(self) -> str:
@@ -535,6 +625,11 @@ class _Remote(Backend):
                           timeout=self.client.timeout) as client:
             return remote_beam_search(client, self.model, prompt, params, tokenizer)
 
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = _local_tokenizer(self.model)
+        return self._tokenizer
+
     def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
         """`/v1/embeddings` under the base URL; `/pooling`, `/classify`, `/score`, `/rerank` at
         the server root (where vLLM serves them too)."""
@@ -566,8 +661,9 @@ def _local_tokenizer(model: str) -> Any:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - say what to do instead
         raise ValueError(
-            f"Beam search against a remote server needs the tokenizer of {model!r}; it is not "
-            "available locally, so pass `tokenizer=` (e.g. AutoTokenizer.from_pretrained(...))."
+            f"Beam search and branches against a remote server need the tokenizer of {model!r}; "
+            "it is not available locally, so pass `tokenizer=` (e.g. "
+            "AutoTokenizer.from_pretrained(...))."
         ) from exc
 
 

@@ -10,6 +10,7 @@ import torch
 
 import workbench.inspect as inspect_pkg
 from workbench.inspect import Inspectable
+from workbench.inspect import branch_tree as bt
 from workbench.inspect.trace import Span
 from workbench.serving.recorder import Check
 
@@ -28,13 +29,17 @@ def _instances() -> dict[str, object]:
     beam_tree = i.BeamTree([1], 1, 1.0, [i.BeamNode(0, 1, 5, "a", -0.1, -0.1, None, 1, "kept",
                                                     -0.1)], [0])
     a, b = _table(["A", "b"], [-0.1, -0.5]), _table(["A", "c"], [-0.2, -0.9])
+    original = bt.Path((bt.PathToken(5, "A", -0.1, ((5, -0.1), (6, -2.5))),
+                        bt.PathToken(7, " b", -0.5)), "A b", "length")
+    branch_tree = i.BranchTree([1, 2], original, [bt.Branch(0, bt.Path(
+        (bt.PathToken(6, "C", -2.5), bt.PathToken(8, " d", None)), "C d", "length"), 16)])
     response = {"id": "resp_1", "status": "completed", "output": [
         {"type": "function_call", "call_id": "c", "name": "calculator",
          "arguments": json.dumps({"expression": "6*7"})},
         {"type": "function_call_output", "call_id": "c", "output": "42"},
         {"type": "message", "content": [{"type": "output_text", "text": "42."}]}]}
     return {
-        "BeamTree": beam_tree, "LogprobTable": a, "LogprobDiff": a.diff(b),
+        "BeamTree": beam_tree, "BranchTree": branch_tree, "LogprobTable": a, "LogprobDiff": a.diff(b),
         "ValidationReport": i.ValidationReport("completions", (
             Check("model", "check model", "passed"), Check("user", "validate", "ignored", "user"))),
         "Trace": i.Trace((Span("validate", "pipeline", 0.0, 0.001),

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from tests.inspect.contrast import contrast
+from tests.inspect.test_protocol import INSTANCES
 from workbench import html as h
 from workbench.inspect import ParsedOutput
 from workbench.inspect.beam_tree import BeamNode, BeamTree
@@ -34,7 +35,8 @@ def _outputs() -> dict[str, str]:
             "ParsedOutput": parsed._repr_html_(),
             "SimilarityMatrix": SimilarityMatrix(["q"], ["a", "b", "c"],
                                                  [[0.1, 0.5, 0.9]])._repr_html_(),
-            "BeamTree": tree._repr_html_()}
+            "BeamTree": tree._repr_html_(),
+            "BranchTree": INSTANCES["BranchTree"]._repr_html_()}
 
 
 def _styles(html: str) -> list[str]:
@@ -86,7 +88,8 @@ def test_fallback_colours_of_theme_variables_read_on_a_light_page():
 
 
 def test_token_strips_carry_a_colour_legend():
-    for name in ("LogprobTable", "LogprobViewer", "ParsedOutput", "SimilarityMatrix"):
+    for name in ("LogprobTable", "LogprobViewer", "ParsedOutput", "SimilarityMatrix",
+                 "BranchTree"):
         assert 'class="wb-legend"' in _outputs()[name], name
 
 

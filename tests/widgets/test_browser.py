@@ -321,7 +321,8 @@ REPO_NOTEBOOKS = Path(__file__).parents[2] / "notebooks"
 
 @pytest.mark.parametrize(("name", "theme"), [("04_beam_search_explorer", "light"),
                                              ("04_beam_search_explorer", "dark"),
-                                             ("05_logprobs", "dark")])
+                                             ("05_logprobs", "dark"),
+                                             ("21_branches", "dark")])
 def test_repository_notebooks_run_and_read_in_jupyterlab(tmp_path, page, name, theme):
     """A notebook of `notebooks/` run cell by cell in JupyterLab, then audited as above."""
     (tmp_path / "root").mkdir()
@@ -461,3 +462,40 @@ def test_a_repository_notebook_is_not_modified_by_opening_it(tmp_path, page, nam
         page.wait_for_timeout(3000)  # what JupyterLab rewrites on opening, it has by now
         tab = page.locator(f"li.lm-TabBar-tab:has-text('{name}.ipynb')")
         assert "jp-mod-dirty" not in (tab.get_attribute("class") or "")
+
+
+TOKEN_CELL = """from workbench import LLM, SamplingParams
+from workbench.models import tiny_model
+from workbench.widgets import TokenExplorer
+
+llm = LLM(tiny_model("llama", seed=0, dtype="float32"))
+out = llm.generate("Once upon a time there was a", SamplingParams(max_tokens=6, temperature=0,
+                                                                  logprobs=3))[0]
+TokenExplorer(llm, out)"""
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_token_explorer_clicks_a_token_then_branches_in_jupyterlab(tmp_path, page, theme):
+    """A click on a token selects its position (the hidden `.wb-pick` box), picking an
+    alternative runs its branch; the texts read in both themes."""
+    (tmp_path / "root").mkdir()
+    _notebook(tmp_path / "root" / "tokens.ipynb", [TOKEN_CELL])
+    with _jupyterlab(tmp_path, theme) as url:
+        page.goto(f"{url}/lab/tree/tokens.ipynb?token={TOKEN}")
+        _run_all(page, 1)
+        explorer = page.locator(".wb-token-explorer")
+        explorer.wait_for()
+        assert "position 0:" in explorer.locator(".wb-summary").last.inner_text()
+        explorer.locator(".wb-branch-tree [data-pick='2']").click()
+        page.wait_for_function("() => [...document.querySelectorAll('.wb-summary')].pop()"
+                               ".innerText.startsWith('position 2:')", timeout=30_000)
+        explorer.locator(".widget-select select").select_option(index=0)
+        page.wait_for_function("() => (document.querySelector('.wb-branch') || {})"
+                               ".innerText?.startsWith('branch at 2:')", timeout=120_000)
+        assert page.get_by_role("button", name="Branch").is_enabled()
+        assert explorer.locator(".wb-branch-tree").inner_text().count("branch 0") == 2  # grid, table
+        audit = page.evaluate(AUDIT_JS)
+        SCREENSHOTS.mkdir(exist_ok=True)
+        explorer.screenshot(path=str(SCREENSHOTS / f"token-explorer-{theme}.png"))
+        assert audit["low"] == [], audit["low"]
+        assert audit["overflow"] == [], audit["overflow"]

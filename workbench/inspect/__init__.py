@@ -1,6 +1,7 @@
 """Inspect objects: each an `Inspectable` (`to_dict()`, `to_frame()`, `plot()`, `_repr_html_`).
 
-`BeamTree` (every candidate of a beam search), `LogprobTable`, `LogprobDiff`,
+`BeamTree` (every candidate of a beam search), `BranchTree` (an output and its branches, each
+forced at a position to another token), `LogprobTable`, `LogprobDiff`,
 `ValidationReport`, `Trace`, `ParsedOutput`, `ToolLoopTrace`, `SimilarityMatrix`, the views of
 what a request saw inside the model (`ActivationCache`, `AttentionPattern`, `LogitLens`), and the
 client-side `remote_beam_search` over any OpenAI-compatible server. Names load lazily, so
@@ -14,6 +15,7 @@ import importlib
 _NAMES = {
     "BeamTree": "workbench.inspect.beam_tree",
     "BeamNode": "workbench.inspect.beam_tree",
+    "BranchTree": "workbench.inspect.branch_tree",
     "remote_beam_search": "workbench.inspect.remote_beam",
     "LogprobTable": "workbench.inspect.logprob_table",
     "LogprobDiff": "workbench.inspect.logprob_diff",
