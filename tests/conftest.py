@@ -1,6 +1,7 @@
-"""Fixtures shared by every test folder: the real default model and a tiny random llama.
+"""Fixtures shared by every test folder: the real default model and a tiny random llama, and
+the `Workbench` facade's two back ends over a module's own `llm` fixture.
 
-Both are session-scoped and shared: treat them as read-only (build your own with
+The models are session-scoped and shared: treat them as read-only (build your own with
 `load_model` / `tiny_model` to change weights). Tests never reach a model hub.
 """
 
@@ -41,3 +42,22 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def local(llm):
+    """`Workbench(llm)` on the requesting module's `llm` (the in-kernel back end)."""
+    from workbench import Workbench
+
+    with Workbench(llm) as wb:
+        yield wb
+
+
+@pytest.fixture(scope="module")
+def remote(llm):
+    """`Workbench(url=...)` against `llm` served in the kernel over HTTP."""
+    from workbench import Workbench, serve_in_kernel
+
+    with serve_in_kernel(llm, port=0) as server, Workbench(url=server.base_url,
+                                                          api_key="unused") as wb:
+        yield wb

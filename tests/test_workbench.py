@@ -15,23 +15,6 @@ def llm(default_model):
     return LLM(model=default_model, max_model_len=512, seed=0)
 
 
-@pytest.fixture(scope="module")
-def local(llm):
-    from workbench import Workbench
-
-    with Workbench(llm) as wb:
-        yield wb
-
-
-@pytest.fixture(scope="module")
-def remote(llm):
-    from workbench import Workbench, serve_in_kernel
-
-    with serve_in_kernel(llm, port=0) as server, Workbench(url=server.base_url,
-                                                          api_key="unused") as wb:
-        yield wb
-
-
 def test_greedy_completion_same_locally_and_over_http(local, remote):
     a = local.completions(PROMPT, max_tokens=5, temperature=0, logprobs=2)
     b = remote.completions(PROMPT, max_tokens=5, temperature=0, logprobs=2)

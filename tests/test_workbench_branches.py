@@ -24,22 +24,6 @@ def llm(tiny_llama):
 
 
 @pytest.fixture(scope="module")
-def local(llm):
-    from workbench import Workbench
-
-    with Workbench(llm) as wb:
-        yield wb
-
-
-@pytest.fixture(scope="module")
-def remote(llm):
-    from workbench import Workbench, serve_in_kernel
-
-    with serve_in_kernel(llm, port=0) as server, Workbench(url=server.base_url) as wb:
-        yield wb
-
-
-@pytest.fixture(scope="module")
 def offline(llm):
     return llm.generate(PROMPT, greedy(MAX, logprobs=3))[0]
 

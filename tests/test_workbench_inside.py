@@ -21,22 +21,6 @@ def llm(tiny_llama):
     return LLM(tiny_llama, max_model_len=128, block_size=16, num_kv_blocks=64, seed=0)
 
 
-@pytest.fixture(scope="module")
-def local(llm):
-    from workbench import Workbench
-
-    with Workbench(llm) as wb:
-        yield wb
-
-
-@pytest.fixture(scope="module")
-def remote(llm):
-    from workbench import Workbench, serve_in_kernel
-
-    with serve_in_kernel(llm, port=0) as server, Workbench(url=server.base_url) as wb:
-        yield wb
-
-
 def test_activations_from_both_back_ends_equal_the_offline_engine(llm, local, remote):
     from workbench.inside.activations import ActivationCache
 

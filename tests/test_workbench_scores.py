@@ -33,14 +33,6 @@ def server(llm):
 
 
 @pytest.fixture(scope="module")
-def local(llm):
-    from workbench import Workbench
-
-    with Workbench(llm) as wb:
-        yield wb
-
-
-@pytest.fixture(scope="module")
 def remote(server):
     from workbench import Workbench
 
