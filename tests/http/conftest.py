@@ -81,3 +81,18 @@ def tiny_http(tiny_server):
 
     with httpx.Client(base_url=tiny_server.url, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def tiny_model_name(tiny_llama):
+    """The name `tiny_server` serves `tiny_llm` under."""
+    return tiny_llama.served_name
+
+
+@pytest.fixture
+def tiny_sdk(tiny_server):
+    """The official `openai` client on `tiny_server` (no retries: a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=tiny_server.base_url, api_key="unused", max_retries=0,
+                         timeout=60)

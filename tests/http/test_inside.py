@@ -37,29 +37,16 @@ def tiny_llm(tiny_llama, steering):  # overrides conftest's: this module's engin
                max_capture_mb=MAX_CAPTURE_MB, steering_vectors={"up": steering})
 
 
-@pytest.fixture(scope="module")
-def model_name(tiny_llama):
-    return tiny_llama.served_name
-
-
-@pytest.fixture
-def sdk(tiny_server):
-    import openai
-
-    return openai.OpenAI(base_url=tiny_server.base_url, api_key="unused", max_retries=0,
-                         timeout=60)
-
-
 def _decode(wire):
     from workbench.inside.activations import ActivationCache
 
     return ActivationCache.from_wire(wire)
 
 
-def test_completion_activations_equal_the_offline_generate_bit_for_bit(sdk, tiny_llm,
-                                                                        model_name):
-    r = sdk.completions.create(model=model_name, prompt=PROMPT, max_tokens=4, temperature=0,
-                               extra_body={"capture": CAPTURE})
+def test_completion_activations_equal_the_offline_generate_bit_for_bit(tiny_sdk, tiny_llm,
+                                                                        tiny_model_name):
+    r = tiny_sdk.completions.create(model=tiny_model_name, prompt=PROMPT, max_tokens=4,
+                                    temperature=0, extra_body={"capture": CAPTURE})
     wire = r.choices[0].model_extra["activations"]
     offline = tiny_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=4,
                                                        capture=CAPTURE))[0]
@@ -120,9 +107,9 @@ def test_the_finishing_chunk_carries_what_the_whole_response_does(tiny_http, pat
     assert carrying[0]["logit_lens"] == whole["logit_lens"]
 
 
-def test_chat_capture_through_the_sdk(sdk, model_name):
-    r = sdk.chat.completions.create(model=model_name, messages=MSG, max_tokens=3,
-                                    temperature=0, extra_body={"capture": "resid_pre"})
+def test_chat_capture_through_the_sdk(tiny_sdk, tiny_model_name):
+    r = tiny_sdk.chat.completions.create(model=tiny_model_name, messages=MSG, max_tokens=3,
+                                         temperature=0, extra_body={"capture": "resid_pre"})
     cache = _decode(r.choices[0].model_extra["activations"])
     assert "blocks.0.hook_resid_pre" in cache and "blocks.1.hook_resid_pre" in cache
 
@@ -157,12 +144,12 @@ def test_a_bad_capture_is_a_400_naming_capture(tiny_http, path, body, capture, w
     assert error["type"] == "BadRequestError"
 
 
-def test_a_bad_capture_through_the_sdk(sdk, model_name):
+def test_a_bad_capture_through_the_sdk(tiny_sdk, tiny_model_name):
     import openai
 
     with pytest.raises(openai.BadRequestError) as info:
-        sdk.completions.create(model=model_name, prompt=PROMPT, max_tokens=2,
-                               extra_body={"capture": {"sites": ["nope"]}})
+        tiny_sdk.completions.create(model=tiny_model_name, prompt=PROMPT, max_tokens=2,
+                                    extra_body={"capture": {"sites": ["nope"]}})
     assert info.value.body["param"] == "capture"
 
 
@@ -192,16 +179,16 @@ def test_an_unknown_steering_vector_is_a_400_naming_it(tiny_http):
     assert error["param"] == "interventions[0].name" and "'up'" in error["message"]
 
 
-def test_a_named_steering_vector_changes_the_output(sdk, model_name):
-    kwargs = dict(model=model_name, prompt=PROMPT, max_tokens=8, temperature=0)
-    plain = sdk.completions.create(**kwargs).choices[0].text
+def test_a_named_steering_vector_changes_the_output(tiny_sdk, tiny_model_name):
+    kwargs = dict(model=tiny_model_name, prompt=PROMPT, max_tokens=8, temperature=0)
+    plain = tiny_sdk.completions.create(**kwargs).choices[0].text
     steer = {"site": "blocks.0.hook_resid_post", "op": "add", "name": "up"}
-    steered = sdk.completions.create(**kwargs, extra_body={"interventions": [steer]})
+    steered = tiny_sdk.completions.create(**kwargs, extra_body={"interventions": [steer]})
     assert steered.choices[0].text != plain
     assert "activations" not in steered.choices[0].model_extra  # changes, records nothing
-    again = sdk.completions.create(**kwargs, extra_body={"interventions": [steer]})
+    again = tiny_sdk.completions.create(**kwargs, extra_body={"interventions": [steer]})
     assert again.choices[0].text == steered.choices[0].text  # deterministic
-    assert sdk.completions.create(**kwargs).choices[0].text == plain  # nothing leaked
+    assert tiny_sdk.completions.create(**kwargs).choices[0].text == plain  # nothing leaked
 
 
 @pytest.mark.parametrize("field, value", [
@@ -285,9 +272,9 @@ def test_inline_vectors_and_wire_tensors_are_accepted(tiny_http):
     assert texts[0] == texts[1]
 
 
-def test_httpx_and_sdk_give_the_same_json(tiny_http, sdk, model_name):
+def test_httpx_and_sdk_give_the_same_json(tiny_http, tiny_sdk, tiny_model_name):
     body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "capture": CAPTURE}
     raw = tiny_http.post("/v1/completions", json=body).json()["choices"][0]["activations"]
-    via = sdk.completions.create(model=model_name, prompt=PROMPT, max_tokens=3, temperature=0,
-                                 extra_body={"capture": CAPTURE})
+    via = tiny_sdk.completions.create(model=tiny_model_name, prompt=PROMPT, max_tokens=3,
+                                      temperature=0, extra_body={"capture": CAPTURE})
     assert via.choices[0].model_extra["activations"] == raw

@@ -15,26 +15,13 @@ PROMPT = "The capital of France is"
 MSG = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(scope="module")
-def model_name(tiny_llama):
-    return tiny_llama.served_name
-
-
-@pytest.fixture
-def sdk(tiny_server):
-    import openai
-
-    return openai.OpenAI(base_url=tiny_server.base_url, api_key="unused", max_retries=0,
-                         timeout=60)
-
-
 def _offline(tiny_llm, prompt, **params):
     return tiny_llm.generate(prompt, SamplingParams(temperature=0, token_stats=True, **params))[0]
 
 
-def test_completions_carry_the_engines_numbers(sdk, tiny_llm, model_name):
-    r = sdk.completions.create(model=model_name, prompt=PROMPT, max_tokens=4, temperature=0,
-                               logprobs=2, extra_body={"token_stats": True})
+def test_completions_carry_the_engines_numbers(tiny_sdk, tiny_llm, tiny_model_name):
+    r = tiny_sdk.completions.create(model=tiny_model_name, prompt=PROMPT, max_tokens=4,
+                                    temperature=0, logprobs=2, extra_body={"token_stats": True})
     stats = r.choices[0].logprobs.model_extra["token_stats"]
     offline = _offline(tiny_llm, PROMPT, max_tokens=4, logprobs=2)
     assert stats == [s.to_json() for s in offline.outputs[0].token_stats]
@@ -42,10 +29,10 @@ def test_completions_carry_the_engines_numbers(sdk, tiny_llm, model_name):
     assert set(stats[0]) == {"entropy", "rank", "margin", "top_k_mass"}
 
 
-def test_chat_carries_them_and_k_does_not_change_them(sdk, model_name):
-    runs = [sdk.chat.completions.create(model=model_name, messages=MSG, max_tokens=4,
-                                        temperature=0, logprobs=True, top_logprobs=k,
-                                        extra_body={"token_stats": True})
+def test_chat_carries_them_and_k_does_not_change_them(tiny_sdk, tiny_model_name):
+    runs = [tiny_sdk.chat.completions.create(model=tiny_model_name, messages=MSG, max_tokens=4,
+                                             temperature=0, logprobs=True, top_logprobs=k,
+                                             extra_body={"token_stats": True})
             for k in (0, 5)]
     few, many = (r.choices[0].logprobs.model_extra["token_stats"] for r in runs)
     assert len(few) == len(runs[0].choices[0].logprobs.content)
