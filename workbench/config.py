@@ -24,6 +24,9 @@ class EngineConfig:
     model: str = "smollm2-135m-instruct"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kernel: str = "auto"  # auto | avx2 | mkl | onednn | torch (workbench/engine/kernels.py)
+    # a request's tokens and logprobs the same bits whatever shares its batch, however its
+    # prompt is chunked, with or without prefix-cache hits (engine/runner.py, at a cost)
+    batch_invariant: bool = False
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     max_model_len: int | None = None  # None: the model's own limit
@@ -75,6 +78,14 @@ class EngineConfig:
             raise ValidationError(
                 f"classifier_labels must be at least two non-empty words, got {list(labels)}.",
                 parameter="classifier_labels", value=list(labels))
+        if not isinstance(self.batch_invariant, bool):
+            raise ValidationError(f"batch_invariant must be a boolean, got "
+                                  f"{self.batch_invariant!r}.", parameter="batch_invariant",
+                                  value=self.batch_invariant)
+        if self.batch_invariant and self.enable_lora:
+            raise ValidationError("batch_invariant=True does not cover LoRA adapters (their "
+                                  "products run batched by adapter): leave one of them off.",
+                                  parameter="batch_invariant", value=True)
         if not self.max_capture_mb > 0:
             raise ValidationError(f"max_capture_mb must be positive, got {self.max_capture_mb}.",
                                   parameter="max_capture_mb", value=self.max_capture_mb)

@@ -7,7 +7,11 @@ the step's `AttentionContext`, built once and made current for the forward (`for
 as vLLM's: a layer need not pass its keyword arguments down, StableLM's does not), says where
 each token's K/V goes (`slot_mapping`) and which cached slots each query reads.
 
-Decode tokens (one query per sequence) are attended together: in C, reading each context in
+With a batch-invariant engine (`LLM(batch_invariant=True)`) every query token, a prefill's
+or a decode's, is attended alone against its own context in C in one fixed order
+(`gemv.paged_attention`): its output is the same bits whatever shares the step, however its
+prompt was chunked, with or without a prefix-cache hit. Otherwise:
+decode tokens (one query per sequence) are attended together: in C, reading each context in
 place through its slots (`gemv.decode_attention`, where the kernel choice's ops are "c"), else in
 one SDPA call over their gathered contexts, padded to the longest (a lone decode whose blocks
 are consecutive reads its context as a view of the cache instead). Each prefill chunk gets its
@@ -42,6 +46,19 @@ class PrefillChunk:
     mask: torch.Tensor | None  # [num_tokens, L] bool, None when plainly causal (no prefix)
 
 
+@dataclass(frozen=True)
+class QueryContexts:
+    """Where each query token's context lies, for the batch-invariant engine's attention
+    (`gemv.paged_attention`): token t (packed order) sits at position lengths[t] - 1 of its
+    sequence, whose context's cache slots are slots[offsets[t]:offsets[t] + lengths[t]] (a
+    sequence's tokens share one run of slots)."""
+
+    slots: torch.Tensor  # [N] int64: each scheduled sequence's context slots, one after another
+    offsets: torch.Tensor  # [T] int64
+    lengths: torch.Tensor  # [T] int64
+    max_length: int
+
+
 @dataclass
 class AttentionContext:
     """Where the step's tokens' K/V go and what each query attends to (built once per step)."""
@@ -62,6 +79,8 @@ class AttentionContext:
     probe: dict[int, LayerAttention] | None = None  # filled by each layer's call when given
     # a step that records or intervenes for some request (`engine/inspection.py`): patterns
     inspector: StepInspector | None = None
+    # the batch-invariant engine's: every query token attended alone, in C (`attend`)
+    queries: QueryContexts | None = None
 
     longest_context: int = field(init=False)  # the longest prefill chunk's context
 
@@ -174,6 +193,8 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
     if ctx.inspector is not None:
         ctx.inspector.pattern(layer_idx, q, k_cache, scaling, window, softcap,
                               None if alibi is None else (lambda pos: alibi.bias(pos, q.dtype)))
+    if ctx.queries is not None:
+        return _attend_alone(ctx.queries, q, k_cache, v_cache, scaling, window, softcap, alibi)
     nd = ctx.num_decode
     if window is not None and window >= max(ctx.max_decode_length, ctx.longest_context):
         window = None  # no context reaches past it this step
@@ -187,6 +208,24 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
         s, n = chunk.start, chunk.num_tokens
         out[s:s + n] = _attend_chunk(chunk, q[s:s + n], k_cache, v_cache, scaling, window,
                                      softcap, alibi)
+    return out
+
+
+def _attend_alone(queries: QueryContexts, q: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, scaling: float | None, window: int | None,
+                  softcap: float | None, alibi: Alibi | None) -> torch.Tensor:
+    """Each query token against its own context, in one fixed order per token whatever else
+    the step holds (`gemv.paged_attention`): the batch-invariant engine's attention, for
+    prefill chunks and decodes alike. The runner checked at start-up that the C function
+    takes this model's shapes."""
+    out = gemv.paged_attention(q, k_cache, v_cache, queries.slots, queries.offsets,
+                               queries.lengths, queries.max_length,
+                               scaling or q.shape[-1] ** -0.5, window, softcap,
+                               None if alibi is None else alibi.slopes,
+                               1.0 if alibi is None else alibi.scale)
+    if out is None:
+        raise RuntimeError("the batch-invariant attention (gemv.paged_attention) does not take "
+                           f"queries of shape {tuple(q.shape)} in {q.dtype}")
     return out
 
 

@@ -81,8 +81,9 @@ class DecoderStack:
 
     windows: list[int | None]  # each layer's sliding window (the runner's probe says)
 
-    def __init__(self, model, layers, c_ops: bool = False):
+    def __init__(self, model, layers, c_ops: bool = False, one_call: bool = True):
         self.layers = list(layers)
+        self.one_call = one_call  # decode steps in one C call where they can (`_c_step`)
         self.windows = [None] * len(self.layers)
         # where the kernel choice's ops are "c": rotary embedding and the KV write in C
         # (`gemv.rope_write_kv`, bit for bit torch's), each residual add with the norm after it
@@ -216,10 +217,12 @@ class DecoderStack:
 
     def _c_layers(self) -> list[tuple] | None:
         """Per layer (input norm, Q/K/V, O, post-attention norm, gate/up, down) when a decode
-        step can run in one C call (`_c_step`): ops "c", SiLU, every projection a plain
+        step can run in one C call (`_c_step`): `one_call` (not a batch-invariant engine's,
+        whose products take fixed tiles), ops "c", SiLU, every projection a plain
         `FastLinear` (no LoRA wrapper) on one kernel with C products, one scaling, no sliding
         window (the C attention reads whole contexts); else None."""
-        if not (self.c_ops and self.silu) or any(w is not None for w in self.windows):
+        if not (self.c_ops and self.silu and self.one_call) or any(
+                w is not None for w in self.windows):
             return None
         layers: list[tuple] = []
         kernels: set[str] = set()

@@ -127,7 +127,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.enable_chunked_prefill,
                                    config.scheduling_policy)
-        self.runner: ModelRunner | EncoderRunner = ModelRunner(self.model, num_blocks, config.block_size, config.kernel)
+        self.runner: ModelRunner | EncoderRunner = ModelRunner(self.model, num_blocks, config.block_size, config.kernel,
+                                                               config.batch_invariant)
         self.scheduler.window = self.runner.window  # blocks out of every layer's window go
         if config.enable_lora:  # adapters per request: LoRA layers with resident slots
             self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
@@ -167,6 +168,10 @@ class LLMEngine:
         """Block manager as bookkeeping only (no KV tensors, no prefix cache), no chunking, and
         a step budget that takes any whole prompt."""
         config = self.config
+        if config.batch_invariant:
+            raise ValidationError(f"batch_invariant=True is for decoder models: {config.model} "
+                                  "is an encoder, whose batches are padded to their longest "
+                                  "prompt.", parameter="batch_invariant", value=True)
         budget = max(config.max_num_batched_tokens, self.max_model_len)
         num_blocks = -(-budget // config.block_size) + config.max_num_seqs  # a step's worth
         self.block_manager = BlockManager(num_blocks, config.block_size, False)

@@ -60,8 +60,17 @@ def can_prepack(weight: torch.Tensor) -> bool:
             and kernels.missing("onednn", weight.dtype, kernels.cpu_features()) is None)
 
 
+INVARIANT_ROWS = 4  # a batch-invariant engine's products: always this many rows a call
+
+
 class FastLinear(nn.Module):
-    """`y = x W^T + b` through one of `KERNELS` (see the module docstring)."""
+    """`y = x W^T + b` through one of `KERNELS` (see the module docstring). With `tile_rows`
+    (the batch-invariant engine's, `make_batch_invariant`) every call of the kernel gets
+    exactly that many rows, the last tile padded with zeros: each kernel takes one path with
+    one shape, whose sums over k run in one order for every row of the tile, so a row's result
+    is the same bits whatever rows share its step."""
+
+    tile_rows: int = 0  # 0: the rows as they come
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str):
         super().__init__()
@@ -80,6 +89,28 @@ class FastLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tile_rows:
+            return self._in_tiles(x)
+        return self._product(x)
+
+    def _in_tiles(self, x: torch.Tensor) -> torch.Tensor:
+        """`_product` of `tile_rows` rows at a time (see the class docstring); each tile a
+        64-byte aligned block, as a fresh tensor is (a library may pick its path by
+        alignment)."""
+        k, n, size = self.in_features, self.out_features, self.tile_rows
+        flat = x.reshape(-1, k)
+        m = flat.shape[0]
+        padded = flat.new_zeros(-(-m // size) * size, k)
+        padded[:m] = flat
+        out = torch.empty(padded.shape[0], n, dtype=x.dtype, device=x.device)
+        for i in range(0, padded.shape[0], size):
+            tile = padded[i:i + size]
+            if tile.data_ptr() % 64:
+                tile = tile.clone()
+            out[i:i + size] = self._product(tile)
+        return out[:m].view(*x.shape[:-1], n)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         # not self.weight: nn.Module's __getattr__ costs a microsecond; the kernel checks say
         # which buffers are set (Any: the dict's values are typed `Tensor | None`)
@@ -182,3 +213,28 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None) 
         model.lm_head = FastLinear(model.lm_head.weight, model.lm_head.bias, kernel)
     return fused
 
+
+
+def make_batch_invariant(model: Any, kernel: str) -> int:
+    """Every projection of `model` (after `fuse_projections`: its layers', the LM head, and
+    any other `nn.Linear` or GPT-2-style `Conv1D`, which become `FastLinear`s on `kernel`,
+    "torch" included) computes in tiles of `INVARIANT_ROWS` rows (`FastLinear.tile_rows`);
+    returns how many projections. (An `nn.Linear` subclass computes `x W^T + b` as nn.Linear
+    does, in its own order: Falcon's `FalconLinear` adds its bias after the product.)"""
+    count = 0
+    for owner in list(model.modules()):
+        for name, child in list(owner.named_children()):
+            if isinstance(child, nn.Linear):  # subclasses too: Falcon's `FalconLinear`
+                child = FastLinear(child.weight, child.bias, kernel)
+            elif type(child).__name__ == "Conv1D" and hasattr(child, "nf"):  # [in, out] weight
+                child = FastLinear(child.weight.t().contiguous(), child.bias, kernel)
+            elif not isinstance(child, FastLinear):
+                continue
+            child.tile_rows = INVARIANT_ROWS
+            setattr(owner, name, child)
+            count += 1
+    for group in {id(m.group): m.group for m in model.modules() if isinstance(m, FusedPart)
+                  }.values():
+        group.linear.tile_rows = INVARIANT_ROWS
+        count += 1
+    return count

@@ -12,6 +12,7 @@
  * thread count.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -680,9 +681,34 @@ wb_values(const void *v, const int64_t *slots, int64_t L, int64_t row, const flo
                       bf16);
 }
 
+/* What a score becomes before the softmax (`wb_paged_attention`): soft-capped (cap > 0:
+ * tanh(s / cap) * cap, Gemma 2's), plus ALiBi's bias for its query head at key position pos
+ * (slope * pos rounded to the dtype, then times alibi_scale rounded again where it is not 1:
+ * `attention.Alibi.bias`). None of these: the score as it is. */
+typedef struct {
+    float softcap;        /* 0: none */
+    const float *alibi;   /* [Hq] slopes, or NULL */
+    float alibi_scale;
+    int64_t first_pos;    /* the position of the first key read */
+} wb_score_fix;
+
+static inline float wb_round_to(float f, int bf16);
+
+static inline float wb_fix_score(float s, const wb_score_fix *fix, int64_t head, int64_t pos,
+                                 int bf16) {
+    if (fix->softcap > 0.0f) s = tanhf(s / fix->softcap) * fix->softcap;
+    if (fix->alibi) {
+        float bias = wb_round_to(fix->alibi[head] * (float)pos, bf16);
+        if (fix->alibi_scale != 1.0f) bias = wb_round_to(bias * fix->alibi_scale, bf16);
+        s += bias;
+    }
+    return s;
+}
+
 static void wb_attend_one(const void *q, const void *k_cache, const void *v_cache,
                           const int64_t *slots, int64_t L, void *out, int64_t Hkv, int64_t h,
-                          int64_t G, int64_t D, float scale, int bf16, float *scores) {
+                          int64_t G, int64_t D, float scale, int bf16, float *scores,
+                          const wb_score_fix *fix) {
     const int64_t esize = bf16 ? 2 : 4, row = Hkv * D;
     float qf[WB_ATTN_MAX_G][WB_ATTN_MAX_D];
     float mx[WB_ATTN_MAX_G], sum[WB_ATTN_MAX_G];
@@ -729,8 +755,11 @@ static void wb_attend_one(const void *q, const void *k_cache, const void *v_cach
             }
             for (int64_t g = 0; g < gn; ++g)
                 for (int j = 0; j < 2 && l + j < L; ++j) {
-                    scores[(g0 + g) * L + l + j] = sc[g][j];
-                    if (sc[g][j] > mx[g0 + g]) mx[g0 + g] = sc[g][j];
+                    const float s = fix ? wb_fix_score(sc[g][j], fix, h * G + g0 + g,
+                                                       fix->first_pos + l + j, bf16)
+                                        : sc[g][j];
+                    scores[(g0 + g) * L + l + j] = s;
+                    if (s > mx[g0 + g]) mx[g0 + g] = s;
                 }
         }
     }
@@ -802,7 +831,58 @@ int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                 wb_attend_one((const char *)q + b * q_stride * esize, k_cache, v_cache,
                               slots + b * slot_stride, lengths[b],
                               (char *)out + b * Hq * D * esize, Hkv, item % Hkv, G, D, scale,
-                              bf16, scores);
+                              bf16, scores, 0);
+            else {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        __builtin_free(scores);
+    }
+    return failed ? -2 : 0;
+}
+
+static inline float wb_round_to(float f, int bf16) {
+    return bf16 ? wb_bf16_to_f32(wb_round_bf16(f)) : f;
+}
+
+/* Attention for any query token of any sequence, the batch-invariant engine's (prefill chunks
+ * and decodes alike): query row b (q [B, Hq, D], q_stride elements apart) at position
+ * lengths[b] - 1 attends to its context's keys 0 .. lengths[b] - 1, whose cache slots are
+ * slots[offsets[b] ..] (a sequence's rows share one run of slots), its last `window` of them
+ * where window > 0, scores soft-capped and ALiBi-biased as `wb_fix_score` says. Each (row, KV
+ * head) is `wb_attend_one`'s, in its fixed order over the keys it reads: a row's output depends
+ * on its query and its context only, never on the other rows, the thread count, or whether the
+ * row is a prefill's or a decode's (the same bits as `wb_decode_attention` without window,
+ * cap or bias). Returns -1 for a shape it does not take (as `wb_decode_attention`), -2 when out
+ * of memory. */
+int wb_paged_attention(const void *q, int64_t q_stride, const void *k_cache,
+                       const void *v_cache, const int64_t *slots, const int64_t *offsets,
+                       const int64_t *lengths, int64_t window, float softcap,
+                       const float *alibi, float alibi_scale, void *out, int64_t B, int64_t Hq,
+                       int64_t Hkv, int64_t D, int64_t Lmax, float scale, int bf16,
+                       int threads) {
+    const int64_t G = Hkv > 0 ? Hq / Hkv : 0, esize = bf16 ? 2 : 4, items = B * Hkv;
+    if (D % 8 || D > WB_ATTN_MAX_D || G < 1 || G > WB_ATTN_MAX_G || G * Hkv != Hq) return -1;
+    for (int64_t b = 0; b < B; ++b)
+        if (lengths[b] < 1 || lengths[b] > Lmax) return -1;
+    if (threads > items) threads = (int)items;
+    if (threads < 1) threads = 1;
+    const int plain = softcap <= 0.0f && !alibi;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = (float *)__builtin_malloc(sizeof(float) * (size_t)(G * Lmax));
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < items; ++item) {
+            const int64_t b = item / Hkv, L = lengths[b];
+            const int64_t first = window > 0 && L > window ? L - window : 0;
+            const wb_score_fix fix = {softcap, alibi, alibi_scale, first};
+            if (scores)
+                wb_attend_one((const char *)q + b * q_stride * esize, k_cache, v_cache,
+                              slots + offsets[b] + first, L - first,
+                              (char *)out + b * Hq * D * esize, Hkv, item % Hkv, G, D, scale,
+                              bf16, scores, plain ? 0 : &fix);
             else {
 #pragma omp atomic write
                 failed = 1;

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("gemv.c")
 # no contraction of a * b + c into one rounding: the C code rounds where it says (fused
 # multiply-adds are written as intrinsics where they are meant)
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
 
 
 def compiler() -> str | None:
@@ -75,6 +75,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: argumen
     "wb_amx_enable": ([], _INT),
     "wb_decode_attention": ([_P, _I64, _P, _P, _P, _I64, _P, _P] + [_I64] * 5
                             + [_F32, _INT, _INT], _INT),
+    "wb_paged_attention": ([_P, _I64] + [_P] * 5 + [_I64, _F32, _P, _F32, _P] + [_I64] * 5
+                           + [_F32, _INT, _INT], _INT),
     "wb_add_rms_norm": ([_P] * 5 + [_I64] * 2 + [_F32, _INT, _INT], _INT),
     "wb_rope_write_kv": ([_P, _I64] + [_P] * 6 + [_I64] * 4 + [_INT, _INT], _INT),
     "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
@@ -249,6 +251,35 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
         slots.stride(0), lengths.data_ptr(), out.data_ptr(), b, hq, k_cache.shape[1], d,
         slots.shape[1], scale, q.dtype == torch.bfloat16, torch.get_num_threads())
+    return out if code == 0 else None
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slots: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+                    max_length: int, scale: float, window: int | None = None,
+                    softcap: float | None = None, alibi: torch.Tensor | None = None,
+                    alibi_scale: float = 1.0) -> torch.Tensor | None:
+    """Every query token against its own context, read in place through the cache slots
+    (`wb_paged_attention`, the batch-invariant engine's attention): q [T, Hq, D]; k_cache,
+    v_cache [S, Hkv, D]; query t at position lengths[t] - 1 reads the keys in slots
+    slots[offsets[t]:offsets[t] + lengths[t]] (int64; max_length: the longest), its last `window`,
+    scores soft-capped at `softcap`, ALiBi `alibi` [Hq] float32 slopes (times `alibi_scale`)
+    -> [T, Hq, D] in q's dtype. None where the C function does not take the shape (as
+    `decode_attention`)."""
+    t, hq, d = q.shape
+    if not q.dtype == k_cache.dtype == v_cache.dtype in _DTYPES:
+        return None
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    if alibi is not None:
+        alibi = alibi.float().contiguous()
+    out = torch.empty((t, hq, d), dtype=q.dtype)
+    code = _c("wb_paged_attention")(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+        offsets.data_ptr(), lengths.data_ptr(), window or 0, softcap or 0.0,
+        None if alibi is None else alibi.data_ptr(), alibi_scale, out.data_ptr(), t, hq,
+        k_cache.shape[1], d, max_length, scale, q.dtype == torch.bfloat16,
+        torch.get_num_threads())
     return out if code == 0 else None
 
 

@@ -24,13 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import attention, attention_modules, inspection, kernels
-from workbench.engine.attention import AttentionContext, PrefillChunk
+from workbench.engine import attention, attention_modules, gemv, inspection, kernels
+from workbench.engine.attention import AttentionContext, PrefillChunk, QueryContexts
 from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
-from workbench.engine.fusion import fuse_projections
+from workbench.engine.fusion import fuse_projections, make_batch_invariant
 from workbench.engine.inspection import InspectedRows, StepInspector
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
+from workbench.errors import ValidationError
 from workbench.models.architectures import (
     apply_logits,
     architecture_of,
@@ -82,6 +83,34 @@ def probe(runner: ModelRunner, stack: DecoderStack | None, kv_shape: tuple[int, 
         logger.info("the lean decoder loop differs from %s's layers: they run as they are",
                     runner.arch.family)
     return dict(ctx.probe), same
+
+
+def check_batch_invariant(model, kernel: kernels.KernelChoice, layers) -> None:
+    """Refuses (`ValidationError` naming batch_invariant) a model or machine that the
+    batch-invariant engine cannot make bit-identical across batches: its attention is the C
+    function's (`gemv.paged_attention`: a CPU with AVX2 and a C compiler, head sizes it takes),
+    and a mixture of experts' expert products run batched by expert."""
+    config = model.config
+    heads, (kv, head_dim) = config.num_attention_heads, kv_shape(config)
+    why = None
+    if kernel.device != "cpu":
+        why = (f"it runs on the CPU (on {kernel.device}, vLLM's VLLM_BATCH_INVARIANT=1 is the "
+               "GPU's)")
+    elif not gemv.available():
+        why = ("its attention is gemv.c's (a CPU with AVX2 and FMA and a C compiler; the log "
+               "says what is missing)")
+    elif head_dim % 8 or head_dim > 256 or heads % kv or heads // kv > 16:
+        why = (f"its C attention takes head sizes that are multiples of 8 up to 256 and up to "
+               f"16 query heads per KV head (this model: {heads} heads of {head_dim}, {kv} KV "
+               "heads)")
+    elif any("experts" in name.rsplit(".", 1)[-1] for name, _ in layers.named_modules()):
+        why = ("its experts' products run batched by expert (how many rows each gets depends "
+               "on the batch)")
+    if why is not None:
+        model_type = getattr(config, "model_type", None)
+        raise ValidationError(f"batch_invariant=True (--batch-invariant) cannot hold for "
+                              f"model_type {model_type!r}: {why}.",
+                              parameter="batch_invariant", value=True)
 
 
 @dataclass
@@ -140,7 +169,8 @@ class ModelRunner:
         if manager is not None:
             self.compiled = None  # the graph would miss the adapters
 
-    def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto"):
+    def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",
+                 batch_invariant: bool = False):
         self.arch = architecture_of(model.config)  # refuses a family it cannot run exactly
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
@@ -152,6 +182,10 @@ class ModelRunner:
                            "(dtype='auto') runs faster here", weight.dtype)
         self.layers = module_at(model, self.arch.layers)
         fuse_projections(model, self.kernel.kernel, self.layers)
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            check_batch_invariant(model, self.kernel, self.layers)
+            make_batch_invariant(model, self.kernel.kernel)
         if self.arch.attention is not None:  # attention computed in its module: our forward
             attention_modules.install(self.arch.attention, self.layers, model.config)
         self.model = model
@@ -169,7 +203,8 @@ class ModelRunner:
         # what each layer's attention asks for (scaling, window, softcap), and whether the
         # lean loop computes what the base model does, bit for bit: one probe step tells
         self.stack = None
-        stack = DecoderStack(model, self.layers, c_ops=self.kernel.ops == "c") \
+        stack = DecoderStack(model, self.layers, c_ops=self.kernel.ops == "c",
+                             one_call=not batch_invariant) \
             if DecoderStack.supports(model, self.layers) else None
         self.layer_attention, stack_matches = probe(self, stack, (shape[1], shape[2]))
         shapes = {a.kv_shape for a in self.layer_attention.values()}
@@ -184,7 +219,10 @@ class ModelRunner:
         if windows and all(w is not None for w in windows):
             self.window = max(w for w in windows if w is not None)
         self.compiled = None
-        if compile_enabled() and self.stack is not None and self.device.type == "cpu":
+        if compile_enabled() and batch_invariant:
+            logger.warning("WORKBENCH_COMPILE: not with batch_invariant (the graph's products "
+                           "and attention take other orders); decode steps run eager")
+        elif compile_enabled() and self.stack is not None and self.device.type == "cpu":
             if CompiledDecode.supports(self.stack):
                 self.compiled = CompiledDecode(self.stack, self.kv_caches)
             else:
@@ -239,13 +277,17 @@ class ModelRunner:
         prefills = [s for s in scheduled if s.num_tokens > 1]
         ordered = decodes + prefills
         ids, positions, slot_parts, chunks = [], [], [], []
+        contexts: list[torch.Tensor] = []  # the batch-invariant attention's: each context
         start = 0
         for s in ordered:
             seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
             ids.extend(seq.token_ids[c:c + n])
             positions.append(torch.arange(c, c + n))
+            if self.batch_invariant:
+                contexts.append(self._slots(seq.block_table, 0, c + n))
             if n > 1:
-                ctx_slots = self._slots(seq.block_table, 0, c + n)
+                ctx_slots = contexts[-1] if self.batch_invariant else \
+                    self._slots(seq.block_table, 0, c + n)
                 slot_parts.append(ctx_slots[c:])
                 mask = None
                 if c > 0:  # query i sits at position c + i and sees keys 0 .. c + i
@@ -273,7 +315,20 @@ class ModelRunner:
         )
         input_ids = torch.tensor(ids, device=self.device)
         pos = torch.cat(positions).to(self.device)
+        if self.batch_invariant:
+            ctx.queries = self._query_contexts(ordered, contexts, pos)
         return ordered, input_ids, pos, ctx
+
+    def _query_contexts(self, ordered: list[ScheduledSequence], contexts: list[torch.Tensor],
+                        pos: torch.Tensor) -> QueryContexts:
+        """Where each packed token's context lies (the batch-invariant attention's): its
+        sequence's run of slots, as long as its position + 1."""
+        sizes = torch.tensor([len(c) for c in contexts])
+        first = torch.cumsum(sizes, 0) - sizes  # where each sequence's slots start
+        counts = torch.tensor([s.num_tokens for s in ordered])
+        lengths = pos + 1
+        return QueryContexts(torch.cat(contexts), first.repeat_interleave(counts), lengths,
+                             int(sizes.max()))
 
     # -- execution --------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
