@@ -263,9 +263,47 @@ def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
             "inside_steer_ratio": round(best["steer"] / best["plain"], 3)}
 
 
+def bench_invariant(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """What `batch_invariant=True` costs: a lone greedy stream, `concurrency` streams at once,
+    and a long prompt's prefill (a 512-token prompt, one token out), each on a second engine
+    with it against ours without it, in turn (`invariant_*_ratio` = its rate / the plain one's;
+    below 1 is slower)."""
+    from workbench import LLM  # deferred: workbench.llm imports torch
+
+    plain = side.ours
+    invariant = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel,
+                    seed=config.seed, batch_invariant=True)
+    single, many = side.prompt_ids(1), side.prompt_ids(config.concurrency)
+    long_prompt = [(single[0] * 64)[:512]]
+
+    def run(llm, prompts: list[list[int]], tokens: int) -> int:
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        return sum(len(out.outputs[0].token_ids) for out in outs)
+
+    cases = {"single": (single, config.tokens), "concurrent": (many, config.tokens // 2),
+             "prefill": (long_prompt, 1)}
+    best = {(name, which): 0.0 for name in cases for which in ("plain", "invariant")}
+    for llm in (plain, invariant):
+        run(llm, single, 4)  # warm-up
+    for _ in range(config.repeats):
+        for name, (prompts, tokens) in cases.items():
+            for which, llm in (("plain", plain), ("invariant", invariant)):
+                llm.llm_engine.reset_prefix_cache()  # the prefill is measured
+                start = time.perf_counter()
+                run(llm, prompts, tokens)
+                rate = (sum(map(len, prompts)) if name == "prefill" else
+                        len(prompts) * tokens) / (time.perf_counter() - start)
+                best[name, which] = max(best[name, which], rate)
+    del invariant
+    return {"invariant_single_tok_s": round(best["single", "invariant"], 2),
+            **{f"invariant_{name}_ratio": round(best[name, "invariant"] / best[name, "plain"], 3)
+               for name in cases}}
+
+
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
     bench_machine, bench_single_stream, bench_concurrent16, bench_beam4, bench_embed,
-    bench_inside)
+    bench_inside, bench_invariant)
 
 
 def peak_rss_mb() -> float:

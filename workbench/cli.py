@@ -46,8 +46,13 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--kernel", default="auto", choices=["auto", "avx2", "avx512bf16", "mkl", "onednn", "torch"],
+    p.add_argument("--kernel", default="auto",
+                   choices=["auto", "avx2", "amx", "avx512bf16", "mkl", "onednn", "torch"],
                    help="projection kernel (default: the fastest this CPU and dtype can run)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a request's tokens and logprobs the same bits whatever shares its "
+                   "batch, however its prompt is chunked, with or without prefix-cache hits "
+                   "(slower: `workbench bench` says by how much)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=None)
@@ -172,7 +177,7 @@ def configs_from_args(args: argparse.Namespace):
     if args.steering_vectors:
         engine_kwargs["steering_vectors"] = parse_steering_vectors(args.steering_vectors)
     engine = EngineConfig(model=model, dtype=args.dtype, kernel=args.kernel, device=args.device,
-                          seed=args.seed,
+                          seed=args.seed, batch_invariant=args.batch_invariant,
                           max_model_len=args.max_model_len, max_logprobs=args.max_logprobs,
                           served_model_name=names[0], **engine_kwargs)
     server = ServerConfig(

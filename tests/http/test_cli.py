@@ -114,6 +114,12 @@ def test_inside_flags_reach_the_engine_config(monkeypatch, tmp_path):
     assert run_serve(monkeypatch)["engine"].max_capture_mb == 256.0
 
 
+def test_batch_invariant_flag(monkeypatch):
+    assert run_serve(monkeypatch, "--batch-invariant")["engine"].batch_invariant is True
+    assert run_serve(monkeypatch)["engine"].batch_invariant is False
+    assert run_serve(monkeypatch, "--kernel", "amx")["engine"].kernel == "amx"
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--steering-vectors", "up=/no/such/vector.pt"], "no such file '/no/such/vector.pt'"),
     (["--steering-vectors", "up"], "expected NAME=PATH"),

@@ -60,7 +60,10 @@ def can_prepack(weight: torch.Tensor) -> bool:
             and kernels.missing("onednn", weight.dtype, kernels.cpu_features()) is None)
 
 
-INVARIANT_ROWS = 4  # a batch-invariant engine's products: always this many rows a call
+INVARIANT_ROWS = 4  # a batch-invariant engine's library products: always this many rows a call
+# and its `gemv.c` products: at most this many rows a call, each row's sum in the dot products'
+# one order whatever the count (below the float32 broadcast tiles' 7 and 13, the bf16 ones' 12)
+INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16}
 
 
 class FastLinear(nn.Module):
@@ -96,10 +99,15 @@ class FastLinear(nn.Module):
     def _in_tiles(self, x: torch.Tensor) -> torch.Tensor:
         """`_product` of `tile_rows` rows at a time (see the class docstring); each tile a
         64-byte aligned block, as a fresh tensor is (a library may pick its path by
-        alignment)."""
+        alignment). A `gemv.c` kernel's products take up to `INVARIANT_C_ROWS` rows a call
+        instead, unpadded: its dot products sum every row in one order for any count."""
         k, n, size = self.in_features, self.out_features, self.tile_rows
         flat = x.reshape(-1, k)
         m = flat.shape[0]
+        c_rows = INVARIANT_C_ROWS.get(self.kernel, 0)
+        fn = self.c_function(c_rows, x.dtype) if c_rows else None
+        if fn is not None:
+            return self._c_chunks(fn, flat.contiguous(), c_rows).view(*x.shape[:-1], n)
         padded = flat.new_zeros(-(-m // size) * size, k)
         padded[:m] = flat
         out = torch.empty(padded.shape[0], n, dtype=x.dtype, device=x.device)
@@ -109,6 +117,20 @@ class FastLinear(nn.Module):
                 tile = tile.clone()
             out[i:i + size] = self._product(tile)
         return out[:m].view(*x.shape[:-1], n)
+
+    def _c_chunks(self, fn, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """x [M, K] through the C product `fn`, `rows` rows a call -> [M, N]."""
+        m, k, n = x.shape[0], self.in_features, self.out_features
+        out = torch.empty(m, n, dtype=x.dtype)
+        weight, bias = self.c_weight(), self._buffers["bias"]
+        assert weight is not None  # a C kernel keeps its weight
+        w, b, threads = weight.data_ptr(), None if bias is None else bias.data_ptr(), \
+            torch.get_num_threads()
+        size = x.element_size()
+        for i in range(0, m, rows):
+            fn(x.data_ptr() + i * k * size, w, b, out.data_ptr() + i * n * size,
+               min(rows, m - i), n, k, threads)
+        return out
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features

@@ -1,0 +1,218 @@
+"""`LLM(batch_invariant=True)`: a request's tokens and logprobs are the same bits whatever shares
+its batch, however its prompt is chunked, with or without prefix-cache hits, on every family
+the engine runs (mixtures of experts refused), in float32 and bfloat16, on the kernel this
+process runs (`make test-portable` runs this file on every kernel the CPU has and under the
+AVX2 limits). The parts: each kernel's products computed in fixed tiles give a row the same
+bits whatever rows come with it (`FastLinear.tile_rows`), and the C attention
+(`gemv.paged_attention`) is attention per query token, windowed, soft-capped and with ALiBi,
+to float32 rounding, and the decode attention's bits where it has none of those."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.engine.helpers import make_llm
+from workbench.engine import gemv, kernels
+from workbench.engine.fusion import FastLinear, make_batch_invariant
+from workbench.errors import ValidationError
+from workbench.models import tiny_model
+from workbench.models.architectures import supported_types
+from workbench.models.cpu import cpu_features
+from workbench.sampling_params import SamplingParams
+
+needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and gemv.available()),
+                             reason="the batch-invariant attention needs AVX2, FMA and a C "
+                                    "compiler")
+EXPERTS = ("mixtral", "qwen2_moe")
+FAMILIES = [f for f in supported_types() if f not in EXPERTS]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _kernels_for(dtype: torch.dtype) -> list[str]:
+    return [k for k in kernels.runnable(dtype) if k in ("torch", *kernels.DTYPE_OF)
+            and kernels.DTYPE_OF.get(k, dtype) == dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_each_kernels_tiled_products_give_a_row_the_same_bits_whatever_rows_share_it(dtype):
+    gen = torch.Generator().manual_seed(0)
+    k, n = 96, 200
+    weight = torch.randn(n, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    x = torch.randn(40, k, generator=gen).to(dtype)
+    checked = []
+    for kernel in _kernels_for(dtype):
+        linear = FastLinear(weight, bias, kernel)
+        linear.tile_rows = 4
+        full = linear(x)
+        for rows in (1, 2, 3, 5, 7, 13, 16, 17, 33):
+            assert torch.equal(linear(x[:rows]), full[:rows]), (kernel, rows)
+        for i in (0, 5, 39):  # alone, whatever its neighbours were
+            assert torch.equal(linear(x[i:i + 1]), full[i:i + 1]), (kernel, i)
+        shuffled = torch.randperm(40, generator=gen)
+        assert torch.equal(linear(x[shuffled]), full[shuffled]), kernel
+        expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+        tolerance = 1e-4 if dtype == torch.float32 else 2 ** -7  # one rounding of the output
+        assert ((full.float() - expected).abs() <= tolerance * (1 + expected.abs())).all()
+        checked.append(kernel)
+    assert "torch" in checked
+
+
+def _attention_case(dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    slots_total, hq, hkv, d = 256, 8, 2, 64
+    k_cache = torch.randn(slots_total, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(slots_total, hkv, d, generator=gen).to(dtype)
+    # two sequences' contexts of 40 and 9 slots; tokens: four of the first, the second's last
+    contexts = [torch.randperm(slots_total, generator=gen)[:40],
+                torch.randperm(slots_total, generator=gen)[:9]]
+    lengths = torch.tensor([1, 17, 39, 40, 9])
+    offsets = torch.tensor([0, 0, 0, 0, 40])
+    q = torch.randn(5, hq, d, generator=gen).to(dtype)
+    return q, k_cache, v_cache, torch.cat(contexts), offsets, lengths
+
+
+def _reference(q, k_cache, v_cache, slots, offsets, lengths, scale, window, softcap, slopes,
+               alibi_scale):
+    out = []
+    hq, hkv = q.shape[1], k_cache.shape[1]
+    for t in range(q.shape[0]):
+        length = int(lengths[t])
+        first = max(0, length - window) if window else 0
+        ctx = slots[int(offsets[t]) + first:int(offsets[t]) + length]
+        k = k_cache[ctx].double().repeat_interleave(hq // hkv, 1).transpose(0, 1)  # [Hq, L, D]
+        v = v_cache[ctx].double().repeat_interleave(hq // hkv, 1).transpose(0, 1)
+        s = (q[t].double()[:, None, :] * k).sum(-1) * scale  # [Hq, L]
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        if slopes is not None:
+            s = s + slopes.double()[:, None] * torch.arange(first, length).double() * alibi_scale
+        out.append(torch.einsum("hl,hld->hd", s.softmax(-1), v))
+    return torch.stack(out)
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window, softcap, alibi", [(None, None, False), (7, None, False),
+                                                    (None, 3.0, False), (None, None, True),
+                                                    (16, 2.0, True)])
+def test_paged_attention_is_attention_per_query_token(dtype, window, softcap, alibi):
+    q, k_cache, v_cache, slots, offsets, lengths = _attention_case(dtype)
+    slopes = torch.tensor([2 ** -(i + 1) for i in range(8)]) if alibi else None
+    scale = 1 / math.sqrt(64)
+    out = gemv.paged_attention(q, k_cache, v_cache, slots, offsets, lengths, 40, scale, window,
+                               softcap, slopes, 0.5 if alibi else 1.0)
+    assert out is not None and out.dtype == dtype
+    expected = _reference(q, k_cache, v_cache, slots, offsets, lengths, scale, window, softcap,
+                          slopes, 0.5 if alibi else 1.0)
+    assert (out.double() - expected).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
+    # each token alone: the same bits
+    for t in range(5):
+        alone = gemv.paged_attention(q[t:t + 1], k_cache, v_cache, slots, offsets[t:t + 1],
+                                     lengths[t:t + 1], int(lengths[t]), scale, window, softcap,
+                                     slopes, 0.5 if alibi else 1.0)
+        assert torch.equal(alone, out[t:t + 1])
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_attention_without_extras_is_the_decode_attentions_bits(dtype):
+    q, k_cache, v_cache, slots, offsets, lengths = _attention_case(dtype)
+    out = gemv.paged_attention(q, k_cache, v_cache, slots, offsets, lengths, 40, 0.125)
+    table = torch.stack([slots[o:o + 40] if o == 0 else torch.cat(
+        [slots[o:], slots[:40 - (len(slots) - o)]]) for o in offsets.tolist()])
+    decode = gemv.decode_attention(q, k_cache, v_cache, table, lengths, 0.125)
+    assert torch.equal(out, decode)
+
+
+TARGET = "The quick brown fox jumps over the lazy dog and then it"
+OTHERS = ["Hi", "Once upon a time there was a very long story about " * 3, "1 2 3 4 5",
+          "Paris is", "a " * 40, "Tell me", "x"]
+
+
+def _runs(llm, params):
+    """The target request's (tokens, logprobs, prompt logprobs) alone first, then in batches of
+    other prompts (before and after it, greedy and seeded sampling beside it), then again with
+    its prompt in the prefix cache."""
+    seeded = SamplingParams(max_tokens=6, temperature=0.9, seed=3)
+
+    def target_of(prompts, index, others_params=None):
+        every = [others_params or params] * len(prompts)
+        every[index] = params
+        out = llm.generate(prompts, every)[index]
+        o = out.outputs[0]
+        return (o.token_ids, [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)],
+                [None if p is None else sorted((i, x.logprob) for i, x in p.items())
+                 for p in out.prompt_logprobs])
+
+    runs = {"alone": target_of([TARGET], 0)}
+    runs["in a batch of 8"] = target_of([TARGET] + OTHERS, 0)
+    runs["last of a batch"] = target_of(OTHERS[::-1] + [TARGET], len(OTHERS))
+    runs["beside sampling"] = target_of(OTHERS[:3] + [TARGET], 3, seeded)
+    runs["warm cache"] = target_of([TARGET], 0)
+    return runs
+
+
+def _assert_identical(runs, where):
+    alone = runs.pop("alone")
+    assert alone[0], where
+    for name, got in runs.items():
+        assert got == alone, f"{where}: {name} differs from alone"
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_request_is_the_same_bits_in_any_batch_on_every_family(family, dtype):
+    # 24 tokens a step: the target's prompt is chunked differently in each batch
+    llm = make_llm(tiny_model(family, seed=0, dtype=dtype), batch_invariant=True,
+                   max_num_batched_tokens=24, max_model_len=512, num_kv_blocks=256)
+    params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=2, prompt_logprobs=1)
+    _assert_identical(_runs(llm, params), f"{family} {dtype}")
+
+
+@needs_c
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_real_model_is_the_same_bits_in_any_batch(dtype):
+    from workbench import LLM
+
+    llm = LLM("smollm2-135m-instruct", dtype=dtype, batch_invariant=True,
+              max_num_batched_tokens=32, max_model_len=1024, kv_cache_memory_gb=0.25)
+    params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=5, prompt_logprobs=1,
+                            token_stats=True)
+    _assert_identical(_runs(llm, params), dtype)
+
+
+@needs_c
+def test_it_refuses_what_it_cannot_make_invariant():
+    with pytest.raises(ValidationError) as error:
+        make_llm(tiny_model("mixtral", seed=0), batch_invariant=True)
+    assert error.value.parameter == "batch_invariant" and "experts" in str(error.value)
+    with pytest.raises(ValidationError) as error:
+        make_llm(tiny_model("llama", seed=0), batch_invariant=True, enable_lora=True)
+    assert error.value.parameter == "batch_invariant" and "LoRA" in str(error.value)
+    with pytest.raises(ValidationError) as error:
+        make_llm(tiny_model("llama", seed=0), batch_invariant="yes")
+    assert error.value.parameter == "batch_invariant"
+
+
+def test_an_encoder_is_refused():
+    from workbench import LLM
+
+    with pytest.raises(ValidationError) as error:
+        LLM("all-minilm-l6-v2", batch_invariant=True)
+    assert error.value.parameter == "batch_invariant" and "encoder" in str(error.value)
+
+
+def test_every_projection_of_every_family_is_tiled():
+    for family in FAMILIES:
+        model = tiny_model(family, seed=0).model
+        make_batch_invariant(model, "torch")
+        plain = [name for name, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"]
+        assert not plain, (family, plain)
+        assert all(m.tile_rows for m in model.modules() if isinstance(m, FastLinear)), family
