@@ -249,9 +249,9 @@ class ModelComparison:
             axes[0].plot(positions, [nan if d is None else d for d in self.delta(v.name)],
                          marker="o", ms=3, label=v.name)
         axes[0].axhline(0.0, color="#888888", lw=0.8)
-        axes[0].set_ylabel(f"Δ logprob vs {self.base.name}", fontsize=8)
+        axes[0].set_ylabel("Δ logprob", fontsize=8)
         axes[0].legend(fontsize=8)
-        axes[0].set_title(repr(self), fontsize=9)
+        axes[0].set_title(f"each variant against {self.base.name}, per token", fontsize=9)
         if self.kl_available and len(axes) > 1:
             for v in others:
                 axes[1].plot(positions, [nan if k is None else k for k in v.kl or ()],
