@@ -135,8 +135,8 @@ def test_views(offline):
     assert "wb-model-compare-" in html and "KL(reference ‖ variant)" in html
     assert html == ModelComparison.from_body(offline.to_dict())._repr_html_()  # deterministic
     assert "background:#" not in html or "wb-theme" in html  # painted cells have a dark twin
-    axes = offline.plot()
-    assert len(axes) == 2
+    ax = offline.plot()
+    assert len(ax.figure.axes) == 2  # Δ logprob, then KL
     diff = offline.diff("b")
     assert isinstance(diff, LogprobDiff) and diff.diverged_at is None
     assert [r.delta for r in diff] == pytest.approx(offline.delta("b"))
@@ -266,7 +266,7 @@ def test_a_server_that_is_not_ours_gets_exact_deltas_and_no_kl(server, offline):
         assert all(v.kl is None for v in cmp.variants)
         assert cmp.summary()["b"]["mean_kl"] is None
         assert "b kl" not in cmp.to_frame().columns
-        assert "KL unavailable" in cmp._repr_html_() and len(cmp.plot()) == 1
+        assert "KL unavailable" in cmp._repr_html_() and len(cmp.plot().figure.axes) == 1
         want = ModelComparison.from_body({**offline.to_dict(), "variants": [
             v.to_dict() for v in offline.variants[:2]]})
         _same(cmp, want, kl=False)

@@ -233,8 +233,9 @@ class ModelComparison:
         return h.table(headers, rows, escape_cells=False)
 
     def plot(self, ax: Any = None) -> Any:
-        """Per position, each variant's Δ logprob (top) and KL (bottom, when available)
-        against the reference (matplotlib); returns the axes (an array of two with KL)."""
+        """Per position, each variant's Δ logprob (top) and KL (below, when available) against
+        the reference (matplotlib); `ax`: one axes, or two for both; returns the Δ axes (the
+        KL one is `ax.figure.axes[1]`)."""
         import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
 
         others = [v for v in self.variants if v.name != self.base.name]
@@ -263,7 +264,7 @@ class ModelComparison:
                                 fontsize=7)
         for a in axes:
             neutral(a)
-        return ax
+        return axes[0]
 
 
 def _at(values: Any, i: int) -> Any:
