@@ -180,8 +180,9 @@ class AsyncLLMEngine:
                                                 on_output=deliver)
                         added.append(rid)
                 except BaseException:
-                    if added:
+                    if added:  # the loop's next step hands them over as aborted
                         self.engine.abort_request(added)
+                        self._wake.set()
                     raise
 
         deadline = None if self.request_timeout is None else loop.time() + self.request_timeout
