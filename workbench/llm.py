@@ -353,10 +353,25 @@ class LLM:
         base model), a `LoRARequest`, or a dict with `lora_request`, `interventions` and
         `name` (its column; default the model's or adapter's name). Returns a
         `ModelComparison` (table, frame, plot, summary)."""
+        ids, start = cmp.scored_ids(self.get_tokenizer(), prompt, text)
+        return self._compare(ids, start, variants, reference, use_tqdm)
+
+    def compare_chat(self, messages: list[dict], variants: Sequence[Any], reference: int = 0,
+                     chat_template_kwargs: dict | None = None, use_tqdm: bool = False
+                     ) -> ModelComparison:
+        """`compare` on a conversation's last message (the assistant's), after the messages
+        before it through the chat template: only the turn's tokens, as `score_chat`'s."""
+        renderer = ChatRenderer(self.get_tokenizer(), trust_request_chat_template=True)
+        ids, start = cmp.turn_ids(renderer, self.get_tokenizer(),
+                                  [ChatMessageParam.model_validate(m) for m in messages],
+                                  chat_template_kwargs)
+        return self._compare(ids, start, variants, reference, use_tqdm)
+
+    def _compare(self, ids: list[int], start: int, variants: Sequence[Any], reference: int,
+                 use_tqdm: bool) -> ModelComparison:
         base = self.llm_engine.served_model_name
         resolved = [_variant(v, base) for v in variants]
         cmp.check_variants(resolved, reference)
-        ids, start = cmp.scored_ids(self.get_tokenizer(), prompt, text)
         engine = self.llm_engine
         params = [cmp.compare_params(start, len(ids), engine.vocab_size, v.interventions,
                                      len(resolved)) for v in resolved]

@@ -311,12 +311,23 @@ class Workbench:
         of prompt logprobs per variant: logprobs, their differences, ranks and argmax tokens
         are exact; KL is marked unavailable with the reason (never approximated), and
         interventions are refused."""
+        return self._compare({"prompt": prompt, "text": text}, variants, reference)
+
+    def compare_chat(self, messages: list[dict[str, Any]], variants: list[Any],
+                     reference: int = 0, chat_template_kwargs: dict[str, Any] | None = None
+                     ) -> Result:
+        """`compare` on a conversation's last message (the assistant's) after the messages
+        before it, through the server's chat template: only the turn's tokens."""
+        render = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
+        return self._compare({"messages": messages, **render}, variants, reference)
+
+    def _compare(self, what: dict[str, Any], variants: list[Any], reference: int) -> Result:
         try:
             given = [self._variant_body(v, i) for i, v in enumerate(variants)]
         except ValidationError as exc:
             error = error_response(exc).model_dump()
             return Result(None, error["error"]["code"], error)
-        body = {"prompt": prompt, "text": text, "variants": given, "reference": reference}
+        body = {**what, "variants": given, "reference": reference}
         if self._backend.ours:
             return self._backend.compare(body)
         return self._compare_with_prompt_logprobs(body)
@@ -350,8 +361,7 @@ class Workbench:
             variants = [Variant(variant_name(v.get("name"), v.get("model") or self.model, None),
                                 v.get("model") or self.model) for v in body["variants"]]
             check_variants(variants, body["reference"])
-            span = _refusing(ScoredSpan.of_text, self._tokens({"prompt": body["prompt"]}),
-                             self._tokens({"prompt": body["text"], "add_special_tokens": False}))
+            span = self._span(body)
         except ValidationError as exc:
             error = error_response(exc).model_dump()
             return Result(None, error["error"]["code"], error)
@@ -369,6 +379,18 @@ class Workbench:
         return _compared(Result(body_from_tables(
             tables, [v.name for v in variants], [v.model for v in variants], span.token_ids,
             span.start, body["reference"], self.model, reason)))
+
+    def _span(self, body: dict[str, Any]) -> ScoredSpan:
+        """The compared tokens of a comparison body, through the server's `/tokenize`."""
+        if "messages" not in body:
+            return _refusing(ScoredSpan.of_text, self._tokens({"prompt": body["prompt"]}),
+                             self._tokens({"prompt": body["text"], "add_special_tokens": False}))
+        render = {k: body[k] for k in ("chat_template_kwargs",) if k in body}
+        before, whole = _refusing(last_turn, body["messages"])
+        return _refusing(
+            ScoredSpan.of_turn,
+            self._tokens({"messages": before, "add_generation_prompt": True, **render}),
+            self._tokens({"messages": whole, "add_generation_prompt": False, **render}))
 
     def validate(self, body: dict[str, Any] | None = None, **fields: Any) -> ValidationReport:
         """Dry run of a completions or chat body (chat when it has `messages`)."""

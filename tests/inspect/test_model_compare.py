@@ -277,3 +277,32 @@ def test_a_server_that_is_not_ours_gets_exact_deltas_and_no_kl(server, offline):
     finally:
         wb.close()
         upstream.close()
+
+
+CONVERSATION = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "Paris, on the Seine."}]
+
+
+def test_a_chat_turn_compares_the_turns_tokens_everywhere(llm, lora, local, remote, server):
+    offline = llm.compare_chat(CONVERSATION, [None, lora])
+    scored = llm.score_chat(CONVERSATION)[0]
+    assert list(offline.tokens) == scored.tokens  # the turn and its end, as score_chat's
+    assert offline.base.logprobs == pytest.approx(scored.logprobs, abs=1e-5)
+    assert offline["b"].kl[0] > 0
+    for wb in (local, remote):
+        result = wb.compare_chat(CONVERSATION, [None, "b"])
+        assert result.ok, result.error
+        _same(result.comparison, offline)
+    refused = local.compare_chat(CONVERSATION[:1], [None, "b"])
+    assert refused.status_code == 400 and refused.error["error"]["param"] == "messages"
+    handle, _, upstream = _not_ours(server)
+    wb = Workbench(url="http://vllm.invalid/v1")
+    wb._backend.client = httpx.Client(transport=httpx.MockTransport(handle))
+    try:
+        result = wb.compare_chat(CONVERSATION, [None, "b"])
+        assert result.ok, result.error
+        assert not result.comparison.kl_available
+        _same(result.comparison, offline, kl=False)
+    finally:
+        wb.close()
+        upstream.close()

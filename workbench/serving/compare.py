@@ -25,6 +25,7 @@ import torch
 from workbench.errors import ValidationError
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 from workbench.serving.base import EngineServing, RequestMeta, unique_engine_id
+from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.protocol.compare import CompareRequest
 
 MAX_DISTRIBUTIONS_MB = 512  # the kept float32 rows of one comparison, all variants together
@@ -76,6 +77,32 @@ def scored_ids(tokenizer: Any, prompt: str, text: str) -> tuple[list[int], int]:
         raise ValidationError("The text to compare on has no tokens.", parameter="text",
                               value=text)
     return context + scored, len(context)
+
+
+def turn_ids(renderer: Any, tokenizer: Any, messages: list[Any],
+             chat_template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], int]:
+    """(the whole conversation's tokens, the index of its last turn's first token), as
+    `score_chat` tells them apart: the conversation before the turn rendered with the
+    generation prompt, then the whole; the last message must be the assistant's."""
+    if len(messages) < 2 or _role(messages[-1]) != "assistant":
+        raise ValidationError("A chat comparison scores the last message: it must be the "
+                              "assistant's, after at least one other.", parameter="messages")
+
+    def ids(conv: list[Any], generation_prompt: bool) -> list[int]:
+        text = renderer.render(conv, add_generation_prompt=generation_prompt,
+                               chat_template_kwargs=chat_template_kwargs).prompt
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    before, whole = ids(list(messages[:-1]), True), ids(list(messages), False)
+    if whole[:len(before)] != before or len(whole) == len(before):
+        raise ValidationError("The chat template renders the conversation before the last turn "
+                              "as something the whole conversation does not start with (or the "
+                              "turn renders to no tokens).", parameter="messages")
+    return whole, len(before)
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
 
 
 def compare_params(start: int, num_tokens: int, vocab_size: int,
@@ -142,6 +169,13 @@ class CompareServing(EngineServing):
 
     supports_lora = True
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.renderer = ChatRenderer(
+            self.tokenizer, chat_template=self.config.chat_template,
+            trust_request_chat_template=self.config.trust_request_chat_template,
+            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+
     def prepare(self, request: CompareRequest
                 ) -> tuple[list[Variant], list[SamplingParams], list[int], int]:
         """The variants, their params, the token ids and the text's start (off the loop)."""
@@ -161,7 +195,12 @@ class CompareServing(EngineServing):
             variants.append(Variant(variant_name(given.name, model, given.interventions),
                                     model, lora, given.interventions or None))
         check_variants(variants, request.reference)
-        ids, start = scored_ids(self.tokenizer, request.prompt, request.text)
+        if request.messages is not None:
+            ids, start = turn_ids(self.renderer, self.tokenizer, request.messages,
+                                  request.chat_template_kwargs)
+        else:
+            assert request.prompt is not None and request.text is not None  # the validator's
+            ids, start = scored_ids(self.tokenizer, request.prompt, request.text)
         if len(ids) + 1 > self.max_model_len:
             raise ValidationError(f"The prompt and text are {len(ids)} tokens; with the one "
                                   f"generated token that is over this model's context of "

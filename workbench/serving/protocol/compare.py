@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workbench.errors import ValidationError
+from workbench.serving.protocol.chat import ChatMessageParam
 
 MAX_VARIANTS = 16
 
@@ -26,14 +29,27 @@ class CompareVariant(BaseModel):
 
 
 class CompareRequest(BaseModel):
-    """`prompt` (the context) and `text` (the scored tokens), `variants` (at least two, the
-    `reference` one compared against the others)."""
+    """`prompt` (the context) and `text` (the scored tokens), or `messages` (the last, the
+    assistant's turn, scored after the others through the chat template); `variants` (at
+    least two, the `reference` one compared against the others)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    prompt: str
-    text: str
+    prompt: str | None = None
+    text: str | None = None
+    messages: list[ChatMessageParam] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     variants: list[CompareVariant] = Field(min_length=2, max_length=MAX_VARIANTS)
     reference: int = 0
     request_id: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "CompareRequest":
+        if self.messages is None and (self.prompt is None or self.text is None):
+            raise ValidationError("A comparison takes `prompt` and `text`, or `messages` (the "
+                                  "last, the assistant's, is compared).", parameter="text")
+        if self.messages is not None and (self.prompt is not None or self.text is not None):
+            raise ValidationError("A comparison takes `prompt` and `text`, or `messages`, not "
+                                  "both.", parameter="messages")
+        return self
