@@ -43,7 +43,7 @@ class VariantScores:
     argmax_ids: tuple[int | None, ...] = ()
     argmax_tokens: tuple[str | None, ...] = ()
     entropy: tuple[float | None, ...] | None = None
-    kl: tuple[float | None, ...] | None = None  # KL(reference || this), nats
+    kl: tuple[float | None, ...] | None = None  # KL(reference || this), nats; None: infinite
     kl_reverse: tuple[float | None, ...] | None = None  # KL(this || reference)
     interventions: int = 0
 
@@ -130,7 +130,8 @@ class ModelComparison:
         ref_total = self.base.total_logprob
         for v in self.variants:
             total = v.total_logprob
-            kl = [x for x in v.kl or () if x is not None]
+            # an infinite KL travels as None (JSON has no infinity): it makes the mean infinite
+            kl = [math.inf if x is None else x for x in v.kl or ()]
             agrees = [a for a in self.agrees(v.name) if a is not None]
             out[v.name] = {
                 "total_logprob": total,
