@@ -5,7 +5,7 @@ engine, and `_Remote`, any OpenAI-compatible server over httpx. Both take the sa
 bodies (dicts, as the HTTP API's JSON) and give the same `Result`s (`workbench/result.py`,
 below both), so every `Workbench` method is one call on its backend. `endpoint` names the
 route: "completions", "chat", "tokenize", "detokenize", "models", "embeddings", "score",
-"rerank", "classify", "pooling".
+"rerank", "classify", "pooling"; `compare` is ours (`/v1/compare`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ class Backend(Protocol):
 
     def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
         """embeddings, score, rerank, classify or pooling."""
+        ...
+
+    def compare(self, body: dict[str, Any]) -> Result:
+        """Our `/v1/compare` (a workbench extension): variants of the model on one text."""
         ...
 
     def validate(self, body: dict[str, Any]) -> ValidationReport:

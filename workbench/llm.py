@@ -39,10 +39,13 @@ from workbench.errors import EngineStepError, ValidationError
 from workbench.inspect import branch_tree as bt
 from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.logprob_table import LogprobTable
+from workbench.inspect.model_compare import ModelComparison
 from workbench.inspect.output_views import llm_html, llm_repr
 from workbench.inspect.scoring import ScoredSpan, last_turn, score_params, scored_table
+from workbench.lora.request import LoRARequest
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from workbench.serving import compare as cmp
 from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.protocol.chat import ChatMessageParam
 
@@ -341,6 +344,48 @@ class LLM:
             spans.append(ScoredSpan.of_turn(ids(before, True), ids(whole, False)))
         return self._score(spans, logprobs, use_tqdm, lora_request)
 
+    def compare(self, prompt: str, text: str, variants: Sequence[Any],
+                reference: int = 0, use_tqdm: bool = False) -> ModelComparison:
+        """`text` after `prompt` teacher-forced through each variant in one batch, compared
+        per token with the `reference` variant (`workbench/serving/compare.py`): each
+        variant's logprob of the forced token, its difference to the reference's, and
+        KL(reference || variant) over the whole vocabulary, exactly. A variant is None (the
+        base model), a `LoRARequest`, or a dict with `lora_request`, `interventions` and
+        `name` (its column; default the model's or adapter's name). Returns a
+        `ModelComparison` (table, frame, plot, summary)."""
+        ids, start = cmp.scored_ids(self.get_tokenizer(), prompt, text)
+        return self._compare(ids, start, variants, reference, use_tqdm)
+
+    def compare_chat(self, messages: list[dict], variants: Sequence[Any], reference: int = 0,
+                     chat_template_kwargs: dict | None = None, use_tqdm: bool = False
+                     ) -> ModelComparison:
+        """`compare` on a conversation's last message (the assistant's), after the messages
+        before it through the chat template: only the turn's tokens, as `score_chat`'s."""
+        renderer = ChatRenderer(self.get_tokenizer(), trust_request_chat_template=True)
+        ids, start = cmp.turn_ids(renderer, self.get_tokenizer(),
+                                  [ChatMessageParam.model_validate(m) for m in messages],
+                                  chat_template_kwargs)
+        return self._compare(ids, start, variants, reference, use_tqdm)
+
+    def _compare(self, ids: list[int], start: int, variants: Sequence[Any], reference: int,
+                 use_tqdm: bool) -> ModelComparison:
+        base = self.llm_engine.served_model_name
+        resolved = [_variant(v, base) for v in variants]
+        cmp.check_variants(resolved, reference)
+        engine = self.llm_engine
+        params = [cmp.compare_params(start, len(ids), engine.vocab_size, v.interventions,
+                                     len(resolved)) for v in resolved]
+
+        def adder(p: SamplingParams, lora: Any):
+            return lambda rid, collect: engine.add_request(
+                rid, {"prompt_token_ids": ids}, p, lora_request=lora, on_output=collect)
+
+        outs = self._drive([adder(p, v.lora_request) for p, v in zip(params, resolved)],
+                           "compare", use_tqdm)  # all queued before the first step
+        body = cmp.comparison_body(outs, resolved, ids, start, reference, base,
+                                   engine.outputs.texts)
+        return ModelComparison.from_body(body)
+
     def _score(self, spans: list[ScoredSpan], logprobs: int, use_tqdm: bool,
                lora_request: Any) -> list[LogprobTable]:
         outs = self.generate([{"prompt_token_ids": s.token_ids} for s in spans],
@@ -418,6 +463,25 @@ class LLM:
             prompts.append({"prompt": rendered.prompt, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
                              lora_request=lora_request)
+
+
+def _variant(given: Any, base: str) -> cmp.Variant:
+    """An offline comparison's variant: None (the base model), a `LoRARequest`, or a dict
+    of `lora_request`, `interventions`, `name`."""
+    if given is None or isinstance(given, LoRARequest):
+        given = {"lora_request": given}
+    if not isinstance(given, dict):
+        raise TypeError("A variant is None (the base model), a LoRARequest or a dict of "
+                        f"lora_request, interventions, name; got {type(given).__name__}.")
+    unknown = set(given) - {"lora_request", "interventions", "name"}
+    if unknown:
+        raise ValidationError(f"A variant takes lora_request, interventions, name; got "
+                              f"{sorted(unknown)}.", parameter="variants", value=sorted(unknown))
+    lora = given.get("lora_request")
+    model = lora.lora_name if lora is not None else base
+    interventions = given.get("interventions") or None
+    return cmp.Variant(cmp.variant_name(given.get("name"), model, interventions), model, lora,
+                       interventions)
 
 
 def _probe_params(logprobs: int, track: list[int]) -> SamplingParams:

@@ -4,7 +4,8 @@ The response body (or the error envelope instead of raising) and the inspect obj
 from it: `.logprobs` / `table(i)` (`LogprobTable`), `.parsed(i)` (`ParsedOutput`), `.report`
 (`ValidationReport`), `.trace` (`Trace`), `.tool_loop`, `.similarity`, `.activations`
 (`ActivationCache`) and `.logit_lens` (`LogitLens`) of a `capture` / `logit_lens`, `.scores` (a
-`LogprobTable` of each scored text's tokens, `Workbench.score_text` / `score_chat`). Both back ends
+`LogprobTable` of each scored text's tokens, `Workbench.score_text` / `score_chat`),
+`.comparison` (a `ModelComparison`, `Workbench.compare`). Both back ends
 (`workbench/backend.py`) return it and `workbench/workbench.py` hands it out, so it lives
 below both.
 """
@@ -34,6 +35,7 @@ class Result:
     similarity: SimilarityMatrix | None = None  # embed / score / rerank
     scores: list[LogprobTable] | None = None  # score_text / score_chat: one table per text
     request: dict[str, Any] | None = None  # completions: the body sent (`Workbench.branch`)
+    comparison: Any = None  # compare: a ModelComparison (workbench.inspect.model_compare)
 
     @property
     def ok(self) -> bool:

@@ -186,6 +186,11 @@ class SamplingParams:
     # `logprobs`, prompt ones with `prompt_logprobs`), exactly: entropy over the full
     # vocabulary, the token's rank, the top-2 margin, the top-k's mass (`TokenStats`)
     token_stats: bool = False
+    # engine-level, never on the wire: keep the full vocabulary's log-probabilities of every
+    # prompt token from this index on (>= 1) as one float32 tensor on the output
+    # (`RequestOutput.prompt_distributions`, [tokens, V]), from the same logits as
+    # `prompt_logprobs` (which it needs); what `LLM.compare` computes KL divergences from
+    prompt_distributions_from: int | None = None
     # end the reasoning by force after this many reasoning tokens (-1 / None: no limit); the
     # reasoning ends with `reasoning_end_token_ids` and opens at the first output token, or,
     # with `reasoning_start_token_ids`, once the output ends with them (`engine/thinking.py`)
@@ -317,6 +322,12 @@ class SamplingParams:
             refuse("token_stats describes the positions that carry logprobs: ask for logprobs "
                    "(generated tokens) or prompt_logprobs (prompt tokens) with it.",
                    "token_stats", self.token_stats)
+        start = self.prompt_distributions_from
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool)
+                                  or start < 1 or self.prompt_logprobs is None):
+            refuse("prompt_distributions_from is the first prompt token (>= 1) whose whole "
+                   f"distribution is kept, with prompt_logprobs set; got {start!r}.",
+                   "prompt_distributions_from", start)
         if self.thinking_token_budget is not None:
             if self.thinking_token_budget < -1:
                 refuse(f"thinking_token_budget must be -1 (no limit) or >= 0, got "

@@ -5,7 +5,8 @@ One method per endpoint (`completions`, `chat`, `tokenize`, `detokenize`, `model
 vs a LoRA adapter, with a `LogprobDiff`), and the pooling
 endpoints `embed`, `score`, `rerank`, `classify`, `pool` with a `SimilarityMatrix` in
 `.similarity`; and `score_text` / `score_chat`, given text scored token by token through
-`/tokenize` and `/v1/completions` prompt logprobs, in `.scores`), each taking the request body's fields as keyword
+`/tokenize` and `/v1/completions` prompt logprobs, in `.scores`; `compare`, one text through
+several variants of the model (base, adapters, interventions) per token, in `.comparison`), each taking the request body's fields as keyword
 arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logprobs`
 (`LogprobTable`, when the response has logprobs), `.report` (`ValidationReport`), `.trace`
 (`Trace`), `.error` (the error envelope, instead of raising).
@@ -46,21 +47,25 @@ from workbench.errors import ValidationError
 from workbench.inspect import branch_tree as bt
 from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.branch_tree import BranchTree
-from workbench.inspect.lora_compare import compare_lora
+from workbench.inspect.lora_compare import compare_lora, served_name
+from workbench.inspect.model_compare import ModelComparison, body_from_tables
 from workbench.inspect.remote_beam import remote_beam_search
 from workbench.inspect.scoring import ScoredSpan, last_turn, score_body, scored_table
 from workbench.inspect.similarity import SimilarityMatrix
 from workbench.inspect.tool_loop import ToolLoopTrace
 from workbench.inspect.trace import Span, Trace
 from workbench.inspect.validation_report import ValidationReport, endpoint_of, parse, validate
+from workbench.lora.request import LoRARequest
 from workbench.models import resolve_model
 from workbench.result import Result
 from workbench.sampling_params import BeamSearchParams
 from workbench.serving import ServerConfig, Servings
 from workbench.serving.base import RequestMeta
+from workbench.serving.compare import Variant, check_variants, variant_name
 from workbench.serving.errors import error_response, validation_error_body
 from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
 from workbench.serving.protocol import pooling as proto
+from workbench.serving.protocol.compare import CompareRequest
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.recorder import Check, PipelineRecorder
 from workbench.serving.unsupported import WORKBENCH_FIELDS
@@ -294,6 +299,99 @@ class Workbench:
                              for i, span in enumerate(spans)]
         return result
 
+    # -- variants of the model on the same tokens (`workbench/serving/compare.py`) -----------
+    def compare(self, prompt: str, text: str, variants: list[Any], reference: int = 0
+                ) -> Result:
+        """`text` after `prompt` teacher-forced through each variant, compared per token with
+        the `reference` one: `.comparison`, a `ModelComparison`. A variant is None (the base
+        model), a served model or adapter name, a `LoRARequest` (in the kernel: served under
+        its name first), or a dict of `model`, `interventions`, `name`. Locally and on a
+        workbench server one `/v1/compare` request (a workbench extension): one batch, exact
+        KL from the full distributions. Against another server (vLLM) one completions request
+        of prompt logprobs per variant: logprobs, their differences, ranks and argmax tokens
+        are exact; KL is marked unavailable with the reason (never approximated), and
+        interventions are refused."""
+        return self._compare({"prompt": prompt, "text": text}, variants, reference)
+
+    def compare_chat(self, messages: list[dict[str, Any]], variants: list[Any],
+                     reference: int = 0, chat_template_kwargs: dict[str, Any] | None = None
+                     ) -> Result:
+        """`compare` on a conversation's last message (the assistant's) after the messages
+        before it, through the server's chat template: only the turn's tokens."""
+        render = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
+        return self._compare({"messages": messages, **render}, variants, reference)
+
+    def _compare(self, what: dict[str, Any], variants: list[Any], reference: int) -> Result:
+        try:
+            given = [self._variant_body(v, i) for i, v in enumerate(variants)]
+        except ValidationError as exc:
+            error = error_response(exc).model_dump()
+            return Result(None, error["error"]["code"], error)
+        body = {**what, "variants": given, "reference": reference}
+        if self._backend.ours:
+            return self._backend.compare(body)
+        return self._compare_with_prompt_logprobs(body)
+
+    def _variant_body(self, variant: Any, index: int) -> dict[str, Any]:
+        if variant is None:
+            return {}
+        if isinstance(variant, str):
+            return {"model": variant}
+        if isinstance(variant, LoRARequest):
+            return {"model": served_name(self, variant)}
+        if isinstance(variant, dict):
+            out = dict(variant)
+            lora = out.pop("lora_request", None)
+            if lora is not None:
+                out["model"] = served_name(self, lora)
+            return out
+        raise ValidationError(f"variants[{index}]: None, a model name, a LoRARequest or a dict "
+                              f"of model, interventions, name; got {type(variant).__name__}.",
+                              parameter=f"variants[{index}]")
+
+    def _compare_with_prompt_logprobs(self, body: dict[str, Any]) -> Result:
+        """The comparison against a server that is not ours (see `compare`)."""
+        try:
+            for i, v in enumerate(body["variants"]):
+                if v.get("interventions"):
+                    raise ValidationError(
+                        f"variants[{i}].interventions need a workbench server: {self.url} is "
+                        "not one, and an OpenAI-compatible server such as vLLM ignores them; "
+                        "nothing was sent.", parameter=f"variants[{i}].interventions")
+            variants = [Variant(variant_name(v.get("name"), v.get("model") or self.model, None),
+                                v.get("model") or self.model) for v in body["variants"]]
+            check_variants(variants, body["reference"])
+            span = self._span(body)
+        except ValidationError as exc:
+            error = error_response(exc).model_dump()
+            return Result(None, error["error"]["code"], error)
+        except _Refused as refused:
+            return refused.result
+        tables = []
+        for v in variants:
+            result = self._backend.generate("completions", {
+                **score_body([span], 1, token_stats=False), "model": v.model})
+            if not result.ok:
+                return result
+            tables.append(scored_table(result.response, span))
+        reason = (f"{self.url} is not a workbench server: its prompt logprobs are the top-k of "
+                  "each position, not the whole distribution KL needs")
+        return _compared(Result(body_from_tables(
+            tables, [v.name for v in variants], [v.model for v in variants], span.token_ids,
+            span.start, body["reference"], self.model, reason)))
+
+    def _span(self, body: dict[str, Any]) -> ScoredSpan:
+        """The compared tokens of a comparison body, through the server's `/tokenize`."""
+        if "messages" not in body:
+            return _refusing(ScoredSpan.of_text, self._tokens({"prompt": body["prompt"]}),
+                             self._tokens({"prompt": body["text"], "add_special_tokens": False}))
+        render = {k: body[k] for k in ("chat_template_kwargs",) if k in body}
+        before, whole = _refusing(last_turn, body["messages"])
+        return _refusing(
+            ScoredSpan.of_turn,
+            self._tokens({"messages": before, "add_generation_prompt": True, **render}),
+            self._tokens({"messages": whole, "add_generation_prompt": False, **render}))
+
     def validate(self, body: dict[str, Any] | None = None, **fields: Any) -> ValidationReport:
         """Dry run of a completions or chat body (chat when it has `messages`)."""
         return self._backend.validate({**(body or {}), **fields})
@@ -499,6 +597,21 @@ class _Local(Backend):
         return Result(response.model_dump(mode="json"), 200, None,
                       ValidationReport.from_recorder(rec, endpoint), Trace.from_recorder(rec))
 
+    def compare(self, body: dict[str, Any]) -> Result:
+        """`/v1/compare` through its serving object, errors as the server answers them."""
+        try:
+            request = CompareRequest.model_validate(_with_model(body, self.model))
+            serving = self.servings.compare
+            assert serving is not None  # Servings.build makes one
+            response = self.run(serving.create(request, RequestMeta()))
+        except pydantic.ValidationError as exc:
+            error = validation_error_body(list(exc.errors()))
+            return Result(None, error["error"]["code"], error)
+        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
+            error = error_response(exc).model_dump()
+            return Result(None, error["error"]["code"], error)
+        return _compared(Result(response))
+
     def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
         async def search() -> BeamSearchOutput:
             request_id = f"wb-beam-{next(self._beam_ids)}"
@@ -639,6 +752,14 @@ class _Remote(Backend):
         result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
         return result
 
+    def compare(self, body: dict[str, Any]) -> Result:
+        """Our server's `/v1/compare` (`Workbench.compare` asks others otherwise)."""
+        start = time.time()
+        result = self._result(self.client.post(self.base + "/compare",
+                                               json=_with_model(body, self.model)))
+        result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
+        return _compared(result)
+
     def validate(self, body: dict[str, Any]) -> ValidationReport:
         """Our server's `/v1/validate`; other servers have no dry run."""
         body = _with_model(body, self.model)
@@ -671,6 +792,13 @@ def _with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
     body = {k: v for k, v in body.items() if v is not None or k == "max_tokens"}
     body.setdefault("model", model)
     return body
+
+
+def _compared(result: Result) -> Result:
+    """A `/v1/compare` answer with its `ModelComparison`."""
+    if result.ok and result.response is not None:
+        result.comparison = ModelComparison.from_body(result.response)
+    return result
 
 
 def _failed(report: ValidationReport) -> Result:

@@ -55,6 +55,10 @@ def _instances() -> dict[str, object]:
                 "blocks.0.attn.hook_pattern": torch.tensor([[[1.0, 0.0], [0.5, 0.5]]])}),
         "AttentionPattern": i.AttentionPattern(0, [0], torch.tensor([[[1.0, 0.0], [0.5, 0.5]]]),
                                                [0, 1], ["a", "b"]),
+        "ModelComparison": i.ModelComparison.from_body({
+            "model": "m", "tokens": ["A", " b"], "token_ids": [5, 7], "variants": [
+                {"name": "base", "logprobs": [-0.1, -0.5], "kl": [0.0, 0.0]},
+                {"name": "lora", "logprobs": [-0.3, -0.2], "kl": [0.05, 0.1]}]}),
         "LogitLens": i.LogitLens(tokens=["a", "b"], layers=[0], positions=[0, 1],
                                  top_ids=torch.tensor([[[1], [2]]]),
                                  top_probs=torch.tensor([[[0.5], [0.9]]]),

@@ -156,6 +156,61 @@ class AsyncLLMEngine:
                                       request_id, priority=priority, **kwargs):
             yield out
 
+    async def generate_together(self, requests: list[tuple[str, PromptInput, SamplingParams,
+                                                           Any]]) -> list[RequestOutput]:
+        """Queues every (request id, prompt, params, lora_request) under one hold of the
+        engine's lock, so no step runs between them and the scheduler admits them together
+        (within `max_num_seqs`, the token budget and `max_loras`); returns their final outputs
+        in order. Any refusal aborts those already queued; so does cancelling."""
+        self.check_health()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def deliver(item: RequestOutput | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        ids = [rid for rid, *_ in requests]
+
+        def add_all() -> None:
+            added: list[str] = []
+            with self.engine.lock:
+                try:
+                    for rid, prompt, params, lora in requests:
+                        self.engine.add_request(rid, prompt, params, lora_request=lora,
+                                                on_output=deliver)
+                        added.append(rid)
+                except BaseException:
+                    if added:  # the loop's next step hands them over as aborted
+                        self.engine.abort_request(added)
+                        self._wake.set()
+                    raise
+
+        deadline = None if self.request_timeout is None else loop.time() + self.request_timeout
+        self._admit()
+        try:
+            await asyncio.to_thread(add_all)
+        finally:
+            with self._admission:
+                self._admitting -= 1
+        self._submitted.update(ids)
+        self._wake.set()
+        finals: dict[str, RequestOutput] = {}
+        try:
+            while len(finals) < len(ids):
+                item = await self._next(queue, deadline, ids[0])
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    finals[item.request_id] = item
+        finally:
+            self._submitted.difference_update(ids)
+            left = [rid for rid in ids if rid not in finals]
+            if left:
+                threading.Thread(target=self.engine.abort_request, args=(left,),
+                                 daemon=True).start()
+                self._wake.set()
+        return [finals[rid] for rid in ids]
+
     async def beam_search(self, prompt: PromptInput, request_id: str, params: BeamSearchParams,
                           lora_request: Any = None, priority: int = 0
                           ) -> AsyncIterator[BeamSearchOutput]:

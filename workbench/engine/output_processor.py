@@ -55,6 +55,13 @@ def position_logprobs(token_id: int, logprob: float, rank: int | None, top_ids: 
     return entry
 
 
+def _rows(chunks: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """The kept full log-probability rows as one float32 tensor [tokens, V]."""
+    if not chunks:
+        return torch.empty(0, vocab_size)
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
 class OutputProcessor:
     """Per-token bookkeeping of sequences and the outputs handed back to callers."""
 
@@ -143,6 +150,12 @@ class OutputProcessor:
                 top_lp[i].tolist(), k, self.texts))
         if req.prompt_token_stats is not None:
             req.prompt_token_stats += token_stats(lps, ranks, [k] * len(lps))
+        start = req.params.prompt_distributions_from
+        if req.prompt_distributions is not None and start is not None:
+            # row i predicts prompt token first_pos + 1 + i: keep those from `start` on
+            keep = lps[max(0, start - first_pos - 1):]
+            if len(keep):
+                req.prompt_distributions.append(keep.to(torch.float32, copy=True))
 
     # -- outputs ----------------------------------------------------------------------------
     def make_output(self, req: Request) -> RequestOutput | None:
@@ -176,6 +189,8 @@ class OutputProcessor:
             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics,
             lora_request=req.lora_request, error=req.error,
             prompt_token_stats=None if prompt_lps is None else req.prompt_token_stats,
+            prompt_distributions=None if prompt_lps is None or req.prompt_distributions is None
+            else _rows(req.prompt_distributions, self.vocab_size),
             **(self._inside(req) if finished and req.recording is not None else {}))
 
     def _inside(self, req: Request) -> dict[str, Any]:

@@ -124,6 +124,9 @@ class RequestOutput:
     # `token_stats` with `prompt_logprobs`: one `TokenStats` per prompt position, beside
     # `prompt_logprobs` (None for the first position, as there)
     prompt_token_stats: list[TokenStats | None] | None = field(default=None, repr=False)
+    # `prompt_distributions_from` (ours, engine-level): the full vocabulary's log-probabilities
+    # of the prompt tokens from that index on, float32 [tokens, V]; never sent over HTTP
+    prompt_distributions: torch.Tensor | None = field(default=None, repr=False)
 
     def _repr_html_(self) -> str:
         return request_html(self)

@@ -70,6 +70,12 @@ class EngineClient(Protocol):
                  priority: int = 0, **kwargs: Any) -> AsyncIterator[RequestOutput]:
         """The request's outputs as the engine produces them (`lora_request=` picks an adapter)."""
 
+    async def generate_together(self, requests: list[tuple[str, PromptInput, SamplingParams,
+                                                           Any]]) -> list[RequestOutput]:
+        """Several (request id, prompt, params, lora_request) queued before any step can run,
+        so the scheduler admits them into the same step within its budgets; their final
+        outputs, in order (cross-request comparisons: `serving/compare.py`)."""
+
     def beam_search(self, prompt: PromptInput, request_id: str, params: BeamSearchParams,
                     lora_request: Any = None, priority: int = 0
                     ) -> AsyncIterator[BeamSearchOutput]:

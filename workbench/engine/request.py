@@ -57,6 +57,8 @@ class Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     # `token_stats` with prompt logprobs: one per prompt position, beside `prompt_logprobs`
     prompt_token_stats: list[TokenStats | None] | None = None
+    # `prompt_distributions_from`: the kept rows of full log-probabilities, in prompt order
+    prompt_distributions: list[torch.Tensor] | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics = field(init=False)  # set from arrival_time by __post_init__
     min_tokens_stop_ids: frozenset[int] = frozenset()  # EOS and stop ids banned before min_tokens
@@ -79,6 +81,8 @@ class Request:
             self.prompt_logprobs = [None]
             if self.params.token_stats:
                 self.prompt_token_stats = [None]
+            if self.params.prompt_distributions_from is not None:
+                self.prompt_distributions = []
 
     @property
     def errored(self) -> bool:

@@ -80,9 +80,10 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
 def include_extras(app: FastAPI, config: ServerConfig, generates: bool,
                    tasks: tuple[str, ...]) -> None:
     """vLLM's further routes (`routes/extras.py`): batch chat, /invocations, /load and, when
-    enabled, /tokenizer_info."""
+    enabled, /tokenizer_info; ours, /v1/compare."""
     if generates:
         app.include_router(extras.batch_router)
+        app.include_router(extras.compare_router)
     app.state.invocation_types = extras.invocation_types(generates, tasks)
     app.state.server_load = extras.ServerLoad()
     app.include_router(extras.invocations_router)

@@ -1,7 +1,8 @@
 """Inspect objects: each an `Inspectable` (`to_dict()`, `to_frame()`, `plot()`, `_repr_html_`).
 
 `BeamTree` (every candidate of a beam search), `BranchTree` (an output and its branches, each
-forced at a position to another token), `LogprobTable`, `LogprobDiff`,
+forced at a position to another token), `LogprobTable`, `LogprobDiff`, `ModelComparison`
+(variants of a model on the same tokens: Δ logprob and KL),
 `ValidationReport`, `Trace`, `ParsedOutput`, `ToolLoopTrace`, `SimilarityMatrix`, the views of
 what a request saw inside the model (`ActivationCache`, `AttentionPattern`, `LogitLens`), and the
 client-side `remote_beam_search` over any OpenAI-compatible server. Names load lazily, so
@@ -19,6 +20,7 @@ _NAMES = {
     "remote_beam_search": "workbench.inspect.remote_beam",
     "LogprobTable": "workbench.inspect.logprob_table",
     "LogprobDiff": "workbench.inspect.logprob_diff",
+    "ModelComparison": "workbench.inspect.model_compare",
     "Inspectable": "workbench.inspect.protocol",
     "ValidationReport": "workbench.inspect.validation_report",
     "Trace": "workbench.inspect.trace",

@@ -66,7 +66,7 @@ def compare_lora(wb: Any, prompt: Any = None, adapter: str | LoRARequest | None 
                          "LoRARequest.")
     if (prompt is None) == (messages is None):
         raise ValueError("compare_lora needs a prompt (completions) or messages (chat).")
-    name = _served_name(wb, adapter)
+    name = served_name(wb, adapter)
     base_model = wb.model
     fields = {"max_tokens": max_tokens, "temperature": 0, **body}
     if messages is not None:
@@ -78,7 +78,7 @@ def compare_lora(wb: Any, prompt: Any = None, adapter: str | LoRARequest | None 
     return LoRAComparison(base_model, name, run(base_model), run(name))
 
 
-def _served_name(wb: Any, adapter: str | LoRARequest) -> str:
+def served_name(wb: Any, adapter: str | LoRARequest) -> str:
     if isinstance(adapter, str):
         return adapter
     if not isinstance(adapter, LoRARequest):

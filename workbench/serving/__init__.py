@@ -15,6 +15,7 @@ from typing import Any
 from workbench.engine.protocol import EngineClient
 from workbench.serving.base import EngineServing, RequestMeta
 from workbench.serving.chat import ChatServing
+from workbench.serving.compare import CompareServing
 from workbench.serving.completions import CompletionServing
 from workbench.serving.config import ServerConfig
 from workbench.serving.errors import ServingError, error_response
@@ -48,6 +49,7 @@ class Servings:
     score: ScoreServing | None = None
     rerank: RerankServing | None = None
     responses: ResponsesServing | None = None  # `/v1/responses` (`serving/responses/`)
+    compare: CompareServing | None = None  # `/v1/compare`, ours (`serving/compare.py`)
 
     def __post_init__(self) -> None:
         """One `ServedAdapters` (LoRA adapter names) shared by every endpoint; a server's
@@ -90,7 +92,8 @@ class Servings:
                    classify=ClassifyServing(engine, config, metrics),
                    score=ScoreServing(engine, config, metrics),
                    rerank=RerankServing(engine, config, metrics),
-                   responses=ResponsesServing(engine, config, metrics, tool_server=tool_server))
+                   responses=ResponsesServing(engine, config, metrics, tool_server=tool_server),
+                   compare=CompareServing(engine, config))
 
 
 __all__ = [

@@ -1,5 +1,6 @@
 """vLLM's further routes: `/v1/chat/completions/batch`, `/invocations` (SageMaker), `/load`
-and `/tokenizer_info` (with `--enable-tokenizer-info-endpoint`).
+and `/tokenizer_info` (with `--enable-tokenizer-info-endpoint`); and ours, `/v1/compare` (a
+workbench extension: one text through several variants of the model, `serving/compare.py`).
 
 `/invocations` tries the body as each request type the model serves, in vLLM's order (chat,
 completion; embeddings, classify, rerank, score, pooling) and answers as the first that
@@ -30,6 +31,7 @@ from workbench.serving.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
 )
+from workbench.serving.protocol.compare import CompareRequest
 from workbench.serving.protocol.pooling import (
     ClassificationRequest,
     EmbeddingRequest,
@@ -42,12 +44,13 @@ batch_router = APIRouter()
 invocations_router = APIRouter()
 load_router = APIRouter()
 tokenizer_info_router = APIRouter()
+compare_router = APIRouter()
 
 # the routes vLLM's `load_aware_call` counts
 LOAD_TRACKED = ("/v1/responses", "/v1/chat/completions", "/v1/chat/completions/batch",
                 "/v1/completions", "/v1/embeddings",
                 "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank",
-                "/v2/rerank", "/invocations")
+                "/v2/rerank", "/invocations", "/v1/compare")
 
 
 @batch_router.post("/v1/chat/completions/batch", dependencies=[Depends(validate_json_request)],
@@ -65,6 +68,20 @@ async def create_batch_chat_completion(request: BatchChatCompletionRequest,
     if response is None:  # the client went away
         return Response(status_code=499)
     return JSONResponse(response.model_dump(mode="json"))
+
+
+@compare_router.post("/v1/compare", dependencies=[Depends(validate_json_request)])
+async def compare(request: CompareRequest, raw: Request) -> Response:
+    """Ours: `text` after `prompt` teacher-forced through each variant (base, adapters,
+    interventions) in one batch; per token logprobs, their differences and exact KL."""
+    try:
+        body = await with_cancellation(
+            raw, raw.app.state.servings.compare.create(request, request_meta(raw)))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes the error envelope
+        return error_json(exc, log_stack=raw.app.state.server_config.log_error_stack)
+    if body is None:  # the client went away
+        return Response(status_code=499)
+    return JSONResponse(body)
 
 
 def invocation_types(generates: bool, tasks: tuple[str, ...]) -> list[tuple[Any, str, Any]]:
