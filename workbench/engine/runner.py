@@ -13,6 +13,15 @@ layer's attention asks for (scaling, sliding window, soft-capping) and checks th
 (`engine/decoder.py`): where it gives the base model's hidden states bit for bit (Llama,
 Mistral, Qwen2), the layers run through it instead; with `WORKBENCH_COMPILE=1` a lone stream's
 decode steps run as one compiled graph instead (`engine/compiled.py`).
+
+With `batch_invariant=True` a row's computation depends on its own tokens only: every
+projection computes in fixed tiles (`fusion.make_batch_invariant`), every query token is
+attended alone against its own context in one fixed order (`attention.QueryContexts`,
+`gemv.paged_attention`), decode steps go through the loop rather than the one C call, and the
+ops between (norms, activations, rotary) are per row already. A request's tokens and logprobs
+are then the same bits whatever shares its step, however its prompt is chunked, with or
+without prefix-cache hits (`tests/engine/test_batch_invariant.py`); what cannot be made so is
+refused at start-up (`check_batch_invariant`).
 """
 
 from __future__ import annotations
