@@ -81,9 +81,12 @@ class DecoderStack:
 
     windows: list[int | None]  # each layer's sliding window (the runner's probe says)
 
-    def __init__(self, model, layers, c_ops: bool = False, one_call: bool = True):
+    def __init__(self, model, layers, c_ops: bool = False, one_call_rows: int | None = None):
         self.layers = list(layers)
-        self.one_call = one_call  # decode steps in one C call where they can (`_c_step`)
+        # decode steps of at most this many rows (None: any the C products take) in one C call
+        # (`_c_step`): a batch-invariant engine's, the rows its products' dot products take,
+        # where each row's bits are the loop's whatever the count
+        self.one_call_rows = one_call_rows
         self.windows = [None] * len(self.layers)
         # where the kernel choice's ops are "c": rotary embedding and the KV write in C
         # (`gemv.rope_write_kv`, bit for bit torch's), each residual add with the norm after it
@@ -192,6 +195,8 @@ class DecoderStack:
         where it does not apply (more rows than the C products take, another dtype): the
         loop runs instead."""
         assert self.c_layers is not None
+        if self.one_call_rows is not None and hidden.shape[0] > self.one_call_rows:
+            return None
         fn = self.c_layers[0][1].c_function(hidden.shape[0], hidden.dtype)
         if fn is None or ctx.decode_slots is None or ctx.decode_lengths is None:
             return None
@@ -217,11 +222,10 @@ class DecoderStack:
 
     def _c_layers(self) -> list[tuple] | None:
         """Per layer (input norm, Q/K/V, O, post-attention norm, gate/up, down) when a decode
-        step can run in one C call (`_c_step`): `one_call` (not a batch-invariant engine's,
-        whose products take fixed tiles), ops "c", SiLU, every projection a plain
+        step can run in one C call (`_c_step`): ops "c", SiLU, every projection a plain
         `FastLinear` (no LoRA wrapper) on one kernel with C products, one scaling, no sliding
         window (the C attention reads whole contexts); else None."""
-        if not (self.c_ops and self.silu and self.one_call) or any(
+        if not (self.c_ops and self.silu) or any(
                 w is not None for w in self.windows):
             return None
         layers: list[tuple] = []

@@ -17,8 +17,9 @@ decode steps run as one compiled graph instead (`engine/compiled.py`).
 With `batch_invariant=True` a row's computation depends on its own tokens only: every
 projection computes in fixed tiles (`fusion.make_batch_invariant`), every query token is
 attended alone against its own context in one fixed order (`attention.QueryContexts`,
-`gemv.paged_attention`), decode steps go through the loop rather than the one C call, and the
-ops between (norms, activations, rotary) are per row already. A request's tokens and logprobs
+`gemv.paged_attention`), decode steps go through the one C call only with as few rows as the
+products' dot products take (the loop's bits), and the ops between (norms, activations,
+rotary) are per row already. A request's tokens and logprobs
 are then the same bits whatever shares its step, however its prompt is chunked, with or
 without prefix-cache hits (`tests/engine/test_batch_invariant.py`); what cannot be made so is
 refused at start-up (`check_batch_invariant`).
@@ -37,7 +38,7 @@ from workbench.engine import attention, attention_modules, gemv, inspection, ker
 from workbench.engine.attention import AttentionContext, PrefillChunk, QueryContexts
 from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
-from workbench.engine.fusion import fuse_projections, make_batch_invariant
+from workbench.engine.fusion import INVARIANT_C_ROWS, fuse_projections, make_batch_invariant
 from workbench.engine.inspection import InspectedRows, StepInspector
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
 from workbench.errors import ValidationError
@@ -213,7 +214,8 @@ class ModelRunner:
         # lean loop computes what the base model does, bit for bit: one probe step tells
         self.stack = None
         stack = DecoderStack(model, self.layers, c_ops=self.kernel.ops == "c",
-                             one_call=not batch_invariant) \
+                             one_call_rows=INVARIANT_C_ROWS.get(self.kernel.kernel, 0)
+                             if batch_invariant else None) \
             if DecoderStack.supports(model, self.layers) else None
         self.layer_attention, stack_matches = probe(self, stack, (shape[1], shape[2]))
         shapes = {a.kv_shape for a in self.layer_attention.values()}
