@@ -238,14 +238,18 @@ def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
 def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
     """A lone greedy stream as it is, capturing one layer's `hook_resid_post` at every
     position, and steered (one vector added at that layer): each against the plain stream in
-    turn (`inside_*_ratio` = its rate / the plain rate)."""
+    turn (`inside_*_ratio` = its rate / the plain rate); with 5 logprobs a token
+    (`logprobs5_ratio`, against the plain stream) and with `token_stats` beside them
+    (`token_stats_ratio`, against the 5 logprobs alone)."""
     llm, prompt = side.ours, side.prompt_ids(1)[0]
     layer = llm.llm_engine.model.config.num_hidden_layers // 2
     width = llm.llm_engine.model.config.hidden_size
     extras = {"plain": {},
               "capture": {"capture": {"sites": ["resid_post"], "layers": [layer]}},
               "steer": {"interventions": [{"site": "resid_post", "layer": layer, "op": "add",
-                                           "vector": [0.01] * width}]}}
+                                           "vector": [0.01] * width}]},
+              "logprobs": {"logprobs": 5},
+              "token_stats": {"logprobs": 5, "token_stats": True}}
 
     def run(extra: dict[str, Any], tokens: int) -> int:
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, **extra)
@@ -260,7 +264,9 @@ def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
             best[name] = max(best[name], rate)
     return {"inside_plain_tok_s": round(best["plain"], 2),
             "inside_capture_ratio": round(best["capture"] / best["plain"], 3),
-            "inside_steer_ratio": round(best["steer"] / best["plain"], 3)}
+            "inside_steer_ratio": round(best["steer"] / best["plain"], 3),
+            "logprobs5_ratio": round(best["logprobs"] / best["plain"], 3),
+            "token_stats_ratio": round(best["token_stats"] / best["logprobs"], 3)}
 
 
 def bench_invariant(side: Contenders, config: BenchConfig) -> dict[str, float]:

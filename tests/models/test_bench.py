@@ -106,3 +106,14 @@ def test_the_share_of_the_limit_is_reported(monkeypatch, capsys):
     assert bench.main(["--json", "--quick"]) == 0
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures["single_stream_of_limit"] == 0.75
+
+
+@pytest.mark.slow
+def test_the_invariant_and_inside_figures_are_measured():
+    config = bench.BenchConfig.quick(tokens=4, concurrency=4)
+    figures = bench.run(config, [bench.bench_inside, bench.bench_invariant])
+    for key in ("inside_capture_ratio", "inside_steer_ratio", "logprobs5_ratio",
+                "token_stats_ratio", "invariant_single_ratio", "invariant_concurrent_ratio",
+                "invariant_prefill_ratio"):
+        assert figures[key] > 0, key
+    assert figures["invariant_single_tok_s"] > 0
