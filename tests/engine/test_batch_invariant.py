@@ -216,3 +216,11 @@ def test_every_projection_of_every_family_is_tiled():
                  if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"]
         assert not plain, (family, plain)
         assert all(m.tile_rows for m in model.modules() if isinstance(m, FastLinear)), family
+
+
+@needs_c
+def test_the_llm_says_it_is_batch_invariant():
+    llm = make_llm(tiny_model("llama", seed=0), batch_invariant=True)
+    assert repr(llm).endswith("batch_invariant=True)")
+    assert "batch_invariant" in llm._repr_html_()
+    assert "batch_invariant" not in repr(make_llm(tiny_model("llama", seed=0)))

@@ -16,13 +16,15 @@ def llm_summary(llm: Any) -> dict[str, Any]:
     return {"model": engine.served_model_name, "kind": getattr(loaded, "kind", "generate"),
             "dtype": str(getattr(loaded, "dtype", config.dtype)).removeprefix("torch."),
             "device": getattr(loaded, "device", config.device),
-            "max_model_len": engine.max_model_len, "seed": config.seed}
+            "max_model_len": engine.max_model_len, "seed": config.seed,
+            "batch_invariant": config.batch_invariant}
 
 
 def llm_repr(llm: Any) -> str:
     s = llm_summary(llm)
     return (f"LLM({s['model']!r}, {s['kind']}, {s['dtype']} on {s['device']}, "
-            f"max_model_len={s['max_model_len']}, seed={s['seed']})")
+            f"max_model_len={s['max_model_len']}, seed={s['seed']}"
+            f"{', batch_invariant=True' if s['batch_invariant'] else ''})")
 
 
 def llm_html(llm: Any) -> str:
@@ -31,7 +33,8 @@ def llm_html(llm: Any) -> str:
            else "embed, score, encode")
     rows = "".join(f'<tr><th style="text-align:left;padding:1px 6px">{k}</th>'
                    f'<td style="padding:1px 6px">{h.escape(s[k])}</td></tr>'
-                   for k in ("kind", "dtype", "device", "max_model_len", "seed"))
+                   for k in ("kind", "dtype", "device", "max_model_len", "seed",
+                             *(("batch_invariant",) if s["batch_invariant"] else ())))
     return card(f"LLM {h.escape(s['model'])}",
                  f'<table style="border-collapse:collapse">{rows}</table>'
                  + h.caption(f"methods: {h.escape(can)}"))
