@@ -11,11 +11,11 @@ import pytest
 from workbench.backend import Backend
 from workbench.workbench import _Local, _Remote
 
-METHODS = ["generate", "stream", "call", "respond", "stream_respond", "pooling", "validate",
+METHODS = ["generate", "generate_many", "stream", "call", "respond", "stream_respond", "pooling", "validate",
            "beam_search", "tokenizer", "close"]
 
 
-def test_the_protocol_declares_the_ten_methods_a_workbench_calls():
+def test_the_protocol_declares_the_eleven_methods_a_workbench_calls():
     declared = {name for name, value in vars(Backend).items()
                 if inspect.isfunction(value) and not name.startswith("_")}
     assert declared == set(METHODS)
