@@ -160,7 +160,7 @@ def test_the_plot_is_log_scaled_with_the_token_divergence_marked():
     matplotlib.use("Agg")
     ax = _report().plot()
     assert ax.get_yscale() == "log"
-    assert len(ax.lines) == 3  # two scenarios' |Δ| and batch's divergence line
+    assert len(ax.lines) == 4  # two scenarios' |Δ|, batch's divergence, the bit-equal floor
 
 
 # -- end to end -------------------------------------------------------------------------------

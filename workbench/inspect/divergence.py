@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench import html as h
-from workbench.figure import neutral
+from workbench.figure import GREY, neutral
 from workbench.frames import frame
 from workbench.inspect.logprob_table import LogprobTable
 
@@ -279,6 +279,7 @@ class DivergenceReport:
                     label=f"{d.scenario}: {d.verdict}")
             if d.token_diverges_at is not None:
                 ax.axvline(d.token_diverges_at, color=colour, ls="--", lw=1)
+        ax.axhline(floor, color=GREY, ls=":", lw=0.8)  # where bit-equal positions sit
         ax.set_yscale("log")
         ax.set_ylim(bottom=floor / 2)
         ax.set_xlabel("generated position")
@@ -310,7 +311,8 @@ class DivergenceReport:
         summary = (f"{len(ref.tokens)} tokens{where}: "
                    + ("every scenario bit-identical to the reference" if self.identical
                       else "some scenario diverges from the reference"))
-        div_id = h.content_id("wb-divergence", self.to_dict())
+        data = {k: v for k, v in self.to_dict().items() if k != "where"}  # not the port
+        div_id = h.content_id("wb-divergence", data)
         return h.themed(
             f'<div id="{div_id}" class="wb-divergence" style="font-size:12px">'
             f'<div class="wb-summary">{h.escape(summary)}</div>'
