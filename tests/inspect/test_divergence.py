@@ -12,7 +12,7 @@ import pytest
 from workbench.errors import ValidationError
 from workbench.inspect import DivergenceReport
 from workbench.inspect.divergence import RunTokens, Scenario, compare
-from workbench.inspect.replay import replay_body
+from workbench.inspect.replay import other_bodies, replay_body
 
 PROMPT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the "
           "deep green forest where")
@@ -121,6 +121,16 @@ def test_unseeded_sampling_is_refused_naming_temperature_and_seed(fields):
 def test_more_than_one_choice_is_refused():
     with pytest.raises(ValidationError, match="`n` must be 1"):
         replay_body({"prompt": "Hi", "temperature": 0, "n": 2}, ours=True)
+
+
+def test_the_other_requests_differ_in_prompt_and_length_and_outlast_the_reference():
+    bodies = other_bodies("completions", {"prompt": "Hi", "max_tokens": 8}, 10)
+    assert len({b["prompt"] for b in bodies}) == 10 and len({len(b["prompt"]) for b in bodies}) > 5
+    assert all(b["max_tokens"] > 8 and b["ignore_eos"] and b["temperature"] == 0 for b in bodies)
+    chat = other_bodies("chat", {"messages": []}, ["one", "two"])
+    assert [b["messages"][0]["content"] for b in chat] == ["one", "two"]
+    with pytest.raises(ValidationError, match="others must be at least 1"):
+        other_bodies("completions", {}, 0)
 
 
 # -- the views --------------------------------------------------------------------------------

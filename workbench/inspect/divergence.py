@@ -86,8 +86,8 @@ def _margin(pairs: Pairs) -> float | None:
 def _delta(a: RunTokens, b: RunTokens, k: int) -> float | None:
     """The largest |Δ logprob| at position `k` over the chosen token (the same in both) and
     the alternatives both returned; None when nothing there is comparable."""
-    diffs = [abs(x - y) for x, y in [(a.logprobs[k], b.logprobs[k])] if x is not None
-             and y is not None]
+    pair = [(a.logprobs[k], b.logprobs[k])] if k < min(len(a.logprobs), len(b.logprobs)) else []
+    diffs = [abs(x - y) for x, y in pair if x is not None and y is not None]
     theirs = b.pairs(k)
     diffs += [abs(lp - theirs[t]) for t, lp in a.pairs(k).items() if t in theirs]
     return max(diffs) if diffs else None
@@ -280,8 +280,8 @@ class DivergenceReport:
             if d.token_diverges_at is not None:
                 ax.axvline(d.token_diverges_at, color=colour, ls="--", lw=1)
         ax.axhline(floor, color=GREY, ls=":", lw=0.8)  # where bit-equal positions sit
+        ax.set_ylim(floor / 2, 2 * max(nonzero, default=10 * floor))  # never a single value
         ax.set_yscale("log")
-        ax.set_ylim(bottom=floor / 2)
         ax.set_xlabel("generated position")
         ax.set_ylabel(f"|Δ logprob| vs {self.reference.name}")
         ax.set_title(f"bit-equal positions drawn at {floor:.0e}; dashed: tokens differ",
