@@ -11,8 +11,8 @@ import pytest
 from workbench.backend import Backend
 from workbench.workbench import _Local, _Remote
 
-METHODS = ["generate", "stream", "call", "respond", "stream_respond", "pooling", "compare",
-           "validate", "beam_search", "tokenizer", "close"]
+METHODS = ["generate", "generate_many", "stream", "call", "respond", "stream_respond", "pooling",
+           "compare", "validate", "beam_search", "tokenizer", "close"]
 
 
 def test_the_protocol_declares_the_eleven_methods_a_workbench_calls():

@@ -35,6 +35,11 @@ class Backend(Protocol):
         """A completions or chat request, answered whole."""
         ...
 
+    def generate_many(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[Result]:
+        """Several completions or chat requests in flight at once (so the engine may batch
+        them), answered whole, in order."""
+        ...
+
     def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """A streamed completions or chat request: its chunks as dicts."""
         ...

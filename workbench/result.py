@@ -34,7 +34,7 @@ class Result:
     tool_loop: Any = None  # `respond`: a ToolLoopTrace (workbench.inspect.tool_loop)
     similarity: SimilarityMatrix | None = None  # embed / score / rerank
     scores: list[LogprobTable] | None = None  # score_text / score_chat: one table per text
-    request: dict[str, Any] | None = None  # completions: the body sent (`Workbench.branch`)
+    request: dict[str, Any] | None = None  # completions / chat: the body sent (`branch`, `replay`)
     comparison: Any = None  # compare: a ModelComparison (workbench.inspect.model_compare)
 
     @property

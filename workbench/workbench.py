@@ -6,7 +6,8 @@ vs a LoRA adapter, with a `LogprobDiff`), and the pooling
 endpoints `embed`, `score`, `rerank`, `classify`, `pool` with a `SimilarityMatrix` in
 `.similarity`; and `score_text` / `score_chat`, given text scored token by token through
 `/tokenize` and `/v1/completions` prompt logprobs, in `.scores`; `compare`, one text through
-several variants of the model (base, adapters, interventions) per token, in `.comparison`), each taking the request body's fields as keyword
+several variants of the model (base, adapters, interventions) per token, in `.comparison`;
+`replay`, one request alone, batched and cached, a `DivergenceReport`), each taking the request body's fields as keyword
 arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logprobs`
 (`LogprobTable`, when the response has logprobs), `.report` (`ValidationReport`), `.trace`
 (`Trace`), `.error` (the error envelope, instead of raising).
@@ -32,6 +33,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from typing import Any
 
@@ -47,9 +49,11 @@ from workbench.errors import ValidationError
 from workbench.inspect import branch_tree as bt
 from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.branch_tree import BranchTree
+from workbench.inspect.divergence import TIE, DivergenceReport
 from workbench.inspect.lora_compare import compare_lora, served_name
 from workbench.inspect.model_compare import ModelComparison, body_from_tables
 from workbench.inspect.remote_beam import remote_beam_search
+from workbench.inspect.replay import replay
 from workbench.inspect.scoring import ScoredSpan, last_turn, score_body, scored_table
 from workbench.inspect.similarity import SimilarityMatrix
 from workbench.inspect.tool_loop import ToolLoopTrace
@@ -176,7 +180,31 @@ class Workbench:
         return answer.response["choices"][0]
 
     def chat(self, messages: list[dict[str, Any]], **body: Any) -> Result:
-        return self._backend.generate("chat", {"messages": messages, **body})
+        """`/v1/chat/completions`; the result keeps the body it sent (`.request`)."""
+        result = self._backend.generate("chat", {"messages": messages, **body})
+        result.request = {"messages": messages, **body}
+        return result
+
+    def replay(self, result: Result | None = None, *, others: int | list[str] = 7,
+               tie: float = TIE, **body: Any) -> DivergenceReport:
+        """Whether a request gives the same bits whatever runs beside it: its body (a
+        `Result` of `completions` or `chat`, which keeps it, updated by `body`; or the body's
+        fields, `prompt=` or `messages=`) run alone (the reference), again with its prompt in
+        the prefix cache, and in the same steps as `others` other requests (a count, or their
+        prompts), in the kernel or against any server (vLLM too). Returns a
+        `DivergenceReport` (`workbench.inspect.divergence`): per scenario where logprobs and
+        tokens first differ, by how much, and whether a token divergence is a near-tie (the
+        reference's top-2 margin below `tie` nats or twice the noise before it). Needs greedy
+        or seeded sampling (else a `ValidationError` naming `temperature`); forces logprobs
+        (top 2), token ids, and with our back end `token_stats`
+        (`workbench.inspect.replay`). A failed run raises `RuntimeError` with its envelope."""
+        if result is not None:
+            if result.request is None:
+                raise ValidationError("replay takes a Result of Workbench.completions or "
+                                      "Workbench.chat (it keeps the body it sent).",
+                                      parameter="result")
+            body = {**result.request, **body}
+        return replay(self._backend, body, others, tie, self.url or "in-kernel engine")
 
     def respond(self, input: Any, **body: Any) -> Result:
         """`/v1/responses` (text or items, tools, `previous_response_id`, ...): the body, and
@@ -494,13 +522,24 @@ class _Local(Backend):
         return (request, serving, RequestMeta(recorder=rec)), None
 
     def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
+        return self.run(self._generate(endpoint, body))
+
+    def generate_many(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[Result]:
+        """All of `bodies` at once: their coroutines gathered on the loop, so the engine
+        schedules them side by side, in the same steps."""
+        async def gather() -> list[Result]:
+            return list(await asyncio.gather(*(self._generate(endpoint, b) for b in bodies)))
+
+        return self.run(gather())
+
+    async def _generate(self, endpoint: str, body: dict[str, Any]) -> Result:
         body = _with_model(body, self.model)
         parsed, report = self._parse(endpoint, body)
         if parsed is None:
             return _failed(report)
         request, serving, meta = parsed
         try:
-            response = self.run(serving.create(request, meta)).model_dump(mode="json")
+            response = (await serving.create(request, meta)).model_dump(mode="json")
         except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
             error = kernel_words((meta.recorder.error or error_response(exc)).model_dump())
             meta.recorder.error = meta.recorder.error or error_response(exc)
@@ -700,6 +739,14 @@ class _Remote(Backend):
                                                json=_with_model(body, self.model)))
         result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
         return result
+
+    def generate_many(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[Result]:
+        """All of `bodies` at once, one thread each on the shared client (its connection
+        pool), so the server has them in flight together."""
+        _ = self.model, self.ours  # asked once, before the threads
+        with ThreadPoolExecutor(max_workers=max(len(bodies), 1),
+                                thread_name_prefix="workbench-remote") as pool:
+            return list(pool.map(lambda body: self.generate(endpoint, body), bodies))
 
     def respond(self, body: dict[str, Any]) -> Result:
         result = self._result(self.client.post(self.base + "/responses",

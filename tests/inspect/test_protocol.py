@@ -11,6 +11,7 @@ import torch
 import workbench.inspect as inspect_pkg
 from workbench.inspect import Inspectable
 from workbench.inspect import branch_tree as bt
+from workbench.inspect import divergence as dv
 from workbench.inspect.trace import Span
 from workbench.serving.recorder import Check
 
@@ -38,8 +39,13 @@ def _instances() -> dict[str, object]:
          "arguments": json.dumps({"expression": "6*7"})},
         {"type": "function_call_output", "call_id": "c", "output": "42"},
         {"type": "message", "content": [{"type": "output_text", "text": "42."}]}]}
+    alone = dv.Scenario("alone", dv.RunTokens((1, 2), ("A", " b"), (-0.1, -0.5),
+                                              margins=(2.0, 0.004)), "A b", 0, 0, 1)
+    batch = dv.Scenario("batch", dv.RunTokens((1, 3), ("A", " c"), (-0.1, -0.6)), "A c", 0,
+                        2, 3, 2)
+    divergence = i.DivergenceReport(alone, [batch, dv.Scenario("warm", alone.tokens, "A b")])
     return {
-        "BeamTree": beam_tree, "BranchTree": branch_tree, "LogprobTable": a, "LogprobDiff": a.diff(b),
+        "BeamTree": beam_tree, "DivergenceReport": divergence, "BranchTree": branch_tree, "LogprobTable": a, "LogprobDiff": a.diff(b),
         "ValidationReport": i.ValidationReport("completions", (
             Check("model", "check model", "passed"), Check("user", "validate", "ignored", "user"))),
         "Trace": i.Trace((Span("validate", "pipeline", 0.0, 0.001),

@@ -37,7 +37,8 @@ def _outputs() -> dict[str, str]:
                                                  [[0.1, 0.5, 0.9]])._repr_html_(),
             "BeamTree": tree._repr_html_(),
             "BranchTree": INSTANCES["BranchTree"]._repr_html_(),
-            "ModelComparison": INSTANCES["ModelComparison"]._repr_html_()}
+            "ModelComparison": INSTANCES["ModelComparison"]._repr_html_(),
+            "DivergenceReport": INSTANCES["DivergenceReport"]._repr_html_()}
 
 
 def _styles(html: str) -> list[str]:

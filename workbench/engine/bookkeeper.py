@@ -119,7 +119,8 @@ class Bookkeeper:
 
     # -- before the handlers: the scheduled work is done ------------------------------------
     def count_steps(self, out: SchedulerOutput) -> None:
-        """Per request: its first scheduled time, and a step of prompt or of generation."""
+        """Per request: its first scheduled time, a step of prompt or of generation, and
+        whether other requests shared the step (and how many requests it ran)."""
         now = time.time()
         first: dict[str, Sequence] = {}
         for s in out.scheduled:
@@ -127,6 +128,8 @@ class Bookkeeper:
         for seq in first.values():
             m = seq.request.metrics
             m.first_scheduled_time = m.first_scheduled_time or now
+            m.num_shared_steps += len(first) > 1
+            m.max_step_requests = max(m.max_step_requests, len(first))
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 m.num_prefill_steps += 1
             else:

@@ -99,6 +99,10 @@ class RequestMetrics:
     finished_time: float | None = None
     num_prefill_steps: int = 0
     num_decode_steps: int = 0
+    # ours: of its steps, how many also ran other requests' sequences, and the most requests
+    # one of them ran (itself included), so a reader can tell whether it was batched with others
+    num_shared_steps: int = 0
+    max_step_requests: int = 0
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Inspect objects: each an `Inspectable` (`to_dict()`, `to_frame()`, `plot()`, `_repr_html_`).
 
 `BeamTree` (every candidate of a beam search), `BranchTree` (an output and its branches, each
-forced at a position to another token), `LogprobTable`, `LogprobDiff`, `ModelComparison`
+forced at a position to another token), `DivergenceReport` (one request alone, batched and cached:
+where its bits part), `LogprobTable`, `LogprobDiff`, `ModelComparison`
 (variants of a model on the same tokens: Δ logprob and KL),
 `ValidationReport`, `Trace`, `ParsedOutput`, `ToolLoopTrace`, `SimilarityMatrix`, the views of
 what a request saw inside the model (`ActivationCache`, `AttentionPattern`, `LogitLens`), and the
@@ -17,6 +18,7 @@ _NAMES = {
     "BeamTree": "workbench.inspect.beam_tree",
     "BeamNode": "workbench.inspect.beam_tree",
     "BranchTree": "workbench.inspect.branch_tree",
+    "DivergenceReport": "workbench.inspect.divergence",
     "remote_beam_search": "workbench.inspect.remote_beam",
     "LogprobTable": "workbench.inspect.logprob_table",
     "LogprobDiff": "workbench.inspect.logprob_diff",

@@ -46,6 +46,8 @@ class Trace:
     num_prefill_steps: int | None = None
     num_decode_steps: int | None = None
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
+    num_shared_steps: int | None = None  # of its steps, those that ran other requests too
+    max_step_requests: int | None = None  # the most requests one of its steps ran
 
     @classmethod
     def from_recorder(cls, recorder: Any) -> "Trace":
@@ -72,7 +74,9 @@ class Trace:
         spans = tuple(Span(n, k, s - t0, e - t0) for n, k, s, e in events)
         return cls(spans, getattr(metrics, "num_prefill_steps", None),
                    getattr(metrics, "num_decode_steps", None),
-                   getattr(output, "num_cached_tokens", None))
+                   getattr(output, "num_cached_tokens", None),
+                   getattr(metrics, "num_shared_steps", None),
+                   getattr(metrics, "max_step_requests", None))
 
     def __getitem__(self, key: int | str) -> Span:
         if isinstance(key, int):
@@ -93,7 +97,9 @@ class Trace:
         return {"spans": [asdict(s) for s in self.spans], "total": self.total,
                 "num_prefill_steps": self.num_prefill_steps,
                 "num_decode_steps": self.num_decode_steps,
-                "num_cached_tokens": self.num_cached_tokens}
+                "num_cached_tokens": self.num_cached_tokens,
+                "num_shared_steps": self.num_shared_steps,
+                "max_step_requests": self.max_step_requests}
 
     def to_frame(self):
         return frame([{**asdict(s), "duration": s.duration} for s in self.spans],
@@ -116,6 +122,9 @@ class Trace:
                  if self.num_prefill_steps is not None else "")
         if self.num_cached_tokens is not None:
             steps += f", cached prompt tokens {self.num_cached_tokens}"
+        if self.num_shared_steps:
+            steps += (f", {self.num_shared_steps} steps shared with other requests (up to "
+                      f"{self.max_step_requests} requests in a step)")
         return h.themed(f'<div><div style="font-size:12px">Trace: {len(self.spans)} spans, total '
                         f'{h.duration(self.total)} {h.escape(steps)}</div>'
                         + h.table(["kind", "span", "timeline", "duration"], rows,
