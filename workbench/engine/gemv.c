@@ -692,7 +692,9 @@ typedef struct {
     int64_t first_pos;    /* the position of the first key read */
 } wb_score_fix;
 
-static inline float wb_round_to(float f, int bf16);
+static inline float wb_round_to(float f, int bf16) {
+    return bf16 ? wb_bf16_to_f32(wb_round_bf16(f)) : f;
+}
 
 static inline float wb_fix_score(float s, const wb_score_fix *fix, int64_t head, int64_t pos,
                                  int bf16) {
@@ -810,10 +812,15 @@ static void wb_attend_one(const void *q, const void *k_cache, const void *v_cach
     }
 }
 
-int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
-                        const void *v_cache, const int64_t *slots, int64_t slot_stride,
-                        const int64_t *lengths, void *out, int64_t B, int64_t Hq, int64_t Hkv,
-                        int64_t D, int64_t Lmax, float scale, int bf16, int threads) {
+/* Rows b of q against their contexts: slots + offsets[b] (or + b * slot_stride without
+ * offsets), the last `window` keys where window > 0, scores fixed as `fix` says (NULL: as they
+ * are); the shared loop of `wb_decode_attention` and `wb_paged_attention`. */
+static int wb_attend_rows(const void *q, int64_t q_stride, const void *k_cache,
+                          const void *v_cache, const int64_t *slots, const int64_t *offsets,
+                          int64_t slot_stride, const int64_t *lengths, int64_t window,
+                          const wb_score_fix *fix, void *out, int64_t B, int64_t Hq,
+                          int64_t Hkv, int64_t D, int64_t Lmax, float scale, int bf16,
+                          int threads) {
     const int64_t G = Hkv > 0 ? Hq / Hkv : 0, esize = bf16 ? 2 : 4, items = B * Hkv;
     if (D % 8 || D > WB_ATTN_MAX_D || G < 1 || G > WB_ATTN_MAX_G || G * Hkv != Hq) return -1;
     for (int64_t b = 0; b < B; ++b)
@@ -826,12 +833,18 @@ int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
         float *scores = (float *)__builtin_malloc(sizeof(float) * (size_t)(G * Lmax));
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < items; ++item) {
-            const int64_t b = item / Hkv;
+            const int64_t b = item / Hkv, L = lengths[b];
+            const int64_t first = window > 0 && L > window ? L - window : 0;
+            wb_score_fix at;
+            if (fix) {
+                at = *fix;
+                at.first_pos = first;
+            }
             if (scores)
                 wb_attend_one((const char *)q + b * q_stride * esize, k_cache, v_cache,
-                              slots + b * slot_stride, lengths[b],
-                              (char *)out + b * Hq * D * esize, Hkv, item % Hkv, G, D, scale,
-                              bf16, scores, 0);
+                              slots + (offsets ? offsets[b] : b * slot_stride) + first,
+                              L - first, (char *)out + b * Hq * D * esize, Hkv, item % Hkv, G,
+                              D, scale, bf16, scores, fix ? &at : 0);
             else {
 #pragma omp atomic write
                 failed = 1;
@@ -842,8 +855,12 @@ int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     return failed ? -2 : 0;
 }
 
-static inline float wb_round_to(float f, int bf16) {
-    return bf16 ? wb_bf16_to_f32(wb_round_bf16(f)) : f;
+int wb_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
+                        const void *v_cache, const int64_t *slots, int64_t slot_stride,
+                        const int64_t *lengths, void *out, int64_t B, int64_t Hq, int64_t Hkv,
+                        int64_t D, int64_t Lmax, float scale, int bf16, int threads) {
+    return wb_attend_rows(q, q_stride, k_cache, v_cache, slots, 0, slot_stride, lengths, 0, 0,
+                          out, B, Hq, Hkv, D, Lmax, scale, bf16, threads);
 }
 
 /* Attention for any query token of any sequence, the batch-invariant engine's (prefill chunks
@@ -862,35 +879,10 @@ int wb_paged_attention(const void *q, int64_t q_stride, const void *k_cache,
                        const float *alibi, float alibi_scale, void *out, int64_t B, int64_t Hq,
                        int64_t Hkv, int64_t D, int64_t Lmax, float scale, int bf16,
                        int threads) {
-    const int64_t G = Hkv > 0 ? Hq / Hkv : 0, esize = bf16 ? 2 : 4, items = B * Hkv;
-    if (D % 8 || D > WB_ATTN_MAX_D || G < 1 || G > WB_ATTN_MAX_G || G * Hkv != Hq) return -1;
-    for (int64_t b = 0; b < B; ++b)
-        if (lengths[b] < 1 || lengths[b] > Lmax) return -1;
-    if (threads > items) threads = (int)items;
-    if (threads < 1) threads = 1;
-    const int plain = softcap <= 0.0f && !alibi;
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = (float *)__builtin_malloc(sizeof(float) * (size_t)(G * Lmax));
-#pragma omp for schedule(static)
-        for (int64_t item = 0; item < items; ++item) {
-            const int64_t b = item / Hkv, L = lengths[b];
-            const int64_t first = window > 0 && L > window ? L - window : 0;
-            const wb_score_fix fix = {softcap, alibi, alibi_scale, first};
-            if (scores)
-                wb_attend_one((const char *)q + b * q_stride * esize, k_cache, v_cache,
-                              slots + offsets[b] + first, L - first,
-                              (char *)out + b * Hq * D * esize, Hkv, item % Hkv, G, D, scale,
-                              bf16, scores, plain ? 0 : &fix);
-            else {
-#pragma omp atomic write
-                failed = 1;
-            }
-        }
-        __builtin_free(scores);
-    }
-    return failed ? -2 : 0;
+    const wb_score_fix fix = {softcap, alibi, alibi_scale, 0};
+    return wb_attend_rows(q, q_stride, k_cache, v_cache, slots, offsets, 0, lengths, window,
+                          softcap > 0.0f || alibi ? &fix : 0, out, B, Hq, Hkv, D, Lmax, scale,
+                          bf16, threads);
 }
 
 /* The residual add and RMSNorm of a pre-norm decoder layer in one pass: sum = hidden (+ delta),

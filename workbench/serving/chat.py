@@ -61,10 +61,7 @@ class ChatServing(GenerationServing):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.renderer = ChatRenderer(
-            self.tokenizer, chat_template=self.config.chat_template,
-            trust_request_chat_template=self.config.trust_request_chat_template,
-            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+        self.renderer = ChatRenderer.for_server(self.tokenizer, self.config)
         self.tools = ChatTools(self.config, self.tokenizer)  # tool and reasoning parsers
 
     def engine_request_id(self, ctx: ServeContext, index: int) -> str:

@@ -116,6 +116,14 @@ class ChatRenderer:
         self.default_kwargs = dict(default_chat_template_kwargs or {})
         self._variables: dict[str, set[str] | None] = {}
 
+    @classmethod
+    def for_server(cls, tokenizer: Any, config: Any) -> ChatRenderer:
+        """The renderer under a `ServerConfig`'s chat template, its trust in a request's own
+        and its default template kwargs."""
+        return cls(tokenizer, chat_template=config.chat_template,
+                   trust_request_chat_template=config.trust_request_chat_template,
+                   default_chat_template_kwargs=config.default_chat_template_kwargs)
+
     def resolve_template(self, request_template: str | None,
                          kwargs: dict[str, Any] | None = None) -> str:
         kwargs_template = (kwargs or {}).get("chat_template")

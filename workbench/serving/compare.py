@@ -171,10 +171,7 @@ class CompareServing(EngineServing):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.renderer = ChatRenderer(
-            self.tokenizer, chat_template=self.config.chat_template,
-            trust_request_chat_template=self.config.trust_request_chat_template,
-            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+        self.renderer = ChatRenderer.for_server(self.tokenizer, self.config)
 
     def prepare(self, request: CompareRequest
                 ) -> tuple[list[Variant], list[SamplingParams], list[int], int]:

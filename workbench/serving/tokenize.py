@@ -23,10 +23,7 @@ class TokenizeServing(EngineServing):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.renderer = ChatRenderer(
-            self.tokenizer, chat_template=self.config.chat_template,
-            trust_request_chat_template=self.config.trust_request_chat_template,
-            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+        self.renderer = ChatRenderer.for_server(self.tokenizer, self.config)
 
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)

@@ -148,9 +148,6 @@ class PoolingServing(OpenAIServing):
     @property
     def renderer(self) -> Any:
         if not hasattr(self, "_renderer"):
-            self._renderer = ChatRenderer(
-                self.tokenizer, chat_template=self.config.chat_template,
-                trust_request_chat_template=self.config.trust_request_chat_template,
-                default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+            self._renderer = ChatRenderer.for_server(self.tokenizer, self.config)
         return self._renderer
 

@@ -59,10 +59,7 @@ class ResponsesServing(OpenAIServing):
     def __init__(self, engine: EngineClient, config: Any = None, metrics: Any = None, *,
                  tool_server: ToolServer | None = None, store: ResponseStore | None = None):
         super().__init__(engine, config, metrics)
-        self.renderer = ChatRenderer(
-            self.tokenizer, chat_template=self.config.chat_template,
-            trust_request_chat_template=self.config.trust_request_chat_template,
-            default_chat_template_kwargs=self.config.default_chat_template_kwargs)
+        self.renderer = ChatRenderer.for_server(self.tokenizer, self.config)
         self.tool_server = tool_server if tool_server is not None else default_tool_server()
         self.store = store if store is not None else ResponseStore(self.config.responses_store_size)
         self.tool_parser_name = getattr(self.config, "tool_call_parser", None)
