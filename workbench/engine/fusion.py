@@ -27,7 +27,8 @@ Two changes, in every dtype:
     fp32 accumulation and one rounding, like oneDNN, but a product may differ from oneDNN's in
     the last bit of bf16;
   - "torch": `F.linear`.
-The README's Benchmark section has what each measured.
+The README's Benchmark section has what each measured. A batch-invariant engine's projections
+compute in fixed tiles on any of them (`make_batch_invariant`, `FastLinear.tile_rows`).
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16}
 
 class FastLinear(nn.Module):
     """`y = x W^T + b` through one of `KERNELS` (see the module docstring). With `tile_rows`
-    (the batch-invariant engine's, `make_batch_invariant`) every call of the kernel gets
-    exactly that many rows, the last tile padded with zeros: each kernel takes one path with
-    one shape, whose sums over k run in one order for every row of the tile, so a row's result
-    is the same bits whatever rows share its step."""
+    (the batch-invariant engine's, `make_batch_invariant`) a row's result is the same bits
+    whatever rows share its step: a library kernel gets exactly `tile_rows` rows a call, the
+    last tile padded with zeros (one path, one shape, whose sums over k run in one order for
+    every row of the tile); a `gemv.c` kernel up to `INVARIANT_C_ROWS` rows a call, unpadded
+    (its dot products sum each row in one order for any count)."""
 
     tile_rows: int = 0  # 0: the rows as they come
 
@@ -236,11 +238,10 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None) 
     return fused
 
 
-
 def make_batch_invariant(model: Any, kernel: str) -> int:
     """Every projection of `model` (after `fuse_projections`: its layers', the LM head, and
     any other `nn.Linear` or GPT-2-style `Conv1D`, which become `FastLinear`s on `kernel`,
-    "torch" included) computes in tiles of `INVARIANT_ROWS` rows (`FastLinear.tile_rows`);
+    "torch" included) computes in fixed tiles (`FastLinear.tile_rows` = `INVARIANT_ROWS`);
     returns how many projections. (An `nn.Linear` subclass computes `x W^T + b` as nn.Linear
     does, in its own order: Falcon's `FalconLinear` adds its bias after the product.)"""
     count = 0
