@@ -8,10 +8,12 @@ best of `repeats` runs, since these shared machines only ever make a run slower.
 ours over transformers' from the same run. `--json` prints one JSON object on the last line.
 
 `bench_machine` says what the figures were measured on (`cpu_flags`, `dtype`, `kernel`) and
-the single-stream limit of this machine: its memory read bandwidth (a plain reduction over a
-buffer far larger than any cache, best of three) divided by the bytes of weights one decode
-step must read in that dtype (`single_stream_limit_tok_s`); `single_stream_of_limit` is our
-single-stream rate's share of it.
+the single-stream limit of this machine: its memory read bandwidth (a plain reduction over
+1 GiB, far beyond any cache, on the bench's threads: the median of 15 passes, with their
+quartiles `memory_read_gb_s_q1` and `_q3`) divided by the bytes of weights one decode step must
+read in that dtype (`single_stream_limit_tok_s`); `single_stream_of_limit` is our single-stream
+rate's share of it. The bandwidth is a median, not a best: the best pass of a few caught the
+moments another session left both cores free.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import functools
 import json
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -194,13 +197,33 @@ def bench_beam4(side: Contenders, config: BenchConfig) -> dict[str, float]:
             "beam4_time_ratio": round(ours_s / theirs_s, 3)}
 
 
-def memory_read_gb_s(megabytes: int = 512, repeats: int = 3) -> float:
-    """This machine's memory read bandwidth: a float32 sum over `megabytes`, best of `repeats`."""
+@dataclass(frozen=True)
+class ReadBandwidth:
+    """A memory read bandwidth in GB/s: the median of several timed passes, and their quartiles."""
+
+    median: float
+    q1: float
+    q3: float
+
+
+def memory_read_bandwidth(threads: int, megabytes: int = 1024, passes: int = 15) -> ReadBandwidth:
+    """This machine's memory read bandwidth on `threads` torch threads (as the engine's steps
+    use them): a float32 sum over `megabytes`, far beyond any cache, every page written before
+    timing and one pass untimed, then `passes` timed passes (~1 s in all at 20 GB/s)."""
     import torch  # deferred: torch is heavy; `workbench bench --help` stays light
 
-    buffer = torch.ones(megabytes * 2**20 // 4)
-    best = min(seconds(buffer.sum) for _ in range(repeats))
-    return buffer.numel() * 4 / best / 1e9
+    if passes < 2:
+        raise ValueError(f"passes must be at least 2 (a median and quartiles), got {passes}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        buffer = torch.ones(megabytes * 2**20 // 4)  # ones, not empty: the writes map every page
+        buffer.sum()  # untimed: the first pass over fresh pages runs slow
+        rates = [buffer.numel() * 4 / seconds(buffer.sum) / 1e9 for _ in range(passes)]
+    finally:
+        torch.set_num_threads(previous)
+    q1, median, q3 = statistics.quantiles(rates, n=4, method="inclusive")
+    return ReadBandwidth(median=median, q1=q1, q3=q3)
 
 
 def decode_step_bytes(model) -> int:
@@ -222,9 +245,10 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
                "ops": choice.ops}
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
-    gb_s = memory_read_gb_s()
-    limit = gb_s * 1e9 / decode_step_bytes(side.theirs.model)  # as loaded: ours is fused
-    return {**figures, "memory_read_gb_s": round(gb_s, 2),
+    read = memory_read_bandwidth(config.threads)
+    limit = read.median * 1e9 / decode_step_bytes(side.theirs.model)  # as loaded: ours is fused
+    return {**figures, "memory_read_gb_s": round(read.median, 2),
+            "memory_read_gb_s_q1": round(read.q1, 2), "memory_read_gb_s_q3": round(read.q3, 2),
             "single_stream_limit_tok_s": round(limit, 2)}
 
 

@@ -76,13 +76,18 @@ def test_table_mode_prints_one_row_per_figure(monkeypatch, capsys):
 
 
 def test_the_machine_figures_say_what_was_measured(tiny_side, monkeypatch):
-    monkeypatch.setattr(bench, "memory_read_gb_s", lambda: 10.0)
-    figures = bench.bench_machine(tiny_side, bench.BenchConfig.quick())
+    threads = []
+    monkeypatch.setattr(bench, "memory_read_bandwidth",
+                        lambda count: threads.append(count) or bench.ReadBandwidth(10.0, 9.0, 11.5))
+    figures = bench.bench_machine(tiny_side, bench.BenchConfig.quick(threads=3))
+    assert threads == [3]  # the bench's threads, as the engine's steps use them
     runner = tiny_side.ours.llm_engine.runner
     assert figures["kernel"] == runner.kernel.kernel and figures["dtype"] == "float32"
     assert figures["cpu_flags"] == runner.kernel.cpu_flags
+    assert (figures["memory_read_gb_s"], figures["memory_read_gb_s_q1"],
+            figures["memory_read_gb_s_q3"]) == (10.0, 9.0, 11.5)
     step_bytes = bench.decode_step_bytes(tiny_side.theirs.model)  # as loaded, not fused
-    assert figures["single_stream_limit_tok_s"] == round(10.0e9 / step_bytes, 2)
+    assert figures["single_stream_limit_tok_s"] == round(10.0e9 / step_bytes, 2)  # the median's
 
 
 def test_decode_step_bytes_counts_a_tied_table_once_and_an_untied_input_table_not_at_all():
@@ -95,8 +100,36 @@ def test_decode_step_bytes_counts_a_tied_table_once_and_an_untied_input_table_no
                                                - embed) * 4
 
 
-def test_memory_read_bandwidth_is_a_positive_rate():
-    assert bench.memory_read_gb_s(megabytes=8, repeats=1) > 0.1
+def test_memory_read_bandwidth_is_a_positive_rate_within_its_quartiles():
+    read = bench.memory_read_bandwidth(1, megabytes=8, passes=3)
+    assert 0.1 < read.q1 <= read.median <= read.q3
+
+
+def test_memory_read_bandwidth_is_the_median_of_the_timed_passes(monkeypatch):
+    import torch
+
+    durations = iter([0.004, 0.001, 0.002, 0.008, 0.016])  # rates 2**20 / d: 1, 4, 2, 1/2, 1/4
+    timed_on = []
+
+    def fake_seconds(run):
+        timed_on.append(torch.get_num_threads())
+        run()
+        return next(durations)
+
+    monkeypatch.setattr(bench, "seconds", fake_seconds)
+    before = torch.get_num_threads()
+    threads = 1 if before != 1 else 2
+    read = bench.memory_read_bandwidth(threads, megabytes=1, passes=5)
+    assert timed_on == [threads] * 5  # five passes timed (not the untimed first), on `threads`
+    assert torch.get_num_threads() == before  # and the caller's count is back
+    assert read.median == pytest.approx(2**20 / 0.004 / 1e9)
+    assert (read.q1, read.q3) == (pytest.approx(2**20 / 0.008 / 1e9),
+                                  pytest.approx(2**20 / 0.002 / 1e9))
+
+
+def test_memory_read_bandwidth_needs_two_passes():
+    with pytest.raises(ValueError, match="passes"):
+        bench.memory_read_bandwidth(1, megabytes=1, passes=1)
 
 
 def test_the_share_of_the_limit_is_reported(monkeypatch, capsys):
