@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 
+from tests.engine import test_architectures as arch_tests
+from tests.engine import test_inspection as inspection_tests
 from tests.engine.helpers import make_llm
 from workbench.engine import gemv, kernels
 from workbench.engine.fusion import FastLinear, make_batch_invariant
@@ -224,3 +226,51 @@ def test_the_llm_says_it_is_batch_invariant():
     assert repr(llm).endswith("batch_invariant=True)")
     assert "batch_invariant" in llm._repr_html_()
     assert "batch_invariant" not in repr(make_llm(tiny_model("llama", seed=0)))
+
+
+# -- exact against transformers, as the default engine is (tests/engine/test_architectures.py) --
+
+@needs_c
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_invariant_engine_is_token_identical_to_transformers_in_a_mixed_batch(family):
+    """Three prompts batched together, prefilled 8 tokens a step: greedy tokens equal
+    transformers' `generate`, logprobs within 1e-5, as the default engine's."""
+    loaded, ref = arch_tests.pristine(family)
+    expected = arch_tests.reference(ref, arch_tests.PROMPTS, 12)
+    llm = make_llm(loaded, batch_invariant=True, max_num_batched_tokens=8)
+    arch_tests.assert_exact(llm.generate(arch_tests.PROMPTS, arch_tests.greedy(12)), expected)
+
+
+@needs_c
+@pytest.mark.parametrize("family, overrides", [
+    ("mistral", dict(sliding_window=8)), ("gemma2", {}), ("starcoder2", dict(sliding_window=8))])
+def test_the_invariant_attention_keeps_sliding_windows_exact(family, overrides):
+    loaded, ref = arch_tests.pristine(family, **overrides)
+    expected = arch_tests.reference(ref, arch_tests.LONG, 12)
+    llm = make_llm(loaded, batch_invariant=True, block_size=4, num_kv_blocks=128)
+    arch_tests.assert_exact(llm.generate(arch_tests.LONG, arch_tests.greedy(12)), expected)
+
+
+@needs_c
+@pytest.mark.parametrize("family", ["llama", "gpt2", "falcon"])
+def test_the_invariant_engines_captures_equal_transformers_hidden_states(family):
+    loaded, ref = inspection_tests.pristine(family)
+    params = inspection_tests.greedy(capture={"sites": ["resid_pre"]})
+    out = make_llm(loaded, batch_invariant=True).generate(
+        inspection_tests.PROMPTS, [params, inspection_tests.greedy(), params])[0]
+    states = inspection_tests.hidden_states(ref, inspection_tests.sequence(out))
+    for layer in range(ref.model.config.num_hidden_layers):
+        inspection_tests.close(out.activations["resid_pre", layer], states[layer][0])
+
+
+@needs_c
+def test_the_invariant_engine_in_bfloat16_stays_close_to_transformers():
+    for family in ("llama", "gpt2", "gpt_neox", "gemma2"):
+        loaded, ref = arch_tests.pristine(family, dtype="bfloat16")
+        ids = ref.tokenizer(arch_tests.PROMPTS[0])["input_ids"]
+        with torch.inference_mode():
+            want = torch.log_softmax(ref.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+        got = make_llm(loaded, batch_invariant=True).generate(
+            arch_tests.PROMPTS[:1], SamplingParams(temperature=0, max_tokens=1, logprobs=5)
+        )[0].outputs[0].logprobs[0]
+        assert max(abs(lp.logprob - want[t].item()) for t, lp in got.items()) < 0.05, family
