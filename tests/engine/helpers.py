@@ -42,6 +42,24 @@ def hf_greedy(loaded, ids: list[int], max_new_tokens: int, **generate_kwargs) ->
     return out[0, len(ids):].tolist()
 
 
+def alone_and_preempted_mid_prefill(loaded, prompt: list[int], params: SamplingParams):
+    """(`prompt`'s final output alone on a roomy cache, its final output on a 16-block cache
+    where a growing decoder preempts it in the middle of its prefill, chunked 4 tokens a step,
+    and that engine's preemption count)."""
+    want = make_llm(loaded, max_model_len=64, block_size=4, num_kv_blocks=256).generate(
+        prompt, params)[0]
+    engine = make_llm(loaded, max_model_len=64, block_size=4, num_kv_blocks=16,
+                      max_num_batched_tokens=5).llm_engine
+    engine.add_request("decoder", [5, 6, 7, 8], greedy(50, ignore_eos=True))
+    for _ in range(30):  # the decoder holds 9 of the 16 blocks and keeps growing
+        engine.step()
+    engine.add_request("target", prompt, params)  # prefilled 4 tokens a step, then preempted
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    return want, finals["target"], engine.stats().num_preemptions
+
+
 BAD_SEED = 666  # the seed that marks the request an injected fault hits
 
 

@@ -7,7 +7,7 @@ still give the same tokens as an engine with room for everything.
 
 import pytest
 
-from tests.engine.helpers import greedy, make_llm
+from tests.engine.helpers import alone_and_preempted_mid_prefill, greedy, make_llm
 from workbench.sampling_params import SamplingParams
 
 PROMPTS = ["Once upon a time", "The weather today is", "Hello, my name is", "1 2 3 4"]
@@ -49,21 +49,10 @@ def test_every_block_is_free_after_a_preempting_run(tiny_llama):
 
 def test_prompt_logprobs_survive_preemption_in_the_middle_of_a_chunked_prefill(tiny_llama):
     prompt = list(range(1000, 1030))
-    params = greedy(2, prompt_logprobs=1)
-    want = make_llm(tiny_llama, max_model_len=64, block_size=4,
-                    num_kv_blocks=256).generate(prompt, params)[0].prompt_logprobs
-    llm = make_llm(tiny_llama, max_model_len=64, block_size=4, num_kv_blocks=16,
-                   max_num_batched_tokens=5)
-    engine = llm.llm_engine
-    engine.add_request("decoder", [5, 6, 7, 8], greedy(50, ignore_eos=True))
-    for _ in range(30):  # the decoder holds 9 of the 16 blocks and keeps growing
-        engine.step()
-    engine.add_request("prompt-lps", prompt, params)  # prefilled 4 tokens a step, then preempted
-    finals = {}
-    while engine.has_unfinished_requests():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
-    got = finals["prompt-lps"].prompt_logprobs
-    assert engine.stats().num_preemptions > 0
+    alone, preempted, preemptions = alone_and_preempted_mid_prefill(
+        tiny_llama, prompt, greedy(2, prompt_logprobs=1))
+    got, want = preempted.prompt_logprobs, alone.prompt_logprobs
+    assert preemptions > 0
     assert len(got) == len(want) == len(prompt) and got[0] is None
     for g, w in zip(got[1:], want[1:]):
         assert list(g) == list(w)

@@ -81,23 +81,12 @@ def test_generate_together_queues_all_or_none(llm):
 
 
 def test_the_rows_survive_preemption_in_the_middle_of_a_chunked_prefill(tiny_llama):
-    from tests.engine.helpers import greedy, make_llm
+    from tests.engine.helpers import alone_and_preempted_mid_prefill, greedy
 
-    prompt = list(range(1000, 1030))
     params = greedy(2, prompt_logprobs=0, prompt_distributions_from=3)
-    want = make_llm(tiny_llama, max_model_len=64, block_size=4, num_kv_blocks=256).generate(
-        prompt, params)[0].prompt_distributions
-    llm = make_llm(tiny_llama, max_model_len=64, block_size=4, num_kv_blocks=16,
-                   max_num_batched_tokens=5)
-    engine = llm.llm_engine
-    engine.add_request("decoder", [5, 6, 7, 8], greedy(50, ignore_eos=True))
-    for _ in range(30):  # the decoder holds 9 of the 16 blocks and keeps growing
-        engine.step()
-    engine.add_request("rows", prompt, params)  # prefilled 4 tokens a step, then preempted
-    finals = {}
-    while engine.has_unfinished_requests():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
-    assert engine.stats().num_preemptions > 0
-    got = finals["rows"].prompt_distributions
-    assert got.shape == want.shape == (27, engine.vocab_size)
+    alone, preempted, preemptions = alone_and_preempted_mid_prefill(
+        tiny_llama, list(range(1000, 1030)), params)
+    assert preemptions > 0
+    got, want = preempted.prompt_distributions, alone.prompt_distributions
+    assert got.shape == want.shape == (27, tiny_llama.model.config.vocab_size)
     assert torch.allclose(got, want, atol=1e-4)
