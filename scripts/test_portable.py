@@ -6,7 +6,7 @@ applies to the models of the dtype each kernel computes in (`workbench/engine/ke
 
 The limits steer the libraries' choices but leave the instructions there: an AVX-512 instruction
 that slipped into an AVX2 path would still run. Under `qemu-x86_64 -cpu Haswell...` the CPUID
-the process reads has AVX2, FMA and F16C and nothing above, so torch, oneDNN, MKL and `gemv.c`
+the process reads has AVX2, FMA and F16C and nothing above, so torch, oneDNN, MKL and the C kernels
 choose as on such a machine, and any instruction beyond them stops the run (SIGILL). qemu-user
 shows the host's /proc/cpuinfo, so the probe is narrowed to the same flags (`WORKBENCH_CPU_FLAGS`).
 Emulation is ~20-50x slower: that run takes the kernel tests and the C ops' tests that are not

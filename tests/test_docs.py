@@ -12,7 +12,7 @@ PATH = re.compile(r"`((?:workbench|scripts|tests|data|notebooks|docs)/[^`\s]*)`"
 
 def named_paths() -> list[str]:
     """Every `dir/...` path in backticks; in a module row, the names that follow the first
-    (`gemv.py`, `gemv.c`) are in its directory."""
+    (`gemv.py`, `kernels.py`) are in its directory."""
     paths = []
     for line in STRUCTURE.read_text().splitlines():
         found = PATH.findall(line)

@@ -47,7 +47,7 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--kernel", default="auto",
-                   choices=["auto", "avx2", "amx", "avx512bf16", "mkl", "onednn", "torch"],
+                   choices=["auto", "avx2", "amx", "avx512bf16", "onednn", "torch"],
                    help="projection kernel (default: the fastest this CPU and dtype can run)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="a request's tokens and logprobs the same bits whatever shares its "

@@ -227,7 +227,7 @@ def test_a_decode_step_in_one_c_call_is_bit_for_bit_the_loop(monkeypatch, dtype,
         stack = runner.stack
         if stack.c_layers is None:
             pytest.skip(f"no C products here ({runner.kernel.describe()})")
-        applies = stack.c_layers[0][1].c_function(rows, getattr(torch, dtype))
+        applies = stack.c_layers[0].qkv.c_function(rows, getattr(torch, dtype))
         calls = []
         real = gemv.decode_stack
         monkeypatch.setattr(gemv, "decode_stack",
@@ -251,10 +251,11 @@ def test_a_decode_step_in_one_c_call_declines_what_it_does_not_take():
     if stack.c_layers is None:
         pytest.skip("no C products here")
     kv = lm.llm_engine.runner.kv_caches
-    tables = gemv.stack_table([(*(l_[0].weight for _ in range(10)), *kv[0])
-                               for l_ in stack.c_layers], [(1e-5, 1e-5)] * len(stack.c_layers))
+    fn = gemv.linear_function()
+    tables = gemv.stack_table([(*(c.input_norm.weight for _ in range(10)), *kv[0], *[fn] * 4)
+                               for c in stack.c_layers], [(1e-5, 1e-5)] * len(stack.c_layers))
     d = stack.head_dim
-    hidden = torch.randn(2, stack.c_layers[0][1].in_features)
+    hidden = torch.randn(2, stack.c_layers[0].qkv.in_features)
     good = dict(cos=torch.ones(2, d), signed_sin=torch.zeros(2, d),
                 slot_mapping=torch.tensor([0, 5]), slots=torch.tensor([[0], [5]]),
                 lengths=torch.tensor([1, 1]))
@@ -266,6 +267,6 @@ def test_a_decode_step_in_one_c_call_declines_what_it_does_not_take():
         assert gemv.decode_stack(tables, len(stack.c_layers), hidden, args["cos"],
                                  args["signed_sin"], args["slot_mapping"], args["slots"],
                                  args["lengths"], stack.num_heads, stack.num_kv_heads, d,
-                                 8, 0.125, gemv.linear_function()) is None, name
-    with pytest.raises(ValueError, match="tensors"):
-        gemv.stack_table([(None,) * 11], [(1e-5, 1e-5)])
+                                 8, 0.125) is None, name
+    with pytest.raises(ValueError, match="tensors and 4 functions"):
+        gemv.stack_table([(None,) * 15], [(1e-5, 1e-5)])

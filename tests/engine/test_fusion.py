@@ -12,14 +12,11 @@ import torch
 
 from workbench.engine import kernels
 from workbench.engine.fusion import (
-    AMX_MAX_ROWS,
-    AVX2_MAX_ROWS,
-    BF16_BROADCAST_ROWS,
-    BF16_MAX_ROWS,
     FastLinear,
     FusedPart,
     fuse_projections,
 )
+from workbench.engine.kernels import Amx, Avx2, Avx512Bf16
 from workbench.models import tiny_model
 from workbench.models.cpu import cpu_features
 
@@ -64,7 +61,7 @@ def test_a_part_called_alone_computes_its_own_slice():
     torch.testing.assert_close(k, x @ k_weight.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 16, AVX2_MAX_ROWS, AVX2_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 16, Avx2.MAX_ROWS, Avx2.MAX_ROWS + 1])
 @pytest.mark.parametrize("bias", [True, False])
 def test_avx2_products_equal_float64_within_float32_rounding(rows, bias):
     """Few rows go through the C kernel, more through BLAS; shapes that leave partial blocks
@@ -180,35 +177,18 @@ def test_prepacked_bf16_projections_are_bit_identical():
     lm = tiny_model("llama", dtype="bfloat16")
     packed = copy.deepcopy(lm.model)
     fuse_projections(packed, kernel="onednn")
-    assert isinstance(packed.lm_head, FastLinear) and packed.lm_head.kernel == "onednn"
+    assert isinstance(packed.lm_head, FastLinear) and packed.lm_head.kernel.name == "onednn"
     assert isinstance(packed.model.layers[0].mlp.down_proj, FastLinear)
     ids = lm.tokenizer("The quick brown fox jumps", return_tensors="pt").input_ids
     with torch.inference_mode():
         assert torch.equal(packed(ids).logits, lm.model(ids).logits)
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-def test_mkl_products_equal_float32_arithmetic_rounded_once(rows):
-    """One row goes through MKL's bf16 GEMM, more through oneDNN: both accumulate in fp32 and
-    round once, so each output is within one bf16 rounding of the exact product."""
-    needs("mkl", torch.bfloat16)
-    gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
-    bias = torch.randn(96, generator=gen).to(torch.bfloat16)
-    x = torch.randn(1, rows, 64, generator=gen).to(torch.bfloat16)
-    got = FastLinear(weight, bias, "mkl")(x)
-    exact = x.float() @ weight.float().T + bias.float()
-    assert got.shape == (1, rows, 96) and got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), exact, rtol=2 ** -8, atol=1e-3)
-    reference = torch.nn.functional.linear(x, weight, bias)  # oneDNN
-    assert (got != reference).float().mean() < 0.02  # at most a last-bit difference, rarely
-
-
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 16, 17])
 @pytest.mark.parametrize("k", [64, 67, 96])
 @pytest.mark.parametrize("bias", [True, False])
 def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias):
-    """Up to four rows go through gemv.c's AVX-512 BF16 kernel, and 12 to 16 with an even K (its
+    """Up to four rows go through the C AVX-512 BF16 kernel, and 12 to 16 with an even K (its
     broadcast tiles, pairs of k a lane), the others through oneDNN; partial
     blocks of weight rows (99 is not a multiple of 8) and of K (67, 96: masked tails). Each
     output is within one bf16 rounding of the exact product, rarely a last bit off oneDNN's."""
@@ -222,19 +202,19 @@ def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias
     assert got.shape == (1, rows, 99) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
     reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
-    c_kernel = rows <= BF16_MAX_ROWS or (
-        BF16_BROADCAST_ROWS[0] <= rows <= BF16_BROADCAST_ROWS[1] and k % 2 == 0)
+    c_kernel = rows <= Avx512Bf16.MAX_ROWS or (
+        Avx512Bf16.BROADCAST_ROWS[0] <= rows <= Avx512Bf16.BROADCAST_ROWS[1] and k % 2 == 0)
     if not c_kernel:
         assert torch.equal(got, reference)
     else:
         assert (got != reference).float().mean() < 0.05
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16, 17, AMX_MAX_ROWS, AMX_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 4, 16, 17, Amx.MAX_ROWS, Amx.MAX_ROWS + 1])
 @pytest.mark.parametrize("n, k", [(99, 67), (48, 64), (20, 1536)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_amx_products_equal_float32_arithmetic_rounded_once(rows, n, k, bias):
-    """Up to AMX_MAX_ROWS rows on AMX tiles (the weight in their layout, zero padded where N is
+    """Up to Amx.MAX_ROWS rows on AMX tiles (the weight in their layout, zero padded where N is
     not a multiple of 16 or K of 32; rows past 16 in a second tile), more through oneDNN. Each
     output within one bf16 rounding of the exact product, rarely a last bit off oneDNN's."""
     needs("amx", torch.bfloat16)
@@ -243,20 +223,19 @@ def test_amx_products_equal_float32_arithmetic_rounded_once(rows, n, k, bias):
     b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
     x = torch.randn(1, rows, k, generator=gen).to(torch.bfloat16)
     linear = FastLinear(weight, b, "amx")
-    assert linear.weight is None and linear.amx_weight is not None  # no plain copy
+    assert linear.weight is None and linear.c_weight() is not None  # tiles, no plain copy
     got = linear(x)
     exact = x.double() @ weight.double().T + (0 if b is None else b.double())
     assert got.shape == (1, rows, n) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
     reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
-    if rows > AMX_MAX_ROWS:
+    if rows > Amx.MAX_ROWS:
         assert torch.equal(got, reference)
     else:
         assert (got != reference).float().mean() < 0.05
 
 
-@pytest.mark.parametrize("kernel, dtype", [("mkl", torch.bfloat16), ("avx512bf16", torch.bfloat16),
-                                           ("avx2", torch.float32)])
+@pytest.mark.parametrize("kernel, dtype", [("avx512bf16", torch.bfloat16), ("avx2", torch.float32)])
 def test_the_tied_lm_head_shares_the_embedding_weight(kernel, dtype):
     needs(kernel, dtype)
     model = copy.deepcopy(tiny_model("llama", dtype=dtype).model)

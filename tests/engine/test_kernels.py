@@ -8,7 +8,7 @@ import torch
 
 from tests.engine.helpers import ids_of, make_llm
 from workbench import LLM, SamplingParams
-from workbench.engine import gemv, kernels, mkl
+from workbench.engine import gemv, kernels
 from workbench.errors import ValidationError
 from workbench.models import load_model
 from workbench.models.cpu import CpuFeatures, cpu_features
@@ -33,12 +33,11 @@ def simulated(machine: str) -> CpuFeatures:
 
 @pytest.fixture
 def every_build(monkeypatch):
-    """The run-time parts (a C compiler, torch's oneDNN and MKL) present, so that the choice
+    """The run-time parts (a C compiler, torch's oneDNN) present, so that the choice
     depends on the simulated flags alone."""
     monkeypatch.setattr(gemv, "available", lambda: True)
     monkeypatch.setattr(gemv, "available_bf16", lambda: True)
     monkeypatch.setattr(gemv, "available_amx", lambda: True)
-    monkeypatch.setattr(mkl, "available", lambda: True)
     monkeypatch.setattr(kernels, "onednn_prepack_works", lambda: True)
     monkeypatch.delenv("WORKBENCH_KERNEL", raising=False)
 
@@ -59,15 +58,12 @@ def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
     monkeypatch.setattr(gemv, "available_amx", lambda: False)
     assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "avx512bf16"
     monkeypatch.setattr(gemv, "available_bf16", lambda: False)
-    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "mkl"
-    assert kernels.choose(torch.bfloat16, features=simulated("avx512-bf16")).kernel == "onednn"
-    monkeypatch.setattr(mkl, "available", lambda: False)  # no MKL bf16 GEMM in torch
     assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
+    assert kernels.choose(torch.bfloat16, features=simulated("avx512-bf16")).kernel == "onednn"
 
 
 @pytest.mark.parametrize("kernel, dtype, words", [
     ("onednn", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
-    ("mkl", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("avx512bf16", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("amx", torch.bfloat16, "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"),
     ("avx2", torch.bfloat16, "float32"),
@@ -87,11 +83,6 @@ def test_bf16_is_emulated_only_without_native_bf16():
     assert not kernels.emulated(torch.bfloat16, "cpu", simulated("avx512-bf16"))
     assert not kernels.emulated(torch.float32, "cpu", simulated("avx2"))
     assert not kernels.emulated(torch.bfloat16, "cuda", simulated("avx2"))
-
-
-def test_mkl_needs_amx(every_build):
-    with pytest.raises(ValidationError, match="AMX BF16"):
-        kernels.choose(torch.bfloat16, "cpu", "mkl", features=simulated("avx512-bf16"))
 
 
 def test_amx_needs_the_isa_a_compiler_and_the_os(every_build, monkeypatch):
@@ -161,7 +152,7 @@ def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_buil
     monkeypatch.setattr(script.shutil, "which", lambda name: "/usr/bin/" + name)
     runs = script.runs()
     assert [run.title for run in runs] == [
-        "kernel avx512bf16", "kernel mkl", "kernel onednn", "kernel torch",
+        "kernel avx512bf16", "kernel onednn", "kernel torch",
         "torch, oneDNN and MKL limited to AVX2", "an AVX2-only CPU (qemu-user)"]
     emulated = runs[-1].command()
     assert emulated[:3] == ["/usr/bin/qemu-x86_64", "-cpu", script.QEMU_CPU]

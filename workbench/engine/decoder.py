@@ -22,6 +22,7 @@ Projections are looked up per call, so LoRA wrappers (`workbench/lora/layers.py`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,10 +73,44 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-s1, s2), dim=-1)
 
 
+@dataclass(frozen=True)
+class LayerStep:
+    """What the loop calls in one layer, looked up once (module attribute lookups cost more
+    than the small ops between them): the norms' weights and epsilons, the projections'
+    forward methods (LoRA wrappers included), the activation, the scaling and the window."""
+
+    norm1: tuple[torch.Tensor, float]
+    qkv: Any
+    o: Any
+    norm2: tuple[torch.Tensor, float]
+    gate_up: Any
+    down: Any
+    act: Any
+    scaling: float
+    window: int | None
+
+
+@dataclass(frozen=True)
+class CLayer:
+    """One layer's modules when a decode step can run in one C call (`DecoderStack._c_step`):
+    its two RMSNorms and its four projections, each a plain `FastLinear` with C products."""
+
+    input_norm: Any
+    qkv: FastLinear
+    o: FastLinear
+    post_norm: Any
+    gate_up: FastLinear
+    down: FastLinear
+
+    @property
+    def projections(self) -> tuple[FastLinear, FastLinear, FastLinear, FastLinear]:
+        return self.qkv, self.o, self.gate_up, self.down
+
+
 class DecoderStack:
     """Runs `model.model.layers` on a packed row (see the module docstring)."""
 
-    c_layers: list[tuple] | None  # see `_c_layers`
+    c_layers: list[CLayer] | None  # see `_c_layers`
     _c_tables_for: list | None = None  # the KV caches `_c_tables` holds the addresses of
     _c_tables: tuple[Any, Any]
 
@@ -139,8 +174,9 @@ class DecoderStack:
         cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
         add_norm = self._add_norm
         delta = None  # the last layer's MLP output, added with the next layer's input norm
-        for i, ((w1, eps1), qkv_proj, o_proj, (w2, eps2), gate_up_proj, down_proj, act,
-                scaling, window) in enumerate(self.plan):
+        for i, step in enumerate(self.plan):
+            (w1, eps1), (w2, eps2) = step.norm1, step.norm2
+            qkv_proj, o_proj, scaling, window = step.qkv, step.o, step.scaling, step.window
             hidden, x = add_norm(hidden, delta, w1, eps1)
             if inspector is not None:  # hidden is layer i - 1's resid_post and i's resid_pre
                 changed = inspector.visit("resid_post", i - 1, hidden) if i else []
@@ -163,12 +199,12 @@ class DecoderStack:
                 x = _renorm(hidden, x, inspector.visit("resid_mid", i, hidden), w2, eps2)
             else:
                 hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
-            gate_up = gate_up_proj(x)
+            gate_up = step.gate_up(x)
             y = gemv.silu_mul(gate_up) if c_silu else None
             if y is None:
                 gate, up = gate_up.chunk(2, dim=-1)
-                y = act(gate) * up
-            delta = down_proj(y)
+                y = step.act(gate) * up
+            delta = step.down(y)
             if inspector is not None:
                 inspector.visit("mlp_out", i, delta)
         hidden = hidden if delta is None else hidden + delta
@@ -195,24 +231,27 @@ class DecoderStack:
         where it does not apply (more rows than the C products take, another dtype): the
         loop runs instead."""
         assert self.c_layers is not None
-        if self.one_call_rows is not None and hidden.shape[0] > self.one_call_rows:
+        rows, dtype = hidden.shape[0], hidden.dtype
+        if self.one_call_rows is not None and rows > self.one_call_rows:
             return None
-        fn = self.c_layers[0][1].c_function(hidden.shape[0], hidden.dtype)
-        if fn is None or ctx.decode_slots is None or ctx.decode_lengths is None:
+        if ctx.decode_slots is None or ctx.decode_lengths is None or any(
+                lin.c_function(rows, dtype) is None for lin in self.c_layers[0].projections):
             return None
         if self._c_tables_for is not ctx.kv_caches:  # the caches' addresses, once per runner
-            layers = [(n1.weight, qkv.c_weight(), qkv.bias, o.c_weight(), o.bias, n2.weight,
-                       gu.c_weight(), gu.bias, down.c_weight(), down.bias, *kv)
-                      for (n1, qkv, o, n2, gu, down), kv in zip(self.c_layers, ctx.kv_caches)]
-            eps = [(n1.variance_epsilon, n2.variance_epsilon)
-                   for n1, _, _, n2, _, _ in self.c_layers]
+            layers = [(c.input_norm.weight, c.qkv.c_weight(), c.qkv.bias, c.o.c_weight(),
+                       c.o.bias, c.post_norm.weight, c.gate_up.c_weight(), c.gate_up.bias,
+                       c.down.c_weight(), c.down.bias, *kv,
+                       *(lin.c_function(rows, dtype) for lin in c.projections))
+                      for c, kv in zip(self.c_layers, ctx.kv_caches)]
+            eps = [(c.input_norm.variance_epsilon, c.post_norm.variance_epsilon)
+                   for c in self.c_layers]
             self._c_tables = gemv.stack_table(layers, eps)
             self._c_tables_for = ctx.kv_caches
         return gemv.decode_stack(self._c_tables, len(self.layers), hidden, cos, signed_sin,
                                  ctx.slot_mapping, ctx.decode_slots, ctx.decode_lengths,
                                  self.num_heads, self.num_kv_heads, self.head_dim,
-                                 self.c_layers[0][4].out_features // 2,
-                                 self.scaling or self.head_dim ** -0.5, fn)
+                                 self.c_layers[0].gate_up.out_features // 2,
+                                 self.scaling or self.head_dim ** -0.5)
 
     def refresh(self) -> None:
         """Looks the layers' modules up again (after LoRA wrappers replaced projections)."""
@@ -220,46 +259,45 @@ class DecoderStack:
         self.c_layers = self._c_layers()
         self._c_tables_for = None
 
-    def _c_layers(self) -> list[tuple] | None:
-        """Per layer (input norm, Q/K/V, O, post-attention norm, gate/up, down) when a decode
-        step can run in one C call (`_c_step`): ops "c", SiLU, every projection a plain
-        `FastLinear` (no LoRA wrapper) on one kernel with C products, one scaling, no sliding
-        window (the C attention reads whole contexts); else None."""
+    def _c_layers(self) -> list[CLayer] | None:
+        """Each layer's `CLayer` when a decode step can run in one C call (`_c_step`): ops "c",
+        SiLU, every projection a plain `FastLinear` (no LoRA wrapper) with C products, each
+        projection on the same kernel in every layer (so that layer 0's say which row counts
+        the step takes), one scaling, no sliding window (the C attention reads whole
+        contexts); else None."""
         if not (self.c_ops and self.silu) or any(
                 w is not None for w in self.windows):
             return None
-        layers: list[tuple] = []
-        kernels: set[str] = set()
+        layers: list[CLayer] = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            row = (layer.input_layernorm, attn.q_proj.group.linear, attn.o_proj,
-                   layer.post_attention_layernorm, mlp.gate_proj.group.linear, mlp.down_proj)
-            linears = row[1:3] + row[4:]
+            c = CLayer(layer.input_layernorm, attn.q_proj.group.linear, attn.o_proj,
+                       layer.post_attention_layernorm, mlp.gate_proj.group.linear, mlp.down_proj)
             if not all(type(lin) is FastLinear and lin.c_weight() is not None
-                       for lin in linears):
+                       and lin.kernel.name in C_KERNELS for lin in c.projections):
                 return None
-            kernels.update(lin.kernel for lin in linears)
-            dtypes = {lin.c_weight().dtype for lin in linears} | {row[0].weight.dtype,
-                                                                  row[3].weight.dtype}
-            if len(dtypes) != 1 or not all(t.is_contiguous() for t in (row[0].weight,
-                                                                        row[3].weight)):
+            dtypes = {c.input_norm.weight.dtype, c.post_norm.weight.dtype}
+            if len(dtypes) != 1 or not all(t.is_contiguous() for t in (c.input_norm.weight,
+                                                                        c.post_norm.weight)):
                 return None
-            layers.append(row)
+            layers.append(c)
+        kernels = {tuple(lin.kernel.name for lin in c.projections) for c in layers}
         scalings = {layer.self_attn.scaling for layer in self.layers}
-        if len(kernels) != 1 or not kernels <= C_KERNELS or len(scalings) != 1:
+        if len(kernels) != 1 or len(scalings) != 1:
             return None
         self.scaling = scalings.pop()
         return layers
 
-    def _plan(self) -> list[tuple]:
+    def _plan(self) -> list[LayerStep]:
         """Per layer, the norms' weights and the forward methods the loop calls, looked up
         once (module attribute lookups cost more than the small ops between them)."""
         plan = []
         for layer, window in zip(self.layers, self.windows):
             attn, mlp = layer.self_attn, layer.mlp
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-            plan.append(((norm1.weight, norm1.variance_epsilon), attn.q_proj.group.linear.forward,
-                         attn.o_proj.forward, (norm2.weight, norm2.variance_epsilon),
-                         mlp.gate_proj.group.linear.forward, mlp.down_proj.forward,
-                         mlp.act_fn.forward, attn.scaling, window))
+            plan.append(LayerStep((norm1.weight, norm1.variance_epsilon),
+                                  attn.q_proj.group.linear.forward, attn.o_proj.forward,
+                                  (norm2.weight, norm2.variance_epsilon),
+                                  mlp.gate_proj.group.linear.forward, mlp.down_proj.forward,
+                                  mlp.act_fn.forward, attn.scaling, window))
         return plan

@@ -6,27 +6,7 @@ Two changes, in every dtype:
   first part called with a tensor computes the concatenated projection once, the others return
   their slice of it (the same products, each output a dot product of the same two rows).
 - Kernels: every projection (and the LM head) becomes a `FastLinear` on the kernel chosen for
-  this machine and dtype (`engine/kernels.py`):
-  - "avx2" (float32): products of up to `AVX2_MAX_ROWS` rows (decoding, beams, small batches)
-    through `engine/gemv.py`, which reads each weight once per call; longer ones (prefill
-    chunks) through `F.linear`. Same weight tensor, no copy; float32 sums in another order
-    than BLAS's, so outputs differ from `F.linear` in the last bits;
-  - "onednn" (bfloat16): the weight prepacked in oneDNN's blocked layout, bit-identical to
-    `F.linear`;
-  - "amx" (bfloat16): as "onednn", except products of up to `AMX_MAX_ROWS` rows (decoding,
-    beams, small batches), which go through `gemv.c`'s AMX function on a copy of the weight in
-    its tiles' layout (in place of the plain copy the next two keep): fp32 accumulation and one
-    rounding, a product may differ from oneDNN's in the last bit of bf16;
-  - "avx512bf16" (bfloat16): as "onednn", except products of up to `BF16_MAX_ROWS` rows (a
-    few sequences or beams decoding) and of `BF16_BROADCAST_ROWS` rows, which go through `gemv.c`'s AVX-512 BF16 kernel on a
-    plain copy of the weight (the same copy as "mkl"'s): fp32 accumulation and one rounding,
-    a product may differ from oneDNN's in the last bit of bf16;
-  - "mkl" (bfloat16): as "onednn", except one-row products (a single sequence decoding), which go
-    through MKL's bf16 GEMM (`engine/mkl.py`) on a plain copy of the weight; the copy costs the
-    projection weights' size again (the LM head shares its plain weight with tied embeddings).
-    fp32 accumulation and one rounding, like oneDNN, but a product may differ from oneDNN's in
-    the last bit of bf16;
-  - "torch": `F.linear`.
+  this machine and dtype (`engine/kernels.py`: one class per kernel, its weights prepared once).
 The README's Benchmark section has what each measured. A batch-invariant engine's projections
 compute in fixed tiles on any of them (`make_batch_invariant`, `FastLinear.tile_rows`).
 """
@@ -36,19 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from workbench.engine import gemv, kernels, mkl
+from workbench.engine import kernels
+from workbench.engine.kernels import LinearKernel
 
-AVX2_MAX_ROWS = 48  # longer products go to BLAS (its GEMM is tuned for many rows)
-# the C kernel beats oneDNN up to four rows (a step's products on an AMX Xeon: 12.6 vs 18.4 ms
-# at one row, 18.7 vs 19.9 at four, 26 vs 20 at eight), and a step in one C call needs it
-BF16_MAX_ROWS = 4
-# and from 12 to 16 rows (an even K) its broadcast tiles beat oneDNN without AMX (26 vs 35 ms)
-BF16_BROADCAST_ROWS = (12, 16)
-AMX_MAX_ROWS = 32  # as fast as oneDNN's at 32 rows, faster below
-C_KERNELS = frozenset({"avx2", "amx", "avx512bf16"})  # those with `gemv.c` products (c_function)
+C_KERNELS = frozenset({"avx2", "amx", "avx512bf16"})  # those with C products (c_function)
 
 # sibling linears that read the same input, fused wherever a layer has them (any submodule:
 # `self_attn`, `attn`, `mlp`, a mixture of experts' shared expert)
@@ -62,51 +35,52 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 
 INVARIANT_ROWS = 4  # a batch-invariant engine's library products: always this many rows a call
-# and its `gemv.c` products: at most this many rows a call, each row's sum in the dot products'
+# and its C products: at most this many rows a call, each row's sum in the dot products'
 # one order whatever the count (below the float32 broadcast tiles' 7 and 13, the bf16 ones' 12)
 INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16}
 
 
 class FastLinear(nn.Module):
-    """`y = x W^T + b` through one of `KERNELS` (see the module docstring). With `tile_rows`
-    (the batch-invariant engine's, `make_batch_invariant`) a row's result is the same bits
-    whatever rows share its step: a library kernel gets exactly `tile_rows` rows a call, the
-    last tile padded with zeros (one path, one shape, whose sums over k run in one order for
-    every row of the tile); a `gemv.c` kernel up to `INVARIANT_C_ROWS` rows a call, unpadded
-    (its dot products sum each row in one order for any count)."""
+    """`y = x W^T + b` through one of `kernels.KERNELS`, its weights prepared once by the kernel
+    (`self.weights`). With `tile_rows` (the batch-invariant engine's, `make_batch_invariant`) a
+    row's result is the same bits whatever rows share its step: a library kernel gets exactly
+    `tile_rows` rows a call, the last tile padded with zeros (one path, one shape, whose sums
+    over k run in one order for every row of the tile); a kernel with C products up to
+    `INVARIANT_C_ROWS` rows a call, unpadded (its dot products sum each row in one order for
+    any count)."""
 
     tile_rows: int = 0  # 0: the rows as they come
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 kernel: str | LinearKernel):
         super().__init__()
-        if kernel not in kernels.KERNELS:
-            raise ValueError(f"kernel must be one of {kernels.KERNELS}, got {kernel!r}")
-        self.out_features, self.in_features = weight.shape
-        self.kernel = kernel
-        weight = weight.detach()
-        prepack = kernel in ("onednn", "mkl", "avx512bf16", "amx")
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if prepack else None
-        plain = weight.contiguous() if kernel not in ("onednn", "amx") else None
-        self.register_buffer("weight", plain, persistent=False)  # [out, in] or None
-        self.register_buffer("packed_weight", packed, persistent=False)  # oneDNN layout or None
-        self.register_buffer("amx_weight", gemv.amx_pack(weight) if kernel == "amx" else None,
-                             persistent=False)  # the AMX tiles' layout or None
-        self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
+        self.kernel = kernels.get(kernel)
+        self.weights = self.kernel.prepare(weight, bias)
+        self.out_features, self.in_features = self.weights.out_features, self.weights.in_features
+
+    @property
+    def weight(self) -> torch.Tensor | None:
+        """The plain weight [out, in] where the kernel keeps one."""
+        return self.weights.plain
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.weights.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tile_rows:
             return self._in_tiles(x)
-        return self._product(x)
+        return self.kernel.apply(self.weights, x)
 
     def _in_tiles(self, x: torch.Tensor) -> torch.Tensor:
-        """`_product` of `tile_rows` rows at a time (see the class docstring); each tile a
+        """The product `tile_rows` rows at a time (see the class docstring); each tile a
         64-byte aligned block, as a fresh tensor is (a library may pick its path by
-        alignment). A `gemv.c` kernel's products take up to `INVARIANT_C_ROWS` rows a call
+        alignment). A kernel with C products takes up to `INVARIANT_C_ROWS` rows a call
         instead, unpadded: its dot products sum every row in one order for any count."""
         k, n, size = self.in_features, self.out_features, self.tile_rows
         flat = x.reshape(-1, k)
         m = flat.shape[0]
-        c_rows = INVARIANT_C_ROWS.get(self.kernel, 0)
+        c_rows = INVARIANT_C_ROWS.get(self.kernel.name, 0)
         fn = self.c_function(c_rows, x.dtype) if c_rows else None
         if fn is not None:
             return self._c_chunks(fn, flat.contiguous(), c_rows).view(*x.shape[:-1], n)
@@ -117,14 +91,14 @@ class FastLinear(nn.Module):
             tile = padded[i:i + size]
             if tile.data_ptr() % 64:
                 tile = tile.clone()
-            out[i:i + size] = self._product(tile)
+            out[i:i + size] = self.kernel.apply(self.weights, tile)
         return out[:m].view(*x.shape[:-1], n)
 
     def _c_chunks(self, fn, x: torch.Tensor, rows: int) -> torch.Tensor:
         """x [M, K] through the C product `fn`, `rows` rows a call -> [M, N]."""
         m, k, n = x.shape[0], self.in_features, self.out_features
         out = torch.empty(m, n, dtype=x.dtype)
-        weight, bias = self.c_weight(), self._buffers["bias"]
+        weight, bias = self.c_weight(), self.weights.bias
         assert weight is not None  # a C kernel keeps its weight
         w, b, threads = weight.data_ptr(), None if bias is None else bias.data_ptr(), \
             torch.get_num_threads()
@@ -134,42 +108,18 @@ class FastLinear(nn.Module):
                min(rows, m - i), n, k, threads)
         return out
 
-    def _product(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        # not self.weight: nn.Module's __getattr__ costs a microsecond; the kernel checks say
-        # which buffers are set (Any: the dict's values are typed `Tensor | None`)
-        tensors: dict[str, Any] = self._buffers
-        fn = self.c_function(rows, x.dtype)
-        if fn is not None:  # then its weight is there
-            return gemv.product(fn, x, tensors["amx_weight" if self.kernel == "amx" else "weight"],
-                                tensors["bias"], self.out_features)
-        if self.kernel == "mkl" and rows == 1 and x.dtype == torch.bfloat16:
-            return mkl.linear(x, tensors["weight"], tensors["bias"])
-        if tensors["packed_weight"] is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, tensors["packed_weight"],
-                                                      tensors["bias"], "none", [], "")
-        return F.linear(x, tensors["weight"], tensors["bias"])
-
     def c_function(self, rows: int, dtype: torch.dtype):
-        """The `gemv.c` product function that `rows` rows of `dtype` go through here, or None
+        """The C product function that `rows` rows of `dtype` go through here, or None
         (another kernel, more rows than it takes)."""
-        if self.kernel == "avx2" and rows <= AVX2_MAX_ROWS and dtype == torch.float32:
-            return gemv.linear_function()
-        if self.kernel == "avx512bf16" and dtype == torch.bfloat16 and (
-                rows <= BF16_MAX_ROWS or (BF16_BROADCAST_ROWS[0] <= rows <= BF16_BROADCAST_ROWS[1]
-                                          and self.in_features % 2 == 0)):
-            return gemv.linear_bf16_function()
-        if self.kernel == "amx" and rows <= AMX_MAX_ROWS and dtype == torch.bfloat16:
-            return gemv.linear_amx_function()
-        return None
+        return self.kernel.c_function(self.weights, rows, dtype)
 
-    def c_weight(self) -> torch.Tensor | None:
-        """The weight `c_function`'s function reads: the AMX tiles' copy, else the plain one."""
-        return self._buffers["amx_weight" if self.kernel == "amx" else "weight"]
+    def c_weight(self) -> Any:
+        """What `c_function`'s function reads (the AMX tiles' copy, the plain weight...)."""
+        return self.weights.c_weight
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"kernel={self.kernel}"
+               f"kernel={self.kernel.name}"
 
 
 class FusedGroup:

@@ -1,8 +1,11 @@
-"""The C kernels of `gemv.c` (few-row products, the small ops between them), built per machine.
+"""The C kernels (few-row products, the small ops between them), built per machine.
 
-The C source ships beside this module. `library()` compiles it with the system's C compiler
-(`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
-of the source, the flags and the compiler, so a change of any of them builds a new one; the
+The C sources ship beside this module in `csrc/`, one file per kind of kernel: `linear_f32.c`,
+`linear_bf16.c`, `linear_amx.c` (the products), `attention.c`, `layer_ops.c` (norms, rotary,
+SiLU), `decode_stack.c` (a decode step through every layer in one call), `wb.h` (what they
+share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`) into one
+library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the sources, the
+flags and the compiler, so a change of any of them builds a new one; the
 build takes about a second and happens at most once per machine (`make install` does it ahead).
 `linear(x, w, b)` (float32, the "avx2" kernel; its AVX-512F function where the CPU has it),
 `linear_bf16(x, w, b)` (bfloat16, the "avx512bf16" kernel), `decode_attention`,
@@ -34,7 +37,7 @@ from workbench.models.cpu import cpu_features
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("gemv.c")
+CSRC = Path(__file__).with_name("csrc")
 # no contraction of a * b + c into one rounding: the C code rounds where it says (fused
 # multiply-adds are written as intrinsics where they are meant)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
@@ -45,20 +48,27 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def sources() -> list[Path]:
+    """The C files compiled into the library, and the header they share."""
+    return sorted(CSRC.glob("*.c")) + [CSRC / "wb.h"]
+
+
 def library_path(cc: str) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources())
+                            + " ".join((cc, *FLAGS)).encode()).hexdigest()
     return cache_dir() / "kernels" / f"gemv-{digest[:16]}.so"
 
 
 def build(cc: str) -> Path:
-    """Compiles `gemv.c` into the cache (atomically: a crash leaves no half-written library)."""
+    """Compiles the C sources into the cache (atomically: a crash leaves no half-written library)."""
     path = library_path(cc)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], check=True,
+        subprocess.run([cc, *FLAGS, *(str(p) for p in sources() if p.suffix == ".c"), "-o",
+                        str(out)], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(out, path)
     logger.info("built the avx2 kernel: %s", path)
@@ -66,7 +76,7 @@ def build(cc: str) -> Path:
 
 
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-_SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: arguments, result
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # the C functions: arguments, result
     "wb_linear_f32": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_f32_avx512": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_bf16": ([_P] * 4 + [_I64] * 3 + [_INT], None),
@@ -81,7 +91,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: argumen
     "wb_rope_write_kv": ([_P, _I64] + [_P] * 6 + [_I64] * 4 + [_INT, _INT], _INT),
     "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
     "wb_decode_stack": ([_P, _P, _I64] + [_P] * 6 + [_I64, _P] + [_I64] * 7
-                        + [_F32, _INT, _P, _INT], _INT),
+                        + [_F32, _INT, _INT], _INT),
 }
 
 
@@ -340,18 +350,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     return out if code == 0 else None
 
 
-STACK_PTRS = 12  # gemv.c's WB_STACK_PTRS: the pointers `decode_stack` reads per layer
+STACK_TENSORS = 12  # per layer, the tensors `decode_stack` reads (csrc/decode_stack.c's order)
+STACK_FUNCTIONS = 4  # and the product functions of its four projections
 
 
-def stack_table(layers: Sequence[tuple[torch.Tensor | None, ...]],
-                eps: Sequence[tuple[float, float]]) -> tuple[Any, Any]:
-    """`decode_stack`'s tables: per layer its `STACK_PTRS` tensors in gemv.c's order (the input
-    norm's weight, Q/K/V's weight and bias, O's, the post-attention norm's weight, gate/up's,
-    down's, the K and V caches; None for a missing bias) and its two norms' epsilons. The
-    caller keeps the tensors alive as long as the tables."""
-    if any(len(layer) != STACK_PTRS for layer in layers):
-        raise ValueError(f"each layer takes {STACK_PTRS} tensors")
-    flat = [None if t is None else t.data_ptr() for layer in layers for t in layer]
+def stack_table(layers: Sequence[tuple[Any, ...]], eps: Sequence[tuple[float, float]]
+                ) -> tuple[Any, Any]:
+    """`decode_stack`'s tables: per layer its `STACK_TENSORS` tensors in csrc/decode_stack.c's
+    order (the input norm's weight, Q/K/V's weight and bias, O's, the post-attention norm's
+    weight, gate/up's, down's, the K and V caches; None for a missing bias), then the product
+    functions of Q/K/V, O, gate/up and down (ctypes functions, each on its weight's layout), and
+    its two norms' epsilons. The caller keeps the tensors alive as long as the tables."""
+    width = STACK_TENSORS + STACK_FUNCTIONS
+    if any(len(layer) != width for layer in layers):
+        raise ValueError(f"each layer takes {STACK_TENSORS} tensors and {STACK_FUNCTIONS} "
+                         "functions")
+    flat = [None if t is None else t.data_ptr() for layer in layers
+            for t in layer[:STACK_TENSORS]]
+    flat = [address for i, layer in enumerate(layers) for address in (
+        flat[i * STACK_TENSORS:(i + 1) * STACK_TENSORS]
+        + [ctypes.cast(fn, ctypes.c_void_p).value for fn in layer[STACK_TENSORS:]])]
     return ((ctypes.c_void_p * len(flat))(*flat),
             (ctypes.c_float * (2 * len(eps)))(*(e for pair in eps for e in pair)))
 
@@ -359,13 +377,13 @@ def stack_table(layers: Sequence[tuple[torch.Tensor | None, ...]],
 def decode_stack(tables: tuple[Any, Any], num_layers: int, hidden: torch.Tensor,
                  cos: torch.Tensor, signed_sin: torch.Tensor, slot_mapping: torch.Tensor,
                  slots: torch.Tensor, lengths: torch.Tensor, num_heads: int, num_kv_heads: int,
-                 head_dim: int, intermediate: int, scale: float, fn) -> torch.Tensor | None:
+                 head_dim: int, intermediate: int, scale: float) -> torch.Tensor | None:
     """A decode step through every layer in one C call (`wb_decode_stack`): hidden [T, H]
     (one token per sequence), cos and signed_sin [T, D], slot_mapping [T], slots [T, Lmax] and
-    lengths [T] as `rope_write_kv` and `decode_attention` take them, `fn` the product function
-    of every projection -> [T, H] before the final norm, bit for bit the decoder's loop over
-    the same C functions. None where a function refused the shapes (nothing then is half
-    done that the loop would not redo)."""
+    lengths [T] as `rope_write_kv` and `decode_attention` take them, each projection through
+    the function its table names -> [T, H] before the final norm, bit for bit the decoder's
+    loop over the same C functions. None where a function refused the shapes (nothing then is
+    half done that the loop would not redo)."""
     t, h = hidden.shape
     d = head_dim
     if not (hidden.is_contiguous() and cos.is_contiguous() and signed_sin.is_contiguous()
@@ -380,18 +398,5 @@ def decode_stack(tables: tuple[Any, Any], num_layers: int, hidden: torch.Tensor,
         tables[0], tables[1], num_layers, hidden.data_ptr(), out.data_ptr(), cos.data_ptr(),
         signed_sin.data_ptr(), slot_mapping.data_ptr(), slots.data_ptr(), slots.stride(0),
         lengths.data_ptr(), slots.shape[1], t, h, num_heads, num_kv_heads, d, intermediate,
-        scale, hidden.dtype == torch.bfloat16, ctypes.cast(fn, ctypes.c_void_p),
-        torch.get_num_threads())
+        scale, hidden.dtype == torch.bfloat16, torch.get_num_threads())
     return out if code == 0 else None
-
-
-@torch.library.custom_op("workbench::linear_bf16", mutates_args=())
-def linear_bf16_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`linear_bf16` as a torch operator, so that a compiled graph (`engine/compiled.py`) calls
-    the C kernel for its products instead of tracing into ctypes."""
-    return linear_bf16(x, weight)
-
-
-@linear_bf16_op.register_fake
-def _linear_bf16_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])

@@ -1,24 +1,29 @@
-"""Which kernel runs the model's projections: chosen once per process from the CPU's features.
+"""The kernels that run a model's projections: one class each, chosen once per process from a
+table by probed capability.
+
+Every kernel has the same small interface (vLLM's `LinearMethodBase` is the pattern):
+`missing(dtype, features)` says what this process lacks to run it (None: it can), `prepare(weight,
+bias)` keeps a projection's weights once in the layouts the kernel reads (`LinearWeights`),
+`c_function(weights, rows, dtype)` is the C product function (`engine/csrc/`) it runs `rows`
+rows of `dtype` through, if any (what a decode step in one C call needs), and `apply(weights,
+x)` computes `x W^T + b`.
 
 | kernel       | dtype    | needs                                               | what it does
 |--------------|----------|-----------------------------------------------------|-------------------------
-| "avx2"       | float32  | AVX2 + FMA, a C compiler (`engine/gemv.py`)         | few-row products
-|              |          |                                                     | (decoding, beams, small
-|              |          |                                                     | batches) in C; prefill
-|              |          |                                                     | chunks via `F.linear`
-| "amx"        | bfloat16 | "onednn"'s needs + AMX BF16, a C compiler that      | products of up to
-|              |          | targets it, the OS's grant of AMX state             | AMX_MAX_ROWS rows on
-|              |          | (`engine/gemv.py`)                                  | AMX tiles in C; more
-|              |          |                                                     | rows as "onednn"
-| "avx512bf16" | bfloat16 | "onednn"'s needs + AVX-512 BF16, a C compiler       | products of up to
-|              |          | (`engine/gemv.py`)                                  | four rows in C; more
-|              |          |                                                     | rows as "onednn"
-| "mkl"        | bfloat16 | "onednn"'s needs + AMX BF16, MKL's bf16 GEMM        | one-row products via
-|              |          | exported by torch (`engine/mkl.py`)                 | MKL; more as "onednn"
+| "avx2"       | float32  | AVX2 + FMA, a C compiler (`engine/gemv.py`)         | products of up to 48
+|              |          |                                                     | rows in C (decoding,
+|              |          |                                                     | beams, small batches);
+|              |          |                                                     | prefill via `F.linear`
+| "amx"        | bfloat16 | "onednn"'s needs + AMX BF16, a C compiler that      | products of up to 32
+|              |          | targets it, the OS's grant of AMX state             | rows on AMX tiles in C;
+|              |          |                                                     | more rows as "onednn"
+| "avx512bf16" | bfloat16 | "onednn"'s needs + AVX-512 BF16, a C compiler       | products of up to four
+|              |          |                                                     | rows and of 12 to 16
+|              |          |                                                     | in C; others "onednn"
 | "onednn"     | bfloat16 | AVX-512 BW/VL/DQ or AVX-NE-CONVERT, oneDNN in torch | weights prepacked by
 |              |          |                                                     | oneDNN
 | "torch"      | any      | nothing                                             | `F.linear`
-|
+
 The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
 library is available and the kernel is not "torch" ("c"), in float32 and bfloat16: decode
 attention reading the KV cache in place (`gemv.decode_attention`), each residual add with the
@@ -27,7 +32,7 @@ RMSNorm after it (`gemv.add_rms_norm`), rotary embedding with the KV write
 they are torch's ops ("torch": SDPA over the gathered context, bit-identical to transformers'
 layers).
 
-`choose(dtype, device)` takes the first that this process can run, in the order above for its
+`choose(dtype, device)` takes the first that this process can run, in the table's order for its
 dtype ("auto"), or checks the one asked for (`kernel=` / `--kernel`) and refuses it at start-up,
 naming the flag and what the machine lacks. `$WORKBENCH_KERNEL` asks for a kernel where those
 say "auto", for the models of the dtype it computes in (how `make test-portable` runs the
@@ -40,18 +45,194 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
-from workbench.engine import gemv, mkl
+from workbench.engine import gemv
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
 
-KERNELS = ("avx2", "amx", "avx512bf16", "mkl", "onednn", "torch")
-DTYPE_OF = {"avx2": torch.float32, "amx": torch.bfloat16, "avx512bf16": torch.bfloat16,
-            "mkl": torch.bfloat16, "onednn": torch.bfloat16}  # torch: any
+
+@dataclass(eq=False)
+class LinearWeights:
+    """One projection's weights as its kernel keeps them (`LinearKernel.prepare`)."""
+
+    out_features: int
+    in_features: int
+    bias: torch.Tensor | None
+    plain: torch.Tensor | None = None  # [out, in], what `F.linear` reads (None: not kept)
+    packed: torch.Tensor | None = None  # oneDNN's blocked layout
+    c_weight: Any = None  # what the kernel's C products read (a tensor's memory), or None
+
+
+class LinearKernel:
+    """A kernel's interface (see the module docstring); the base is `F.linear` ("torch")."""
+
+    name: ClassVar[str] = "torch"
+    dtype: ClassVar[torch.dtype | None] = None  # the dtype it computes in (None: any)
+
+    def missing(self, dtype: torch.dtype, features: CpuFeatures) -> str | None:
+        """What this process lacks to run the kernel on `dtype` (None: it can run it)."""
+        return None
+
+    def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearWeights:
+        weight = weight.detach()
+        return LinearWeights(weight.shape[0], weight.shape[1],
+                             None if bias is None else bias.detach(), plain=weight.contiguous())
+
+    def c_function(self, weights: LinearWeights, rows: int, dtype: torch.dtype) -> Any:
+        """The C product function `rows` rows of `dtype` go through (ctypes), or None."""
+        return None
+
+    def apply(self, weights: LinearWeights, x: torch.Tensor) -> torch.Tensor:
+        fn = self.c_function(weights, x.numel() // weights.in_features, x.dtype)
+        if fn is not None:
+            return gemv.product(fn, x, weights.c_weight, weights.bias, weights.out_features)
+        if weights.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, weights.packed, weights.bias, "none",
+                                                      [], "")
+        assert weights.plain is not None  # a kernel without C products or packs keeps it
+        return F.linear(x, weights.plain, weights.bias)
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.name}>"
+
+
+class Avx2(LinearKernel):
+    """float32: products of up to `MAX_ROWS` rows (decoding, beams, small batches) in C
+    (`csrc/linear_f32.c`, its AVX-512F functions where the CPU has them), reading each weight
+    once per call; longer ones (prefill chunks) through `F.linear`. Same weight tensor, no copy;
+    float32 sums in another order than BLAS's, so outputs differ from `F.linear` in the last
+    bits."""
+
+    name, dtype = "avx2", torch.float32
+    MAX_ROWS = 48  # longer products go to BLAS (its GEMM is tuned for many rows)
+
+    def missing(self, dtype, features):
+        if dtype != torch.float32:
+            return "it computes in float32 (use --dtype float32)"
+        if not features.has("avx2", "fma"):
+            return f"a CPU with AVX2 and FMA (this one has: {features.summary()})"
+        if not gemv.available():
+            return "a C compiler to build it (set CC or install gcc; the log says what failed)"
+        return None
+
+    def prepare(self, weight, bias):
+        weights = super().prepare(weight, bias)
+        weights.c_weight = weights.plain
+        return weights
+
+    def c_function(self, weights, rows, dtype):
+        if rows <= self.MAX_ROWS and dtype == torch.float32:
+            return gemv.linear_function()
+        return None
+
+
+class OneDnn(LinearKernel):
+    """bfloat16: the weight prepacked in oneDNN's blocked layout, bit-identical to `F.linear`."""
+
+    name, dtype = "onednn", torch.bfloat16
+
+    def missing(self, dtype, features):
+        if dtype != torch.bfloat16:
+            return "it computes in bfloat16 (use --dtype bfloat16)"
+        if not features.onednn_bf16:
+            return ("a CPU with AVX-512 BW/VL/DQ or AVX-NE-CONVERT for oneDNN's bf16 products "
+                    f"(this one has: {features.summary()})")
+        if not onednn_prepack_works():
+            return "a torch build with oneDNN's prepacked linear weights"
+        return None
+
+    def prepare(self, weight, bias):
+        weight = weight.detach()
+        return LinearWeights(weight.shape[0], weight.shape[1],
+                             None if bias is None else bias.detach(),
+                             packed=torch.ops.mkldnn._reorder_linear_weight(weight, 1))
+
+
+class Avx512Bf16(OneDnn):
+    """bfloat16: as "onednn", except products of up to `MAX_ROWS` rows (a few sequences or beams
+    decoding) and of `BROADCAST_ROWS` rows, which go through `csrc/linear_bf16.c`'s AVX-512 BF16
+    function on a plain copy of the weight: fp32 accumulation and one rounding, a product may
+    differ from oneDNN's in the last bit of bf16."""
+
+    name = "avx512bf16"
+    # the C kernel beats oneDNN up to four rows (a step's products on an AMX Xeon: 12.6 vs 18.4
+    # ms at one row, 18.7 vs 19.9 at four, 26 vs 20 at eight), and a step in one C call needs it
+    MAX_ROWS = 4
+    # and from 12 to 16 rows (an even K) its broadcast tiles beat oneDNN without AMX (26 vs 35)
+    BROADCAST_ROWS = (12, 16)
+
+    def missing(self, dtype, features):
+        lack = super().missing(dtype, features)
+        if lack is None and not features.has("avx512f", "avx512bw", "avx512_bf16"):
+            return f"a CPU with AVX-512 BF16 (this one has: {features.summary()})"
+        if lack is None and not gemv.available_bf16():
+            return ("a C compiler that targets AVX-512 BF16 (GCC 10 or clang 9 and later; set "
+                    "CC; the log says what failed)")
+        return lack
+
+    def prepare(self, weight, bias):
+        weights = super().prepare(weight, bias)
+        weights.plain = weights.c_weight = weight.detach().contiguous()
+        return weights
+
+    def c_function(self, weights, rows, dtype):
+        low, high = self.BROADCAST_ROWS
+        if dtype == torch.bfloat16 and (rows <= self.MAX_ROWS or (
+                low <= rows <= high and weights.in_features % 2 == 0)):
+            return gemv.linear_bf16_function()
+        return None
+
+
+class Amx(OneDnn):
+    """bfloat16: as "onednn", except products of up to `MAX_ROWS` rows (decoding, beams, small
+    batches), which go through `csrc/linear_amx.c` on a copy of the weight in its tiles' layout
+    (in place of the plain copy "avx512bf16" keeps): fp32 accumulation and one rounding, a
+    product may differ from oneDNN's in the last bit of bf16."""
+
+    name = "amx"
+    MAX_ROWS = 32  # as fast as oneDNN's at 32 rows, faster below
+
+    def missing(self, dtype, features):
+        lack = super().missing(dtype, features)
+        if lack is None and not features.has("amx_tile", "amx_bf16"):
+            return f"a CPU with AMX BF16 (this one has: {features.summary()})"
+        if lack is None and not gemv.available_amx():
+            return ("a C compiler that targets AMX (GCC 11 or clang 12 and later; set CC) and "
+                    "an OS that grants processes AMX's tile state (Linux 5.16); the log says "
+                    "what failed")
+        return lack
+
+    def prepare(self, weight, bias):
+        weights = super().prepare(weight, bias)
+        weights.c_weight = gemv.amx_pack(weight.detach())
+        return weights
+
+    def c_function(self, weights, rows, dtype):
+        if rows <= self.MAX_ROWS and dtype == torch.bfloat16:
+            return gemv.linear_amx_function()
+        return None
+
+
+# the table: every kernel by name, and per dtype the order "auto" tries them in
+TABLE: dict[str, LinearKernel] = {k.name: k for k in (Avx2(), Amx(), Avx512Bf16(), OneDnn(),
+                                                      LinearKernel())}
+KERNELS = tuple(TABLE)
+DTYPE_OF = {name: k.dtype for name, k in TABLE.items() if k.dtype is not None}  # torch: any
 _AUTO_ORDER = {torch.float32: ("avx2", "torch"),
-               torch.bfloat16: ("amx", "avx512bf16", "mkl", "onednn", "torch")}
+               torch.bfloat16: ("amx", "avx512bf16", "onednn", "torch")}
+
+
+def get(kernel: str | LinearKernel) -> LinearKernel:
+    """The kernel named `kernel` (a kernel is itself)."""
+    if isinstance(kernel, LinearKernel):
+        return kernel
+    if kernel not in TABLE:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return TABLE[kernel]
 
 
 @dataclass(frozen=True)
@@ -62,7 +243,7 @@ class KernelChoice:
     dtype: torch.dtype
     device: str
     cpu_flags: str  # the probed flags that matter here ("" on CUDA)
-    ops: str = "torch"  # the small ops between the projections: "c" (gemv.c) or "torch"
+    ops: str = "torch"  # the small ops between the projections: "c" (the C library) or "torch"
 
     def describe(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
@@ -72,42 +253,7 @@ class KernelChoice:
 
 def missing(kernel: str, dtype: torch.dtype, features: CpuFeatures) -> str | None:
     """What this process lacks to run `kernel` on `dtype` (None: it can run it)."""
-    if kernel == "torch":
-        return None
-    if kernel == "avx2":
-        if dtype != torch.float32:
-            return "it computes in float32 (use --dtype float32)"
-        if not features.has("avx2", "fma"):
-            return f"a CPU with AVX2 and FMA (this one has: {features.summary()})"
-        if not gemv.available():
-            return "a C compiler to build it (set CC or install gcc; the log says what failed)"
-        return None
-    if dtype != torch.bfloat16:
-        return "it computes in bfloat16 (use --dtype bfloat16)"
-    if not features.onednn_bf16:
-        return ("a CPU with AVX-512 BW/VL/DQ or AVX-NE-CONVERT for oneDNN's bf16 products "
-                f"(this one has: {features.summary()})")
-    if not onednn_prepack_works():
-        return "a torch build with oneDNN's prepacked linear weights"
-    if kernel == "amx":
-        if not features.has("amx_tile", "amx_bf16"):
-            return f"a CPU with AMX BF16 (this one has: {features.summary()})"
-        if not gemv.available_amx():
-            return ("a C compiler that targets AMX (GCC 11 or clang 12 and later; set CC) and "
-                    "an OS that grants processes AMX's tile state (Linux 5.16); the log says "
-                    "what failed")
-    if kernel == "avx512bf16":
-        if not features.has("avx512f", "avx512bw", "avx512_bf16"):
-            return f"a CPU with AVX-512 BF16 (this one has: {features.summary()})"
-        if not gemv.available_bf16():
-            return ("a C compiler that targets AVX-512 BF16 (GCC 10 or clang 9 and later; set "
-                    "CC; the log says what failed)")
-    if kernel == "mkl":
-        if not features.has("amx_bf16"):
-            return f"a CPU with AMX BF16 (this one has: {features.summary()})"
-        if not mkl.available():
-            return "a torch build that exports MKL's bf16 GEMM"
-    return None
+    return get(kernel).missing(dtype, features)
 
 
 def onednn_prepack_works() -> bool:

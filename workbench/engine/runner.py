@@ -11,8 +11,7 @@ projections are fused and every projection runs on the kernel chosen once for th
 (`engine/kernels.py`, `engine/fusion.py`). A probe step at start-up (`probe`) records what each
 layer's attention asks for (scaling, sliding window, soft-capping) and checks the lean loop
 (`engine/decoder.py`): where it gives the base model's hidden states bit for bit (Llama,
-Mistral, Qwen2), the layers run through it instead; with `WORKBENCH_COMPILE=1` a lone stream's
-decode steps run as one compiled graph instead (`engine/compiled.py`).
+Mistral, Qwen2), the layers run through it instead.
 
 With `batch_invariant=True` a row's computation depends on its own tokens only: every
 projection computes in fixed tiles (`fusion.make_batch_invariant`), every query token is
@@ -36,7 +35,6 @@ import torch
 
 from workbench.engine import attention, attention_modules, gemv, inspection, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk, QueryContexts
-from workbench.engine.compiled import CompiledDecode, compile_enabled
 from workbench.engine.decoder import DecoderStack, rms_norm
 from workbench.engine.fusion import INVARIANT_C_ROWS, fuse_projections, make_batch_invariant
 from workbench.engine.inspection import InspectedRows, StepInspector
@@ -107,7 +105,7 @@ def check_batch_invariant(model, kernel: kernels.KernelChoice, layers) -> None:
         why = (f"it runs on the CPU (on {kernel.device}, vLLM's VLLM_BATCH_INVARIANT=1 is the "
                "GPU's)")
     elif not gemv.available():
-        why = ("its attention is gemv.c's (a CPU with AVX2 and FMA and a C compiler; the log "
+        why = ("its attention is the C library's (a CPU with AVX2 and FMA and a C compiler; the log "
                "says what is missing)")
     elif head_dim % 8 or head_dim > 256 or heads % kv or heads // kv > 16:
         why = (f"its C attention takes head sizes that are multiples of 8 up to 256 and up to "
@@ -164,7 +162,6 @@ class ModelRunner:
     """Executes `SchedulerOutput`s on a causal LM from transformers; see the module docstring."""
 
     _lora = None
-    compiled: CompiledDecode | None  # opt-in (`WORKBENCH_COMPILE=1`): lone decodes as one graph
 
     @property
     def lora(self):
@@ -176,8 +173,6 @@ class ModelRunner:
         self._lora = manager
         if self.stack is not None:  # its wrappers replaced the projections the loop calls
             self.stack.refresh()
-        if manager is not None:
-            self.compiled = None  # the graph would miss the adapters
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",
                  batch_invariant: bool = False):
@@ -229,17 +224,6 @@ class ModelRunner:
         self.window: int | None = None
         if windows and all(w is not None for w in windows):
             self.window = max(w for w in windows if w is not None)
-        self.compiled = None
-        if compile_enabled() and batch_invariant:
-            logger.warning("WORKBENCH_COMPILE: not with batch_invariant (the graph's products "
-                           "and attention take other orders); decode steps run eager")
-        elif compile_enabled() and self.stack is not None and self.device.type == "cpu":
-            if CompiledDecode.supports(self.stack):
-                self.compiled = CompiledDecode(self.stack, self.kv_caches)
-            else:
-                logger.warning("WORKBENCH_COMPILE: not with the %s kernel (its projections "
-                               "keep no plain weight to compile with); decode steps run eager",
-                               self.kernel.kernel)
 
     # -- inputs -----------------------------------------------------------------------------
     def _slots(self, block_table: list[int], start: int, stop: int) -> torch.Tensor:
@@ -390,7 +374,7 @@ class ModelRunner:
     def _inspected_forward(self, embeds: torch.Tensor, pos: torch.Tensor,
                            ctx: AttentionContext, inspector: StepInspector) -> torch.Tensor:
         """`forward` with the step's records and interventions: the lean loop calls them
-        itself (never the one-call C step or the compiled graph), transformers' layers through
+        itself (never the one-call C step), transformers' layers through
         hooks; then the final norm's rows and the logit lens."""
         if self.stack is not None:
             rope = self.base.rotary_emb(embeds, position_ids=pos)
@@ -418,8 +402,6 @@ class ModelRunner:
         (after the final norm, except through the lean loop, which leaves it to the caller)."""
         if lean and self.stack is not None:
             rope = self.base.rotary_emb(embeds, position_ids=pos)
-            if self.compiled is not None and self.compiled.takes(ctx, embeds.shape[1]):
-                return self.compiled(embeds[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
             return self.stack(embeds[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
         with attention.forward_context(ctx):
             return self.base(inputs_embeds=embeds, position_ids=pos,

@@ -1,0 +1,330 @@
+/* Few-row float32 matrix products for decoding on x86-64 CPUs with AVX2 and FMA.
+ *
+ * y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]), row-major, for the few rows of a decode step
+ * (one sequence, a beam search, a small batch). BLAS libraries tune their GEMM for many rows and
+ * take slow paths for a handful on some CPUs; here the weight matrix is read from memory exactly
+ * once per call. Up to six rows: dot products, four weight rows at a time, those four rows
+ * staying in L1 while every row of x reads them, two x rows per pass (8 accumulators + 4 weight
+ * + 2 input registers of the 16 AVX2 has); the first pass prefetches the next four rows (2-4
+ * rows: ~20% faster on an AMX Xeon in fp32). Seven rows or more: broadcast tiles (below).
+ * Each thread takes a contiguous range of weight rows (OpenMP, the runtime torch itself loaded).
+ * Sums are accumulated in float32 in a fixed order: the same inputs give the same bits for any
+ * thread count.
+ */
+#include "wb.h"
+
+/* The next block of four weight rows, fetched into L1 while this one is computed (on the
+ * first pass over a block only: later passes read it from L1). */
+static inline void prefetch_next(const float *w, int64_t K, int64_t k) {
+    for (int r = 4; r < 8; ++r) _mm_prefetch((const char *)(w + r * K + k), _MM_HINT_T0);
+}
+
+/* Dot products of weight rows w[0..R) with input rows x0 (and x1 when two), R <= 4. */
+static inline void tile(const float *w, int64_t R, const float *x0, const float *x1, int64_t K,
+                        int first, float out0[4], float out1[4]) {
+    const int64_t K8 = K & ~(int64_t)7;
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    if (R == 4 && x1) {
+        for (int64_t k = 0; k < K8; k += 8) {
+            if (first) prefetch_next(w, K, k);
+            __m256 u = _mm256_loadu_ps(x0 + k), v = _mm256_loadu_ps(x1 + k);
+            __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + K + k);
+            __m256 w2 = _mm256_loadu_ps(w + 2 * K + k), w3 = _mm256_loadu_ps(w + 3 * K + k);
+            a[0] = _mm256_fmadd_ps(w0, u, a[0]); c[0] = _mm256_fmadd_ps(w0, v, c[0]);
+            a[1] = _mm256_fmadd_ps(w1, u, a[1]); c[1] = _mm256_fmadd_ps(w1, v, c[1]);
+            a[2] = _mm256_fmadd_ps(w2, u, a[2]); c[2] = _mm256_fmadd_ps(w2, v, c[2]);
+            a[3] = _mm256_fmadd_ps(w3, u, a[3]); c[3] = _mm256_fmadd_ps(w3, v, c[3]);
+        }
+    } else if (R == 4) {
+        for (int64_t k = 0; k < K8; k += 8) {
+            if (first) prefetch_next(w, K, k);
+            __m256 u = _mm256_loadu_ps(x0 + k);
+            a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), u, a[0]);
+            a[1] = _mm256_fmadd_ps(_mm256_loadu_ps(w + K + k), u, a[1]);
+            a[2] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 2 * K + k), u, a[2]);
+            a[3] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 3 * K + k), u, a[3]);
+        }
+    } else {  /* the last, partial block of weight rows */
+        for (int64_t r = 0; r < R; ++r)
+            for (int64_t k = 0; k < K8; k += 8) {
+                __m256 wr = _mm256_loadu_ps(w + r * K + k);
+                a[r] = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x0 + k), a[r]);
+                if (x1) c[r] = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x1 + k), c[r]);
+            }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        float s = hsum(a[r]), t = x1 ? hsum(c[r]) : 0.0f;
+        for (int64_t k = K8; k < K; ++k) {
+            s += w[r * K + k] * x0[k];
+            if (x1) t += w[r * K + k] * x1[k];
+        }
+        out0[r] = s;
+        out1[r] = t;
+    }
+}
+
+/* Products of seven rows or more (a batch decoding, a wide beam search): the dot products above
+ * are held to about half of what the FMA units do by their horizontal sums and eight
+ * accumulators. Here the input is transposed into columns of eight rows (xt[k][m], zero
+ * padded) and each weight element is broadcast and multiplied into whole columns: a tile of R
+ * weight rows x V columns keeps R * V sums in registers (6 x 2: 12 of the 16 registers, 2 + 6
+ * loads a step for 12 multiply-adds, no horizontal sums). Each sum runs over k in order,
+ * restarted every BC_SPAN steps and added to a running total (the error grows with
+ * BC_SPAN + K / BC_SPAN, not with K): the same bits for any number of rows from BC_MIN_ROWS
+ * on, any grouping of them and any thread count. The weight rows two tiles ahead are
+ * prefetched into L2: sixteen rows need the weights about as fast as memory gives them, and
+ * the hardware prefetchers do not follow six rows at once. On an AMX Xeon limited to AVX2, a
+ * 16-row decode step's products: 49 ms as dot products, 36 ms this way (6 rows: a tie). */
+#define BC_MIN_ROWS 7
+#define BC_SPAN 64
+
+static inline __attribute__((always_inline)) void
+bc_tile(const float *w, int64_t K, const float *xt, int64_t ld, int R, int V, int prefetch,
+        float *sums) {
+    for (int i = 0; i < R * V * 8; ++i) sums[i] = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += BC_SPAN) {
+        const int64_t k1 = k0 + BC_SPAN < K ? k0 + BC_SPAN : K;
+        __m256 acc[12][2];
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+        for (int64_t kk = k0; kk < k1; kk += 16) {  /* a cache line of each weight row */
+            if (prefetch)
+                for (int r = 0; r < R; ++r)
+                    _mm_prefetch((const char *)(w + (2 * R + r) * K + kk), _MM_HINT_T1);
+            const int64_t ke = kk + 16 < k1 ? kk + 16 : k1;
+#pragma GCC unroll 4
+            for (int64_t k = kk; k < ke; ++k) {
+                __m256 xv[2];
+                for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + k * ld + 8 * v);
+                for (int r = 0; r < R; ++r) {
+                    const __m256 b = _mm256_broadcast_ss(w + r * K + k);
+                    for (int v = 0; v < V; ++v)
+                        acc[r][v] = _mm256_fmadd_ps(b, xv[v], acc[r][v]);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < V; ++v) {
+                float *s = sums + (r * V + v) * 8;
+                _mm256_storeu_ps(s, _mm256_add_ps(_mm256_loadu_ps(s), acc[r][v]));
+            }
+    }
+}
+
+/* x [M, K] -> xt [K, ld] (ld: M rounded up to 8, the padding zero), 8 x 8 blocks in registers. */
+static void transpose_rows(const float *x, int64_t M, int64_t K, float *xt, int64_t ld) {
+    const int64_t K8 = K & ~(int64_t)7;
+    for (int64_t m0 = 0; m0 < ld; m0 += 8) {
+        const float *rows[8];
+        for (int i = 0; i < 8; ++i) rows[i] = m0 + i < M ? x + (m0 + i) * K : 0;
+        for (int64_t k = 0; k < K8; k += 8) {
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; ++i)
+                r[i] = rows[i] ? _mm256_loadu_ps(rows[i] + k) : _mm256_setzero_ps();
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4)
+                for (int j = 0; j < 2; ++j) {
+                    r[i + j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);
+                    r[i + j + 2] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);
+                }
+            /* r[0], r[2], r[1], r[3]: columns k..k+3 of rows 0-3 in lanes 0-3 and columns
+             * k+4..k+7 in lanes 4-7; r[4..7] the same of rows 4-7 */
+            static const int order[4] = {0, 2, 1, 3};
+            for (int j = 0; j < 4; ++j) {
+                const int c = order[j];
+                _mm256_storeu_ps(xt + (k + j) * ld + m0, _mm256_permute2f128_ps(r[c], r[c + 4], 0x20));
+                _mm256_storeu_ps(xt + (k + j + 4) * ld + m0, _mm256_permute2f128_ps(r[c], r[c + 4], 0x31));
+            }
+        }
+        for (int64_t k = K8; k < K; ++k)
+            for (int i = 0; i < 8; ++i) xt[k * ld + m0 + i] = rows[i] ? rows[i][k] : 0.0f;
+    }
+}
+
+/* This thread's scratch of at least `bytes`, 64-byte aligned (grown as needed and kept for its
+ * next call: where a product lays out its input rows); NULL if memory ran out. */
+void *wb_scratch(int64_t bytes) {
+    static __thread void *buf = 0;
+    static __thread int64_t size = 0;
+    if (bytes > size) {
+        free(buf);
+        buf = aligned_alloc(64, (size_t)((bytes + 63) & ~(int64_t)63));
+        size = buf ? bytes : 0;
+    }
+    return buf;
+}
+
+/* x transposed into this thread's scratch columns; NULL if memory ran out. */
+static float *columns(const float *x, int64_t M, int64_t K, int64_t ld) {
+    float *xt = wb_scratch(ld * K * 4);
+    if (xt) transpose_rows(x, M, K, xt, ld);
+    return xt;
+}
+
+static void linear_broadcast(const float *x, const float *w, const float *b, float *y,
+                             int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t ld = (M + 7) & ~(int64_t)7;
+    float *cols = columns(x, M, K, ld);
+    if (!cols) return;
+    const int64_t blocks = (N + 5) / 6;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * 6, R = N - n0 < 6 ? N - n0 : 6;
+        float sums[6 * 2 * 8];
+        for (int64_t m0 = 0; m0 < ld; m0 += 16) {
+            const int V = ld - m0 >= 16 ? 2 : 1, first = m0 == 0;
+            if (R == 6 && V == 2) bc_tile(w + n0 * K, K, cols + m0, ld, 6, 2, first, sums);
+            else if (R == 6) bc_tile(w + n0 * K, K, cols + m0, ld, 6, 1, first, sums);
+            else if (V == 2)
+                for (int64_t r = 0; r < R; ++r)
+                    bc_tile(w + (n0 + r) * K, K, cols + m0, ld, 1, 2, 0, sums + r * 16);
+            else
+                for (int64_t r = 0; r < R; ++r)
+                    bc_tile(w + (n0 + r) * K, K, cols + m0, ld, 1, 1, 0, sums + r * 8);
+            for (int64_t r = 0; r < R; ++r) {
+                const float bias = b ? b[n0 + r] : 0.0f;
+                for (int64_t j = 0; j < 8 * V && m0 + j < M; ++j)
+                    y[(m0 + j) * N + n0 + r] = sums[r * 8 * V + j] + bias;
+            }
+        }
+    }
+}
+
+void wb_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M,
+                   int64_t N, int64_t K, int threads) {
+    if (M >= BC_MIN_ROWS) {
+        linear_broadcast(x, w, b, y, M, N, K, threads);
+        return;
+    }
+    const int64_t blocks = (N + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * 4, R = N - n0 < 4 ? N - n0 : 4;
+        const float *wb = w + n0 * K;
+        for (int64_t m = 0; m < M; m += 2) {
+            const float *x1 = m + 1 < M ? x + (m + 1) * K : 0;
+            float s[4], t[4];
+            tile(wb, R, x + m * K, x1, K, m == 0, s, t);
+            for (int64_t r = 0; r < R; ++r) {
+                float bias = b ? b[n0 + r] : 0.0f;
+                y[m * N + n0 + r] = s[r] + bias;
+                if (x1) y[(m + 1) * N + n0 + r] = t[r] + bias;
+            }
+        }
+    }
+}
+
+/* The broadcast tiles with AVX-512F, for 13 to 16 rows: one column of sixteen input rows a
+ * vector, four weight rows a tile (fewer rows at once stream better than more: on an AMX
+ * Xeon, 16 rows of a decode step's products 37 ms with the dot products below, 33 ms this
+ * way, with 6 weight rows 33, with 12 rows 37; at 12 rows a tie, and from 17 rows a second,
+ * mostly padded column loses to the dot products). Each sum runs over k as in the AVX2 tiles
+ * (the same restarts): the same bits as those. */
+#define BC512_MIN_ROWS 13
+#define BC512_MAX_ROWS 16
+#define BC512_R 4
+
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+bc_tile16(const float *w, int64_t K, const float *xt, int64_t ld, const int R, int prefetch,
+          float *sums) {
+    for (int i = 0; i < R * 16; ++i) sums[i] = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += BC_SPAN) {
+        const int64_t k1 = k0 + BC_SPAN < K ? k0 + BC_SPAN : K;
+        __m512 acc[BC512_R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t kk = k0; kk < k1; kk += 16) {
+            if (prefetch)
+                for (int r = 0; r < R; ++r)
+                    _mm_prefetch((const char *)(w + (2 * R + r) * K + kk), _MM_HINT_T1);
+            const int64_t ke = kk + 16 < k1 ? kk + 16 : k1;
+#pragma GCC unroll 4
+            for (int64_t k = kk; k < ke; ++k) {
+                const __m512 xv = _mm512_loadu_ps(xt + k * ld);
+                for (int r = 0; r < R; ++r)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * K + k]), xv, acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            _mm512_storeu_ps(sums + r * 16, _mm512_add_ps(_mm512_loadu_ps(sums + r * 16), acc[r]));
+    }
+}
+
+__attribute__((target("avx512f")))
+static void linear_broadcast_avx512(const float *x, const float *w, const float *b, float *y,
+                                    int64_t M, int64_t N, int64_t K, int threads) {
+    float *cols = columns(x, M, K, 16);  /* M <= 16: one column */
+    if (!cols) return;
+    const int64_t blocks = (N + BC512_R - 1) / BC512_R;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * BC512_R, R = N - n0 < BC512_R ? N - n0 : BC512_R;
+        float sums[BC512_R * 16];
+        if (R == BC512_R) bc_tile16(w + n0 * K, K, cols, 16, BC512_R, 1, sums);
+        else
+            for (int64_t r = 0; r < R; ++r)
+                bc_tile16(w + (n0 + r) * K, K, cols, 16, 1, 0, sums + r * 16);
+        for (int64_t r = 0; r < R; ++r) {
+            const float bias = b ? b[n0 + r] : 0.0f;
+            for (int64_t j = 0; j < M; ++j) y[j * N + n0 + r] = sums[r * 16 + j] + bias;
+        }
+    }
+}
+
+/* The same products on CPUs with AVX-512F, as dot products but for 13 to 16 rows:
+ * sixteen floats a vector and 32 registers, so four input rows share each block of four weight
+ * rows (16 sums in registers; the weights are read from L1 a quarter as often as with AVX2's
+ * two rows). K's tail through masked loads. Fixed order: the same bits for any thread count
+ * (not the AVX2 dot products' bits: other lanes). 13 to 16 rows: the broadcast tiles above. */
+__attribute__((target("avx512f")))
+void wb_linear_f32_avx512(const float *x, const float *w, const float *b, float *y, int64_t M,
+                          int64_t N, int64_t K, int threads) {
+    if (M >= BC512_MIN_ROWS && M <= BC512_MAX_ROWS) {
+        linear_broadcast_avx512(x, w, b, y, M, N, K, threads);
+        return;
+    }
+    const int64_t blocks = (N + 3) / 4, K16 = K & ~(int64_t)15;
+    const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * 4, R = N - n0 < 4 ? N - n0 : 4;
+        const float *wr[4];
+        for (int r = 0; r < 4; ++r) wr[r] = w + (n0 + (r < R ? r : 0)) * K;  /* extra: discarded */
+        for (int64_t m = 0; m < M; m += 4) {
+            const int64_t P = M - m < 4 ? M - m : 4;
+            const float *xr[4];
+            for (int p = 0; p < 4; ++p) xr[p] = x + (m + (p < P ? p : 0)) * K;
+            __m512 a[4][4];
+            for (int p = 0; p < 4; ++p)
+                for (int r = 0; r < 4; ++r) a[p][r] = _mm512_setzero_ps();
+            for (int64_t k = 0; k < K16; k += 16) {
+                if (m == 0)
+                    for (int r = 0; r < 4; ++r)
+                        _mm_prefetch((const char *)(w + (n0 + 4 + r) * K + k), _MM_HINT_T0);
+                __m512 wv[4];
+                for (int r = 0; r < 4; ++r) wv[r] = _mm512_loadu_ps(wr[r] + k);
+                for (int p = 0; p < 4; ++p) {
+                    const __m512 xv = _mm512_loadu_ps(xr[p] + k);
+                    for (int r = 0; r < 4; ++r) a[p][r] = _mm512_fmadd_ps(wv[r], xv, a[p][r]);
+                }
+            }
+            if (tail) {
+                __m512 wv[4];
+                for (int r = 0; r < 4; ++r) wv[r] = _mm512_maskz_loadu_ps(tail, wr[r] + K16);
+                for (int p = 0; p < 4; ++p) {
+                    const __m512 xv = _mm512_maskz_loadu_ps(tail, xr[p] + K16);
+                    for (int r = 0; r < 4; ++r) a[p][r] = _mm512_fmadd_ps(wv[r], xv, a[p][r]);
+                }
+            }
+            for (int64_t p = 0; p < P; ++p)
+                for (int64_t r = 0; r < R; ++r)
+                    y[(m + p) * N + n0 + r] = _mm512_reduce_add_ps(a[p][r]) +
+                                              (b ? b[n0 + r] : 0.0f);
+        }
+    }
+}
