@@ -45,7 +45,9 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto",
+                   choices=["auto", "float32", "bfloat16", "float16", "gguf"],
+                   help="gguf: a GGUF model's quantized blocks as the file holds them (CPU)")
     p.add_argument("--kernel", default="auto",
                    choices=["auto", "avx2", "amx", "avx512bf16", "onednn", "torch"],
                    help="projection kernel (default: the fastest this CPU and dtype can run)")

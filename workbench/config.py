@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from workbench.errors import ValidationError
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DTYPES = ("auto", "float32", "bfloat16", "float16", "gguf")
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class EngineConfig:
     """
 
     model: str = "smollm2-135m-instruct"
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 | gguf (the file's blocks)
     kernel: str = "auto"  # auto | avx2 | amx | avx512bf16 | onednn | torch (engine/kernels.py)
     # a request's tokens and logprobs the same bits whatever shares its batch, however its
     # prompt is chunked, with or without prefix-cache hits (engine/runner.py, at a cost)

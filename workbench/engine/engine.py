@@ -127,8 +127,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.enable_chunked_prefill,
                                    config.scheduling_policy)
-        self.runner: ModelRunner | EncoderRunner = ModelRunner(self.model, num_blocks, config.block_size, config.kernel,
-                                                               config.batch_invariant)
+        self.runner: ModelRunner | EncoderRunner = ModelRunner(
+            self.model, num_blocks, config.block_size, config.kernel, config.batch_invariant,
+            getattr(self.loaded, "quantized", None))
         self.scheduler.window = self.runner.window  # blocks out of every layer's window go
         if config.enable_lora:  # adapters per request: LoRA layers with resident slots
             self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,

@@ -20,8 +20,9 @@ from torch import nn
 
 from workbench.engine import kernels
 from workbench.engine.kernels import LinearKernel
+from workbench.models.gguf_blocks import QuantizedWeight
 
-C_KERNELS = frozenset({"avx2", "amx", "avx512bf16"})  # those with C products (c_function)
+C_KERNELS = frozenset({"avx2", "amx", "avx512bf16", "gguf"})  # with C products (c_function)
 
 # sibling linears that read the same input, fused wherever a layer has them (any submodule:
 # `self_attn`, `attn`, `mlp`, a mixture of experts' shared expert)
@@ -123,15 +124,12 @@ class FastLinear(nn.Module):
 
 
 class FusedGroup:
-    """One projection for several linears that read the same input."""
+    """One projection for several linears that read the same input: `linear` computes their
+    outputs concatenated (`sizes` each)."""
 
-    def __init__(self, linears: list[nn.Linear], kernel: str):
-        weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
-        biases = [lin.bias for lin in linears]
-        bias = torch.cat([b.detach() for b in biases]) if all(
-            b is not None for b in biases) else None
-        self.linear = FastLinear(weight, bias, kernel)
-        self.sizes = [lin.out_features for lin in linears]
+    def __init__(self, linear: FastLinear, sizes: list[int]):
+        self.linear = linear
+        self.sizes = sizes
         self._input: torch.Tensor | None = None
         self._parts: tuple[torch.Tensor, ...] = ()
 
@@ -159,32 +157,69 @@ class FusedPart(nn.Module):
         return self.group.part(self.index, x)
 
 
-def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None) -> int:
+def _fused(linears: list[nn.Linear], blocks: list[QuantizedWeight | None], kernel: str,
+           fallback: str) -> FastLinear | None:
+    """One `FastLinear` for `linears` stacked by rows: their GGUF blocks on "gguf" where each
+    has blocks of one kind, their float weights on `fallback` where none has any; None where
+    some have blocks and some not (or of other kinds): they stay apart."""
+    biases = [lin.bias for lin in linears]
+    bias = torch.cat([b.detach() for b in biases]) if all(
+        b is not None for b in biases) else None
+    if all(b is None for b in blocks):
+        weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
+        return FastLinear(weight, bias, fallback)
+    kinds = {None if b is None else b.kind for b in blocks}
+    if len(kinds) != 1:
+        return None
+    return FastLinear(QuantizedWeight.cat([b for b in blocks if b is not None]), None
+                      if bias is None else bias.float(), kernel)
+
+
+def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
+                     quantized: dict[str, QuantizedWeight] | None = None) -> int:
     """Fuses Q/K/V and gate/up wherever a decoder layer has them (`_GROUPS`) and gives every
     other `nn.Linear` of the layers, and the LM head, `kernel` (None: `kernels.choose` for the
     model's dtype and device; with "torch" the unfused projections stay as they are); returns
-    how many fused groups. `layers`: the decoder layers (default: a Llama-family model's)."""
+    how many fused groups. `layers`: the decoder layers (default: a Llama-family model's).
+    `quantized` (with the "gguf" kernel): GGUF blocks by parameter name; a linear with blocks
+    multiplies them, the others keep their float weight on the float32 kernel `choose` picks."""
     if kernel is None:
         weight = next(model.parameters())
         kernel = kernels.choose(weight.dtype, weight.device.type).kernel
+    quantized = quantized or {}
+    fallback = kernels.choose(torch.float32).kernel if kernel == "gguf" else kernel
+    names = {id(m): name for name, m in model.named_modules()}
+
+    def blocks_of(lin: nn.Module) -> QuantizedWeight | None:
+        return quantized.get(f"{names.get(id(lin))}.weight")
+
+    def fast(lin: nn.Linear) -> FastLinear:
+        blocks = blocks_of(lin)
+        if blocks is None:
+            return FastLinear(lin.weight, lin.bias, fallback)
+        return FastLinear(blocks, None if lin.bias is None else lin.bias.float(), kernel)
+
     fused = 0
     for layer in (model.model.layers if layers is None else layers):
         for owner in list(layer.modules()):
-            for names in _GROUPS:
-                linears: list[Any] = [getattr(owner, n, None) for n in names]
+            for group_names in _GROUPS:
+                linears: list[Any] = [getattr(owner, n, None) for n in group_names]
                 if not all(type(lin) is nn.Linear for lin in linears):
                     continue
-                group = FusedGroup(linears, kernel)
-                for i, name in enumerate(names):
+                linear = _fused(linears, [blocks_of(lin) for lin in linears], kernel, fallback)
+                if linear is None:
+                    continue
+                group = FusedGroup(linear, [lin.out_features for lin in linears])
+                for i, name in enumerate(group_names):
                     setattr(owner, name, FusedPart(group, i, linears[i].in_features))
                 fused += 1
         if kernel != "torch":
             for owner in list(layer.modules()):
                 for name, lin in list(owner.named_children()):
                     if type(lin) is nn.Linear:
-                        setattr(owner, name, FastLinear(lin.weight, lin.bias, kernel))
+                        setattr(owner, name, fast(lin))
     if kernel != "torch" and isinstance(getattr(model, "lm_head", None), nn.Linear):
-        model.lm_head = FastLinear(model.lm_head.weight, model.lm_head.bias, kernel)
+        model.lm_head = fast(model.lm_head)
     return fused
 
 

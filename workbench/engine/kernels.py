@@ -50,9 +50,10 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from workbench.engine import gemv
+from workbench.engine import gemv, gguf_kernels
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
+from workbench.models.gguf_blocks import QuantizedWeight
 
 
 @dataclass(eq=False)
@@ -65,6 +66,7 @@ class LinearWeights:
     plain: torch.Tensor | None = None  # [out, in], what `F.linear` reads (None: not kept)
     packed: torch.Tensor | None = None  # oneDNN's blocked layout
     c_weight: Any = None  # what the kernel's C products read (a tensor's memory), or None
+    blocks: QuantizedWeight | None = None  # a GGUF weight's blocks ("gguf")
 
 
 class LinearKernel:
@@ -217,11 +219,43 @@ class Amx(OneDnn):
         return None
 
 
-# the table: every kernel by name, and per dtype the order "auto" tries them in
+class Gguf(LinearKernel):
+    """float32 activations times a GGUF file's quantized blocks as the file holds them
+    (`QuantizedWeight`: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), in C (`csrc/gguf.c`, its AVX-512
+    or AVX2 functions, `engine/gguf_kernels.py`): float32 sums of the dequantized weights, in
+    the functions' own order. Chosen by `dtype="gguf"` (the model's blocks), never by
+    `--kernel`; the model's other weights stay float32 on the float32 kernel."""
+
+    name, dtype = "gguf", torch.float32
+
+    def missing(self, dtype, features):
+        if dtype != torch.float32:
+            return "float32 activations"
+        if not features.has("avx2", "fma"):
+            return f"a CPU with AVX2 and FMA (this one has: {features.summary()})"
+        if not gguf_kernels.available():
+            return "a C compiler to build it (set CC or install gcc; the log says what failed)"
+        return None
+
+    def prepare(self, weight, bias):
+        if not isinstance(weight, QuantizedWeight):
+            raise TypeError(f"the gguf kernel multiplies GGUF blocks, got {type(weight)}")
+        return LinearWeights(weight.out_features, weight.in_features,
+                             None if bias is None else bias.detach().float(),
+                             c_weight=weight.data, blocks=weight)
+
+    def c_function(self, weights, rows, dtype):
+        if dtype == torch.float32 and weights.blocks is not None:
+            return gguf_kernels.linear_function(weights.blocks.kind)
+        return None
+
+
+# the table: every kernel by name, and per dtype the order "auto" tries them in ("gguf" comes
+# with a model's blocks, `dtype="gguf"`)
 TABLE: dict[str, LinearKernel] = {k.name: k for k in (Avx2(), Amx(), Avx512Bf16(), OneDnn(),
-                                                      LinearKernel())}
-KERNELS = tuple(TABLE)
-DTYPE_OF = {name: k.dtype for name, k in TABLE.items() if k.dtype is not None}  # torch: any
+                                                      LinearKernel(), Gguf())}
+KERNELS = tuple(name for name in TABLE if name != "gguf")  # what `--kernel` may ask for
+DTYPE_OF = {name: TABLE[name].dtype for name in KERNELS if TABLE[name].dtype is not None}
 _AUTO_ORDER = {torch.float32: ("avx2", "torch"),
                torch.bfloat16: ("amx", "avx512bf16", "onednn", "torch")}
 
@@ -270,9 +304,12 @@ def onednn_prepack_works() -> bool:
 
 
 def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
-           features: CpuFeatures | None = None) -> KernelChoice:
+           features: CpuFeatures | None = None, blocks: bool = False) -> KernelChoice:
     """The kernel for `dtype` on `device` (see the module docstring); `ValidationError` naming
-    `kernel` when the one asked for cannot run here."""
+    `kernel` when the one asked for cannot run here. `blocks`: the model keeps GGUF blocks
+    (`dtype="gguf"`), which only "gguf" multiplies."""
+    if blocks:
+        return _choose_gguf(dtype, device, requested, features)
     if requested == "auto":
         forced = os.environ.get("WORKBENCH_KERNEL") or "auto"
         if DTYPE_OF.get(forced, dtype) == dtype:
@@ -299,6 +336,21 @@ def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
     ops = "c" if kernel != "torch" and features.has("avx2", "fma") and gemv.available() \
         else "torch"
     return KernelChoice(kernel, dtype, "cpu", features.summary(), ops)
+
+
+def _choose_gguf(dtype: torch.dtype, device: str, requested: str,
+                 features: CpuFeatures | None) -> KernelChoice:
+    if requested not in ("auto", "gguf"):
+        raise ValidationError(f"kernel {requested!r} (--kernel) cannot multiply a GGUF file's "
+                              "blocks (dtype 'gguf'): leave it 'auto'.", parameter="kernel",
+                              value=requested)
+    features = cpu_features() if features is None else features
+    lack = TABLE["gguf"].missing(dtype, features) if str(device).startswith("cpu") else \
+        f"the CPU, not {device}"
+    if lack is not None:
+        raise ValidationError(f"dtype 'gguf' cannot run here: its kernel needs {lack}.",
+                              parameter="dtype", value="gguf")
+    return KernelChoice("gguf", dtype, "cpu", features.summary(), "c")
 
 
 def emulated(dtype: torch.dtype, device: str = "cpu", features: CpuFeatures | None = None

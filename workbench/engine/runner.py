@@ -105,8 +105,8 @@ def check_batch_invariant(model, kernel: kernels.KernelChoice, layers) -> None:
         why = (f"it runs on the CPU (on {kernel.device}, vLLM's VLLM_BATCH_INVARIANT=1 is the "
                "GPU's)")
     elif not gemv.available():
-        why = ("its attention is the C library's (a CPU with AVX2 and FMA and a C compiler; the log "
-               "says what is missing)")
+        why = ("its attention is the C library's (a CPU with AVX2 and FMA and a C compiler; the "
+               "log says what is missing)")
     elif head_dim % 8 or head_dim > 256 or heads % kv or heads // kv > 16:
         why = (f"its C attention takes head sizes that are multiples of 8 up to 256 and up to "
                f"16 query heads per KV head (this model: {heads} heads of {head_dim}, {kv} KV "
@@ -175,22 +175,26 @@ class ModelRunner:
             self.stack.refresh()
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, quantized: dict | None = None):
         self.arch = architecture_of(model.config)  # refuses a family it cannot run exactly
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
         weight = next(model.parameters())
-        self.kernel = kernels.choose(weight.dtype, weight.device.type, kernel)
+        # `quantized`: GGUF blocks by parameter name (`dtype="gguf"`), multiplied by "gguf"
+        self.kernel = kernels.choose(weight.dtype, weight.device.type, kernel,
+                                     blocks=bool(quantized))
         logger.info("projections: %s", self.kernel.describe())
         if kernels.emulated(weight.dtype, weight.device.type):
             logger.warning("%s is emulated on this CPU (no AVX-512 BF16 or AMX): float32 "
                            "(dtype='auto') runs faster here", weight.dtype)
         self.layers = module_at(model, self.arch.layers)
-        fuse_projections(model, self.kernel.kernel, self.layers)
+        fuse_projections(model, self.kernel.kernel, self.layers, quantized)
         self.batch_invariant = batch_invariant
         if batch_invariant:
             check_batch_invariant(model, self.kernel, self.layers)
-            make_batch_invariant(model, self.kernel.kernel)
+            # the projections without blocks on the float32 kernel, the blocks' own in tiles
+            make_batch_invariant(model, kernels.choose(weight.dtype).kernel if quantized
+                                 else self.kernel.kernel)
         if self.arch.attention is not None:  # attention computed in its module: our forward
             attention_modules.install(self.arch.attention, self.layers, model.config)
         self.model = model

@@ -16,8 +16,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from workbench.errors import ValidationError
 from workbench.models.architectures import architecture_of
 from workbench.models.devices import resolve_device, resolve_dtype
+from workbench.models.gguf_blocks import QuantizedWeight
+from workbench.models.gguf_read import read_quantized
 from workbench.models.registry import ENCODER_TYPES, resolve_model
 
 
@@ -28,7 +31,9 @@ class LoadedModel:
     `model` is in eval mode with gradients off; `kind` is "generate" or "embed"; `path` is the
     directory it came from (None for a model built in memory). `pooling` ("mean" | "cls" |
     "max" | "last") and `normalize` say how an embedding model turns its hidden states into
-    one vector.
+    one vector. `quantized` (with `dtype="gguf"`): the GGUF file's blocks of every weight it
+    holds quantized, by parameter name; the model itself is then the float32 dequantization
+    (what the blocks are tested against, and the weights that stay float: norms, embeddings).
     """
 
     model: torch.nn.Module
@@ -42,6 +47,7 @@ class LoadedModel:
     max_model_len: int | None = None
     pooling: str | None = None
     normalize: bool = False
+    quantized: dict[str, QuantizedWeight] | None = None
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -58,7 +64,7 @@ class LoadedModel:
         return sum(p.numel() for p in self.model.parameters())
 
     def __repr__(self) -> str:
-        dtype = str(self.dtype).removeprefix("torch.")
+        dtype = "gguf" if self.quantized else str(self.dtype).removeprefix("torch.")
         return (f"LoadedModel({self.served_name!r}, kind={self.kind!r}, dtype={dtype}, "
                 f"device={self.device!r}, params={self.num_parameters / 1e6:.1f}M)")
 
@@ -68,7 +74,9 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
                progress: bool = True) -> LoadedModel:
     """Load a model by alias, directory, .gguf file or cached hub id.
 
-    `dtype` and `device` accept "auto" (see `resolve_dtype`, `resolve_device`). `progress`
+    `dtype` and `device` accept "auto" (see `resolve_dtype`, `resolve_device`); `dtype="gguf"`
+    keeps a GGUF model's quantized blocks (`LoadedModel.quantized`) beside its float32
+    dequantization, on the CPU. `progress`
     shows the stages (weights, tokenizer, device) as a tqdm bar: a widget in a notebook, a line
     on the terminal.
     """
@@ -79,7 +87,10 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
     if spec.kind == "generate":  # a family the engine cannot run exactly: refused before its weights
         architecture_of(AutoConfig.from_pretrained(spec.path, local_files_only=True))
     device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, device)
+    gguf = dtype == "gguf"
+    if gguf:
+        _check_gguf(spec, device)
+    torch_dtype = torch.float32 if gguf else resolve_dtype(dtype, device)
     auto_class = AutoModelForCausalLM if spec.kind == "generate" else AutoModel
     with tqdm(total=3, desc=f"Loading {spec.served_name}", unit="stage",
               disable=not progress) as stages:
@@ -94,10 +105,26 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
         stages.update()
         stages.set_postfix_str("ready")
     pooling, normalize = pooling_of(spec.path, net.config) if spec.kind == "embed" else (None, False)
+    quantized = read_quantized(spec.gguf, net) if gguf and spec.gguf is not None else None
     return LoadedModel(model=net, tokenizer=tokenizer, config=net.config, path=spec.path,
                        served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,
                        device=device, max_model_len=max_model_len_of(spec.path, net.config),
-                       pooling=pooling, normalize=normalize)
+                       pooling=pooling, normalize=normalize, quantized=quantized)
+
+
+def _check_gguf(spec, device: str) -> None:
+    """`dtype="gguf"` needs a generative model converted from a GGUF file, on the CPU."""
+    where = None
+    if spec.gguf is None:
+        where = (f"a model converted from a GGUF file (an alias of one, or a .gguf path); "
+                 f"{spec.name!r} is not")
+    elif spec.kind != "generate":
+        where = "a generative model"
+    elif device != "cpu":
+        where = f"the CPU (its blocks are multiplied in C there), not {device}"
+    if where is not None:
+        raise ValidationError(f"dtype 'gguf' (the file's quantized blocks) needs {where}.",
+                              parameter="dtype", value="gguf")
 
 
 def prepare_for_inference(net: torch.nn.Module, device: str) -> torch.nn.Module:

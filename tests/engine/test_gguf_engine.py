@@ -1,0 +1,154 @@
+"""dtype="gguf": the engine multiplies a GGUF file's blocks as they are (`kernels.Gguf`), and its
+tokens are the float32 dequantized model's; the logprobs differ by summation order only.
+
+Tolerances: the C products sum each dot product in float32 in their own order (groups of 32
+weights, partial sums per block), `F.linear` in BLAS's; over a tiny model's two layers and a
+real model's thirty, the logprobs stay within 2e-4 (tiny) and 2e-3 (SmolLM2, values up to ~30)
+of the dequantized float32 model, and greedy tokens are the same.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from tests.engine.helpers import greedy, make_llm
+from workbench import LLM, SamplingParams
+from workbench.engine import kernels
+from workbench.engine.fusion import FastLinear
+from workbench.errors import ValidationError
+from workbench.models import load_model, tiny_model
+from workbench.models.cpu import cpu_features
+from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
+
+pytestmark = pytest.mark.skipif(
+    kernels.TABLE["gguf"].missing(torch.float32, cpu_features()) is not None,
+    reason="the gguf kernel does not run here")
+
+KINDS = sorted(BLOCK_TYPES)
+PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time, in a land"]
+
+
+def random_blocks(weight: torch.Tensor, kind: str, gen: torch.Generator) -> QuantizedWeight:
+    """`weight`'s shape in `kind` blocks: quantized where gguf-py quantizes that type, else
+    random bytes with small float16 scales (a K-quant's d and dmin)."""
+    if kind in ("Q4_0", "Q4_1", "Q8_0"):
+        return QuantizedWeight.quantize(weight, kind)
+    block = BLOCK_TYPES[kind]
+    n, k = weight.shape
+    data = torch.randint(0, 256, (n, k // block.block_size, block.block_bytes), generator=gen,
+                         dtype=torch.uint8)
+    scales = torch.tensor([0.004, 0.002], dtype=torch.float16).view(torch.uint8)
+    at = 208 if kind == "Q6_K" else 0  # Q6_K keeps its one d last
+    data[..., at:at + (2 if kind == "Q6_K" else 4)] = scales[:2 if kind == "Q6_K" else 4]
+    return QuantizedWeight(kind, n, k, data.view(n, -1).contiguous())
+
+
+def quantized_pair(kind: str):
+    """A tiny llama whose every linear (the tied LM head too) holds `kind` blocks, and the
+    same model in float32 without them: its weights the blocks' dequantization."""
+    size = dict(hidden_size=256, intermediate_size=512) if kind.endswith("_K") else {}
+    loaded = tiny_model("llama", **size)
+    gen = torch.Generator().manual_seed(0)
+    quantized = {}
+    with torch.no_grad():
+        for name, module in loaded.model.named_modules():
+            if type(module) is nn.Linear:
+                blocks = random_blocks(module.weight, kind, gen)
+                module.weight.copy_(blocks.dequantize())
+                quantized[f"{name}.weight"] = blocks
+    reference = copy.deepcopy(loaded)
+    loaded.quantized = quantized
+    return loaded, reference
+
+
+def outputs(llm: LLM, params: SamplingParams):
+    return [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def assert_close_logprobs(got, want, tol: float) -> None:
+    """Same tokens; each position's top logprobs within `tol` (the last of the top may trade
+    places with the next at a near-tie)."""
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        for gs, ws in zip(g.logprobs, w.logprobs, strict=True):
+            shared = gs.keys() & ws.keys()
+            assert len(shared) >= len(ws) - 1
+            for token in shared:
+                assert abs(gs[token].logprob - ws[token].logprob) < tol
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_tokens_equal_the_dequantized_model(kind):
+    loaded, reference = quantized_pair(kind)
+    params = greedy(12, logprobs=3, ignore_eos=True)
+    ours = make_llm(loaded)
+    runner = ours.llm_engine.runner
+    assert runner.kernel.kernel == "gguf"
+    layer = runner.layers[0]
+    for lin in (layer.self_attn.q_proj.group.linear, layer.self_attn.o_proj,
+                layer.mlp.gate_proj.group.linear, layer.mlp.down_proj, ours.llm_engine.model.lm_head):
+        assert isinstance(lin, FastLinear) and lin.kernel.name == "gguf"
+        assert lin.weight is None and lin.weights.blocks.kind == kind  # no float copy kept
+    assert runner.stack is not None and runner.stack.c_layers is not None  # one C call a step
+    assert_close_logprobs(outputs(ours, params), outputs(make_llm(reference), params), 2e-4)
+
+
+def test_mixed_block_kinds_in_one_group_stay_apart():
+    """Q/K/V of different kinds cannot be one row-stacked weight: each multiplies its own
+    blocks (transformers' layers then), still the dequantized model's tokens."""
+    loaded, reference = quantized_pair("Q8_0")
+    for name in list(loaded.quantized):
+        if name.endswith("self_attn.v_proj.weight"):
+            loaded.quantized[name] = QuantizedWeight.quantize(
+                reference.model.get_parameter(name).detach(), "Q4_0")
+            with torch.no_grad():
+                reference.model.get_parameter(name).copy_(loaded.quantized[name].dequantize())
+                loaded.model.get_parameter(name).copy_(loaded.quantized[name].dequantize())
+    params = greedy(8, logprobs=2, ignore_eos=True)
+    ours = make_llm(loaded)
+    attn = ours.llm_engine.runner.layers[0].self_attn
+    assert attn.v_proj.weights.blocks.kind == "Q4_0" and attn.q_proj.weights.blocks.kind == "Q8_0"
+    assert_close_logprobs(outputs(ours, params), outputs(make_llm(reference), params), 2e-4)
+
+
+def test_batch_invariant_with_blocks():
+    """A batch-invariant engine on blocks: one request alone and beside others, the same bits."""
+    loaded, _ = quantized_pair("Q4_1")
+    llm = make_llm(loaded, batch_invariant=True)
+    params = greedy(10, logprobs=2, ignore_eos=True)
+    alone = [o.outputs[0] for o in llm.generate(PROMPTS[:1], params, use_tqdm=False)]
+    batched = outputs(llm, params)[:1]
+    assert alone[0].token_ids == batched[0].token_ids and alone[0].logprobs == batched[0].logprobs
+
+
+def test_refusals_name_the_parameter():
+    with pytest.raises(ValidationError, match="kernel 'onednn' .* GGUF") as err:
+        kernels.choose(torch.float32, "cpu", "onednn", blocks=True)
+    assert err.value.parameter == "kernel"
+    with pytest.raises(ValidationError, match="needs the CPU") as err:
+        kernels.choose(torch.float32, "cuda", blocks=True)
+    assert err.value.parameter == "dtype"
+    with pytest.raises(ValidationError, match="converted from a GGUF file") as err:
+        load_model("all-minilm-l6-v2", dtype="gguf", progress=False)
+    assert err.value.parameter == "dtype"
+    with pytest.raises(TypeError, match="GGUF blocks"):
+        FastLinear(torch.zeros(4, 32), None, "gguf")
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_own_blocks():
+    """The real file's Q4_1 layers and Q8_0 LM head: the same greedy tokens as the float32
+    model transformers dequantized from it, logprobs within summation order."""
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=3, ignore_eos=True)
+    ours = LLM(model="smollm2-135m-instruct", dtype="gguf", max_model_len=256)
+    quantized = ours.llm_engine.loaded.quantized
+    kinds = {name.split(".")[-2]: w.kind for name, w in quantized.items()}
+    assert len(quantized) == 30 * 7 + 1 and kinds["lm_head"] == "Q8_0" and kinds["q_proj"] == "Q4_1"
+    got = outputs(ours, params)
+    del ours
+    want = outputs(LLM(model="smollm2-135m-instruct", dtype="float32", max_model_len=256), params)
+    assert_close_logprobs(got, want, 2e-3)
