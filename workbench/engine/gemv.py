@@ -31,10 +31,12 @@ import torch
 
 from workbench.models.cache import cache_dir
 from workbench.models.cpu import cpu_features
+from workbench.models.gguf_blocks import BLOCK_TYPES
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("gemv.c")
+SOURCES = (SOURCE, *sorted(SOURCE.with_name("csrc").glob("*.c")))  # one library of them all
 # no contraction of a * b + c into one rounding: the C code rounds where it says (fused
 # multiply-adds are written as intrinsics where they are meant)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
@@ -46,19 +48,21 @@ def compiler() -> str | None:
 
 
 def library_path(cc: str) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()
+    sources = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in SOURCES)
+    digest = hashlib.sha256(sources + " ".join((cc, *FLAGS)).encode()).hexdigest()
     return cache_dir() / "kernels" / f"gemv-{digest[:16]}.so"
 
 
 def build(cc: str) -> Path:
-    """Compiles `gemv.c` into the cache (atomically: a crash leaves no half-written library)."""
+    """Compiles `gemv.c` and `csrc/*.c` into one library in the cache (atomically: a crash
+    leaves no half-written library)."""
     path = library_path(cc)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], check=True,
+        subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(out)], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(out, path)
     logger.info("built the avx2 kernel: %s", path)
@@ -82,6 +86,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # gemv.c's functions: argumen
     "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
     "wb_decode_stack": ([_P, _P, _I64] + [_P] * 6 + [_I64, _P] + [_I64] * 7
                         + [_F32, _INT, _P, _INT], _INT),
+    **{f"wb_linear_{kind.lower()}_{isa}": ([_P] * 4 + [_I64] * 3 + [_INT], None)  # csrc/gguf.c
+       for kind in BLOCK_TYPES for isa in ("avx2", "avx512")},
 }
 
 
