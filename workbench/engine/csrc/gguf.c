@@ -188,6 +188,92 @@ wb_weights512(__m256i q, float a, float c, int is_signed, int form, __m512 w[2])
     }
 }
 
+/* The 4-bit types (Q4_0, Q4_1, Q4_K) on AVX-512: a group's 16 possible weights are computed once
+ * as a table (q * a + c, or (q - 8) * d, for q = 0..15: the dequantized values themselves) and
+ * each code picks its weight from it with one permute (VPERMPS reads an index's low 4 bits: the
+ * low nibble needs no mask): no integer-to-float conversion and no multiply per weight. */
+#define WB_TGROUP_FN(T)                                                                        \
+    __attribute__((target(WB_512))) static inline __attribute__((always_inline)) __m512      \
+    wb_tgroup_##T(const uint8_t *row, int64_t g, __m512i idx[2])
+
+/* A float broadcast from memory (a load, no vector ALU work: GCC would move it through a register
+ * and broadcast that, two ALU operations of 512 bits on CPUs that split them). */
+__attribute__((target(WB_512))) static inline __attribute__((always_inline)) __m512
+wb_broadcast512(const float *p) {
+    __m512 r;
+    __asm__("vbroadcastss %1, %0" : "=v"(r) : "m"(*p));
+    return r;
+}
+
+__attribute__((target(WB_512))) static inline __attribute__((always_inline)) __m512
+wb_table512(float a, float c) {  /* q * a + c for q = 0..15, q * a exact: one rounding */
+    const __m512 q = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(a), _mm512_set1_ps(c));
+}
+
+WB_TGROUP_FN(q4_0) {
+    const uint8_t *blk = row + g * 18;
+    idx[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    idx[1] = _mm512_srli_epi32(idx[0], 4);
+    const __m512 q = _mm512_set_ps(7, 6, 5, 4, 3, 2, 1, 0, -1, -2, -3, -4, -5, -6, -7, -8);
+    return _mm512_mul_ps(q, _mm512_set1_ps(wb_half_f16c(blk)));  /* (q - 8) d, exact */
+}
+
+WB_TGROUP_FN(q4_1) {
+    const uint8_t *blk = row + g * 20;
+    idx[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
+    idx[1] = _mm512_srli_epi32(idx[0], 4);
+    uint32_t dm;
+    memcpy(&dm, blk, 4);
+    float s[4];
+    _mm_storeu_ps(s, _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)));
+    const __m512 q = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    return _mm512_fmadd_ps(q, wb_broadcast512(s), wb_broadcast512(s + 1));
+}
+
+WB_TGROUP_FN(q4_k) {
+    const uint8_t *blk = row + (g >> 3) * 144;
+    const int j = (int)(g & 7);
+    int sc, m;
+    wb_scale_min(blk + 4, j, &sc, &m);
+    const uint8_t *q = blk + 16 + 32 * (j >> 1);
+    idx[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    idx[1] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
+    if (j & 1) {
+        idx[0] = _mm512_srli_epi32(idx[0], 4);
+        idx[1] = _mm512_srli_epi32(idx[1], 4);
+    }
+    return wb_table512(wb_half_f16c(blk) * (float)sc, -(wb_half_f16c(blk + 2) * (float)m));
+}
+
+#define WB_TABLE_q4_0 1
+#define WB_TABLE_q4_1 1
+#define WB_TABLE_q8_0 0
+#define WB_TABLE_q4_k 1
+#define WB_TABLE_q5_k 0
+#define WB_TABLE_q6_k 0
+#define WB_TGROUP_q4_0 wb_tgroup_q4_0
+#define WB_TGROUP_q4_1 wb_tgroup_q4_1
+#define WB_TGROUP_q4_k wb_tgroup_q4_k
+#define WB_TGROUP_q8_0(row, g, idx) _mm512_setzero_ps()  /* never called: no table */
+#define WB_TGROUP_q5_k(row, g, idx) _mm512_setzero_ps()
+#define WB_TGROUP_q6_k(row, g, idx) _mm512_setzero_ps()
+
+/* A group's two vectors of weights, by table or by conversion. */
+#define WB_WEIGHTS512(T, row, g, out)                                                          \
+    do {                                                                                       \
+        if (WB_TABLE_##T) {                                                                    \
+            __m512i idx_[2];                                                                   \
+            const __m512 table_ = WB_TGROUP_##T(row, g, idx_);                                 \
+            (out)[0] = _mm512_permutexvar_ps(idx_[0], table_);                                 \
+            (out)[1] = _mm512_permutexvar_ps(idx_[1], table_);                                 \
+        } else {                                                                               \
+            float a_, c_;                                                                      \
+            const __m256i q_ = wb_group_##T##_avx512(row, g, &a_, &c_);                         \
+            wb_weights512(q_, a_, c_, WB_SIGNED_##T, WB_FORM_##T, out);                         \
+        }                                                                                      \
+    } while (0)
+
 /* Sums of input rows x[0..P) (stride K) with weight rows w0 and w1 over all K: out[p][r].
  * `next`: the bytes to prefetch at the pace of the groups (the next two rows), or NULL. */
 #define WB_CHUNK512(T)                                                                         \
@@ -205,12 +291,9 @@ wb_weights512(__m256i q, float a, float c, int is_signed, int form, __m512 w[2])
                 if (WB_GROUP4_##T > 128)                                                       \
                     _mm_prefetch((const char *)(next + at + 64), _MM_HINT_T0);                 \
             }                                                                                  \
-            float a0, c0, a1, c1;                                                              \
             __m512 u[2], v[2];                                                                 \
-            const __m256i q0 = wb_group_##T##_avx512(w0, g, &a0, &c0);                         \
-            const __m256i q1 = wb_group_##T##_avx512(w1, g, &a1, &c1);                         \
-            wb_weights512(q0, a0, c0, WB_SIGNED_##T, WB_FORM_##T, u);                            \
-            wb_weights512(q1, a1, c1, WB_SIGNED_##T, WB_FORM_##T, v);                            \
+            WB_WEIGHTS512(T, w0, g, u);                                                        \
+            WB_WEIGHTS512(T, w1, g, v);                                                        \
             for (int p = 0; p < P; ++p) {                                                      \
                 const __m512 x0 = _mm512_loadu_ps(x + p * K + 32 * g);                         \
                 const __m512 x1 = _mm512_loadu_ps(x + p * K + 32 * g + 16);                    \
