@@ -6,8 +6,9 @@ applies to the models of the dtype each kernel computes in (`workbench/engine/ke
 
 The limits steer the libraries' choices but leave the instructions there: an AVX-512 instruction
 that slipped into an AVX2 path would still run. Under `qemu-x86_64 -cpu Haswell...` the CPUID
-the process reads has AVX2, FMA and F16C and nothing above, so torch, oneDNN, MKL and the C kernels
-choose as on such a machine, and any instruction beyond them stops the run (SIGILL). qemu-user
+the process reads has AVX2, FMA and F16C and nothing above, so torch, oneDNN, MKL and the C
+kernels choose as on such a machine, and any instruction beyond them stops the run (SIGILL). Both
+AVX2 runs force the GGUF block products' AVX2 functions (`WORKBENCH_GGUF_ISA=avx2`). qemu-user
 shows the host's /proc/cpuinfo, so the probe is narrowed to the same flags (`WORKBENCH_CPU_FLAGS`).
 Emulation is ~20-50x slower: that run takes the kernel tests and the C ops' tests that are not
 marked slow, minus the two longest (the same paths run natively in the AVX2-limited run)."""
@@ -29,7 +30,9 @@ TESTS = ["tests/engine", "tests/lora"]
 # A Haswell without the system features TCG does not model (each would print a warning)
 QEMU_CPU = "Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid"
 QEMU_FLAGS = "avx2 fma f16c"
+AVX2_GGUF = {"WORKBENCH_GGUF_ISA": "avx2"}  # the GGUF block products' AVX2 functions, forced
 QEMU_TESTS = ["-m", "not slow", "tests/engine/test_kernels.py", "tests/engine/test_c_ops.py",
+              "tests/engine/test_gguf_kernels.py",
               "-k", "not the_same_tokens_with_c_and_torch_ops and not float32-5"]
 
 
@@ -60,12 +63,13 @@ def runs() -> list[Run]:
         return out
     out.append(Run("torch, oneDNN and MKL limited to AVX2",
                    {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                    "MKL_ENABLE_INSTRUCTIONS": "AVX2"}))
+                    "MKL_ENABLE_INSTRUCTIONS": "AVX2", **AVX2_GGUF}))
     qemu = shutil.which("qemu-x86_64")
     if qemu is None:
         print("no qemu-x86_64 (Debian's qemu-user): the AVX2-only CPU run is left out")
     else:
-        out.append(Run("an AVX2-only CPU (qemu-user)", {"WORKBENCH_CPU_FLAGS": QEMU_FLAGS},
+        out.append(Run("an AVX2-only CPU (qemu-user)",
+                       {"WORKBENCH_CPU_FLAGS": QEMU_FLAGS, **AVX2_GGUF},
                        [qemu, "-cpu", QEMU_CPU], QEMU_TESTS))
     return out
 

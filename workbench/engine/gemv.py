@@ -1,7 +1,7 @@
 """The C kernels (few-row products, the small ops between them), built per machine.
 
 The C sources ship beside this module in `csrc/`, one file per kind of kernel: `linear_f32.c`,
-`linear_bf16.c`, `linear_amx.c` (the products), `attention.c`, `layer_ops.c` (norms, rotary,
+`linear_bf16.c`, `linear_amx.c`, `gguf.c` (the products), `attention.c`, `layer_ops.c` (norms, rotary,
 SiLU), `decode_stack.c` (a decode step through every layer in one call), `wb.h` (what they
 share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`) into one
 library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the sources, the
@@ -34,6 +34,7 @@ import torch
 
 from workbench.models.cache import cache_dir
 from workbench.models.cpu import cpu_features
+from workbench.models.gguf_blocks import BLOCK_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # the C functions: arguments,
     "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
     "wb_decode_stack": ([_P, _P, _I64] + [_P] * 6 + [_I64, _P] + [_I64] * 7
                         + [_F32, _INT, _INT], _INT),
+    **{f"wb_linear_{kind.lower()}_{isa}": ([_P] * 4 + [_I64] * 3 + [_INT], None)  # csrc/gguf.c
+       for kind in BLOCK_TYPES for isa in ("avx2", "avx512")},
 }
 
 

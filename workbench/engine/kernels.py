@@ -67,6 +67,7 @@ class LinearWeights:
     packed: torch.Tensor | None = None  # oneDNN's blocked layout
     c_weight: Any = None  # what the kernel's C products read (a tensor's memory), or None
     blocks: QuantizedWeight | None = None  # a GGUF weight's blocks ("gguf")
+    function: Any = None  # the C product function, where the kernel fixes it at prepare time
 
 
 class LinearKernel:
@@ -233,7 +234,7 @@ class Gguf(LinearKernel):
             return "float32 activations"
         if not features.has("avx2", "fma"):
             return f"a CPU with AVX2 and FMA (this one has: {features.summary()})"
-        if not gguf_kernels.available():
+        if not gguf_kernels.isas():
             return "a C compiler to build it (set CC or install gcc; the log says what failed)"
         return None
 
@@ -242,12 +243,11 @@ class Gguf(LinearKernel):
             raise TypeError(f"the gguf kernel multiplies GGUF blocks, got {type(weight)}")
         return LinearWeights(weight.out_features, weight.in_features,
                              None if bias is None else bias.detach().float(),
-                             c_weight=weight.data, blocks=weight)
+                             c_weight=weight.data, blocks=weight,
+                             function=gguf_kernels.linear_function(weight.kind))
 
     def c_function(self, weights, rows, dtype):
-        if dtype == torch.float32 and weights.blocks is not None:
-            return gguf_kernels.linear_function(weights.blocks.kind)
-        return None
+        return weights.function if dtype == torch.float32 else None
 
 
 # the table: every kernel by name, and per dtype the order "auto" tries them in ("gguf" comes

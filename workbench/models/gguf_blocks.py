@@ -9,11 +9,10 @@ activations with them in C, and `dequantize()` is the float32 reference it is te
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 @dataclass(frozen=True)
@@ -72,3 +71,114 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [out_features, in_features]: GGML's formulas, equal bit for bit
+        to gguf-py's `gguf.quants.dequantize`."""
+        blocks = self.data.reshape(-1, self.block.block_bytes)  # [B, block_bytes]
+        return _DEQUANTIZE[self.kind](blocks).reshape(self.out_features, self.in_features)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, kind: str) -> QuantizedWeight:
+        """`weight` [N, K] quantized to `kind` by gguf-py (Q4_0, Q4_1, Q8_0: the types it can
+        quantize), for tests."""
+        import numpy as np  # deferred: gguf-py (and numpy) only for tests that build weights
+        from gguf import GGMLQuantizationType, quants
+
+        if kind not in ("Q4_0", "Q4_1", "Q8_0"):
+            raise ValueError(f"gguf-py quantizes Q4_0, Q4_1 and Q8_0, not {kind!r}")
+        n, k = weight.shape
+        data = quants.quantize(weight.detach().float().numpy().astype(np.float32),
+                               GGMLQuantizationType[kind])
+        return cls(kind, n, k, torch.from_numpy(np.ascontiguousarray(data)))
+
+    @classmethod
+    def cat(cls, weights: Sequence[QuantizedWeight]) -> QuantizedWeight:
+        """The weights' rows stacked (fused Q/K/V, gate/up): one kind and in_features."""
+        if not weights:
+            raise ValueError("cat takes at least one weight")
+        first = weights[0]
+        for weight in weights[1:]:
+            if (weight.kind, weight.in_features) != (first.kind, first.in_features):
+                raise ValueError(f"cat takes weights of one kind and in_features, got "
+                                 f"{first.kind} [.., {first.in_features}] and {weight.kind} "
+                                 f"[.., {weight.in_features}]")
+        data = torch.cat([weight.data for weight in weights])
+        return cls(first.kind, data.shape[0], first.in_features, data)
+
+    def select_rows(self, index: torch.Tensor | Sequence[int]) -> QuantizedWeight:
+        """The rows `index` (a permutation or a subset of out_features), in that order."""
+        index = torch.as_tensor(index, dtype=torch.int64)
+        if index.dim() != 1:
+            raise ValueError(f"select_rows takes a 1-D index, got shape {tuple(index.shape)}")
+        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < self.out_features):
+            raise ValueError(f"select_rows: an index out of [0, {self.out_features})")
+        return QuantizedWeight(self.kind, index.numel(), self.in_features,
+                               self.data.index_select(0, index).contiguous())
+
+
+def _halves(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """The f16 at byte `at` of each block, as float32: [B, 1]."""
+    return blocks[:, at:at + 2].contiguous().view(torch.float16).float()
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Bytes [..., n] -> their low nibbles then their high nibbles [..., 2n] (uint8)."""
+    return torch.cat([packed & 0x0F, packed >> 4], dim=-1)
+
+
+def _q4_0(blocks: torch.Tensor) -> torch.Tensor:  # [B, 18] -> [B, 32]
+    q = _nibbles(blocks[:, 2:]).to(torch.int8) - 8
+    return _halves(blocks, 0) * q.float()
+
+
+def _q4_1(blocks: torch.Tensor) -> torch.Tensor:  # [B, 20] -> [B, 32]
+    return _halves(blocks, 0) * _nibbles(blocks[:, 4:]).float() + _halves(blocks, 2)
+
+
+def _q8_0(blocks: torch.Tensor) -> torch.Tensor:  # [B, 34] -> [B, 32]
+    return blocks[:, 2:].contiguous().view(torch.int8).float() * _halves(blocks, 0)
+
+
+def _scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGML's 6-bit scales and mins of the K-quants' 12 bytes [B, 12] -> two [B, 8]."""
+    d, m, md = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
+    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
+    return sc, mins
+
+
+def _k_quant(blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Q4_K / Q5_K: w = d sc q - dmin m per sub-block of 32; q [B, 8, 32] uint8 -> [B, 256]."""
+    sc, mins = _scale_min(blocks[:, 4:16])
+    d = (_halves(blocks, 0) * sc.float()).unsqueeze(-1)  # [B, 8, 1]
+    dm = (_halves(blocks, 2) * mins.float()).unsqueeze(-1)
+    return (d * q.float() - dm).reshape(-1, 256)
+
+
+def _q4_k(blocks: torch.Tensor) -> torch.Tensor:  # [B, 144] -> [B, 256]
+    qs = blocks[:, 16:].reshape(-1, 4, 32)
+    return _k_quant(blocks, torch.stack([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 8, 32))
+
+
+def _q5_k(blocks: torch.Tensor) -> torch.Tensor:  # [B, 176] -> [B, 256]
+    qh = blocks[:, 16:48].unsqueeze(1)  # [B, 1, 32]: bit j for sub-block j
+    high = (qh >> torch.arange(8, dtype=torch.uint8).view(1, 8, 1)) & 1
+    qs = blocks[:, 48:].reshape(-1, 4, 32)
+    low = torch.stack([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 8, 32)
+    return _k_quant(blocks, low | (high << 4))
+
+
+def _q6_k(blocks: torch.Tensor) -> torch.Tensor:  # [B, 210] -> [B, 256]
+    ql = blocks[:, :128].reshape(-1, 2, 2, 32)  # [B, half, 2, 32]
+    low = torch.stack([ql & 0x0F, ql >> 4], dim=2).reshape(-1, 2, 4, 32)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)
+    high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)) & 3
+    q = (low | (high << 4)).to(torch.int8) - 32  # [B, 2, 4, 32]
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()  # [B, 16]
+    d = (_halves(blocks, 208) * scales).unsqueeze(-1)  # [B, 16, 1]
+    return (d * q.reshape(-1, 16, 16).float()).reshape(-1, 256)
+
+
+_DEQUANTIZE = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k,
+               "Q6_K": _q6_k}

