@@ -41,9 +41,12 @@ def random_blocks(weight: torch.Tensor, kind: str, gen: torch.Generator) -> Quan
     n, k = weight.shape
     data = torch.randint(0, 256, (n, k // block.block_size, block.block_bytes), generator=gen,
                          dtype=torch.uint8)
-    scales = torch.tensor([0.004, 0.002], dtype=torch.float16).view(torch.uint8)
-    at = 208 if kind == "Q6_K" else 0  # Q6_K keeps its one d last
-    data[..., at:at + (2 if kind == "Q6_K" else 4)] = scales[:2 if kind == "Q6_K" else 4]
+    # d (and dmin) small enough for weights of about the tiny model's size: a Q6_K weight is
+    # d * scale (int8) * (q - 32), a Q4_K / Q5_K one d * scale * q - dmin * min (6-bit each)
+    if kind == "Q6_K":
+        data[..., 208:210] = torch.tensor([2e-5], dtype=torch.float16).view(torch.uint8)
+    else:
+        data[..., 0:4] = torch.tensor([2e-4, 1e-4], dtype=torch.float16).view(torch.uint8)
     return QuantizedWeight(kind, n, k, data.view(n, -1).contiguous())
 
 

@@ -20,7 +20,6 @@ from workbench.errors import ValidationError
 from workbench.models.architectures import architecture_of
 from workbench.models.devices import resolve_device, resolve_dtype
 from workbench.models.gguf_blocks import QuantizedWeight
-from workbench.models.gguf_read import read_quantized
 from workbench.models.registry import ENCODER_TYPES, resolve_model
 
 
@@ -105,7 +104,12 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
         stages.update()
         stages.set_postfix_str("ready")
     pooling, normalize = pooling_of(spec.path, net.config) if spec.kind == "embed" else (None, False)
-    quantized = read_quantized(spec.gguf, net) if gguf and spec.gguf is not None else None
+    quantized = None
+    if gguf and spec.gguf is not None:
+        # deferred: reading a GGUF file's blocks (gguf-py) is needed for dtype="gguf" only
+        from workbench.models.gguf_read import read_quantized
+
+        quantized = read_quantized(spec.gguf, net)
     return LoadedModel(model=net, tokenizer=tokenizer, config=net.config, path=spec.path,
                        served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,
                        device=device, max_model_len=max_model_len_of(spec.path, net.config),
