@@ -111,15 +111,14 @@ def fetch_wheels(dest: Path, without: tuple[str, ...] = ()) -> list[Path]:
     wanted = pins(without=without)
     for pin in wanted:
         subprocess.run(download_command(sys.executable, pin, dest), check=True)
-    names = {pin.split("==")[0] for pin in wanted}
-    versions = {pin.split("==")[0]: pin.split("==")[1] for pin in wanted}
+    versions = dict(pin.split("==") for pin in wanted)
     kept = []
     for path in sorted(dest.glob("*.whl")):
-        if wheel_name(path) in names and path.name.split("-")[1] == versions[wheel_name(path)]:
+        if versions.get(wheel_name(path)) == path.name.split("-")[1]:
             kept.append(path)
         else:
             path.unlink()
-    missing = names - {wheel_name(p) for p in kept}
+    missing = set(versions) - {wheel_name(p) for p in kept}
     if missing:
         raise RuntimeError(f"pip left no wheel for {sorted(missing)} in {dest}")
     return kept
