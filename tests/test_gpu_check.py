@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -94,6 +95,13 @@ def test_the_children_see_the_wheels_then_the_checkout(gpu_check):
     assert "WORKBENCH_GPU_TESTS_ON_CPU" not in env
     dry = gpu_check.child_env(None, True, {})
     assert dry["PYTHONPATH"] == str(ROOT) and dry["WORKBENCH_GPU_TESTS_ON_CPU"] == "1"
+
+
+def test_the_check_runs_every_test_file_with_gpu_tests(gpu_check):
+    mark = re.compile(r"^(@pytest\.mark\.gpu|pytestmark = .*pytest\.mark\.gpu)", re.MULTILINE)
+    marked = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
+                    if mark.search(path.read_text()))
+    assert marked == sorted(gpu_check.TESTS)
 
 
 def test_junit_counts(gpu_check, tmp_path):
