@@ -63,10 +63,15 @@ class BenchConfig:
 
 
 class Contenders:
-    """The two sides, loaded on first use: our `LLM` and a separate transformers copy."""
+    """The two sides, loaded on first use: our `LLM` and a separate transformers copy; or
+    given (`theirs` a `LoadedModel`, `ours` an `LLM` on a copy of its own), built elsewhere."""
 
-    def __init__(self, config: BenchConfig):
+    def __init__(self, config: BenchConfig, *, theirs: Any = None, ours: Any = None):
         self.config = config
+        if theirs is not None:
+            self.theirs = theirs  # an instance value takes the cached property's place
+        if ours is not None:
+            self.ours = ours
 
     @cached_property
     def theirs(self):
@@ -97,8 +102,10 @@ class Contenders:
 
 # -- the two sides of one measurement: each returns the number of tokens it generated -------
 
-def hf_generate(lm, prompts: list[list[int]], tokens: int, *, sample: bool, seed: int = 0) -> int:
-    """transformers' `generate` on a left-padded batch; exactly `tokens` new tokens per prompt."""
+def hf_generate(lm, prompts: list[list[int]], tokens: int, *, sample: bool, seed: int = 0,
+                **generate_kwargs: Any) -> int:
+    """transformers' `generate` on a left-padded batch; exactly `tokens` new tokens per prompt
+    (`generate_kwargs`: more of `generate`'s own, a cache implementation say)."""
     import torch  # deferred: torch is heavy; `workbench bench --help` stays light
 
     tokenizer = lm.tokenizer
@@ -109,7 +116,8 @@ def hf_generate(lm, prompts: list[list[int]], tokens: int, *, sample: bool, seed
     torch.manual_seed(seed)
     with torch.inference_mode():
         out = lm.model.generate(**batch, max_new_tokens=tokens, min_new_tokens=tokens,
-                                pad_token_id=tokenizer.pad_token_id, **sampling)  # [B, T + tokens]
+                                pad_token_id=tokenizer.pad_token_id, **sampling,
+                                **generate_kwargs)  # [B, T + tokens]
     return (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
 
 
@@ -154,8 +162,10 @@ def bench_single_stream(side: Contenders, config: BenchConfig) -> dict[str, floa
 
 
 def bench_concurrent16(side: Contenders, config: BenchConfig) -> dict[str, float]:
-    """16 prompts sampled at temperature 1 (seeded), all submitted at once / one padded batch."""
-    return compare("concurrent16", side, config, side.prompt_ids(config.concurrency), sample=True)
+    """`concurrency` prompts (16) sampled at temperature 1 (seeded), all submitted at once / one
+    padded batch; the figures are named after the count (`concurrent16_tok_s`)."""
+    return compare(f"concurrent{config.concurrency}", side, config,
+                   side.prompt_ids(config.concurrency), sample=True)
 
 
 def hf_beam(lm, prompt: list[int], width: int, tokens: int) -> int:
@@ -195,6 +205,31 @@ def bench_beam4(side: Contenders, config: BenchConfig) -> dict[str, float]:
         theirs_s = min(theirs_s, seconds(lambda: theirs(config.tokens)))
     return {"beam4_s": round(ours_s, 3), "hf_beam4_s": round(theirs_s, 3),
             "beam4_time_ratio": round(ours_s / theirs_s, 3)}
+
+
+def bench_hf_static(side: Contenders, config: BenchConfig) -> dict[str, Any]:
+    """transformers at its fastest single stream: `generate` with its static KV cache and its
+    decode step `torch.compile`d (`cache_implementation="static"`; transformers compiles that
+    step itself, with `CompileConfig(fullgraph=True)`, on a GPU; `hf_static_compiled` says
+    whether it did), in turn with our single stream (`single_stream_static_ratio`: ours over
+    it). Its first call compiles (`hf_static_first_call_s`); each side is warmed up at full
+    length, since the static cache's shape is the length and another would compile again."""
+    from transformers import CompileConfig  # deferred: transformers is heavy to import
+
+    prompts = side.prompt_ids(1)
+    static = dict(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))
+    ours = lambda: ours_generate(side.ours, prompts, config.tokens, sample=False)
+    theirs = lambda: hf_generate(side.theirs, prompts, config.tokens, sample=False, **static)
+    first_call_s = seconds(theirs)
+    theirs(), ours()  # warm-up: after the compile, CUDA graphs are recorded on a later call
+    ours_rate = theirs_rate = 0.0
+    for _ in range(config.repeats):
+        ours_rate = max(ours_rate, tokens_per_second(ours))
+        theirs_rate = max(theirs_rate, tokens_per_second(theirs))
+    compiled = getattr(side.theirs.model, "_compiled_call", None) is not None
+    return {"hf_static_single_stream_tok_s": round(theirs_rate, 2),
+            "single_stream_static_ratio": round(ours_rate / theirs_rate, 3),
+            "hf_static_first_call_s": round(first_call_s, 2), "hf_static_compiled": compiled}
 
 
 @dataclass(frozen=True)
@@ -348,24 +383,30 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(f"{key:<{width}}  {value:>10}" for key, value in results.items())
 
 
-def run(config: BenchConfig, benchmarks=None, log=None) -> dict[str, Any]:
+def run(config: BenchConfig, benchmarks=None, log=None, side: Contenders | None = None,
+        figures=None) -> dict[str, Any]:
     """Run `benchmarks` (default `BENCHMARKS`) in order; every figure plus `peak_rss_mb`.
     Both sides run on the model thread (`engine/model_thread.py`), as our engine's steps do
-    anyway: a second thread running torch would own a second OpenMP team and slow both sides."""
+    anyway: a second thread running torch would own a second OpenMP team and slow both sides.
+    `side`: the contenders (default: `config.model` loaded on both sides); `figures(dict)` is
+    called with each benchmark's figures as soon as it has them."""
     from workbench.engine.model_thread import on_model_thread  # deferred: imports torch
 
-    return on_model_thread(_run, config, benchmarks, log)
+    return on_model_thread(_run, config, benchmarks, log, side, figures)
 
 
-def _run(config: BenchConfig, benchmarks, log) -> dict[str, Any]:
+def _run(config: BenchConfig, benchmarks, log, side, figures) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(config.threads)
-    side, results = Contenders(config), {}
+    side, results = side or Contenders(config), {}
     for benchmark in BENCHMARKS if benchmarks is None else benchmarks:
         if log:
             log(f"running {benchmark.__name__} ...")
-        results.update(benchmark(side, config))
+        found = benchmark(side, config)
+        results.update(found)
+        if figures:
+            figures(found)
     if "single_stream_tok_s" in results and "single_stream_limit_tok_s" in results:
         results["single_stream_of_limit"] = round(
             results["single_stream_tok_s"] / results["single_stream_limit_tok_s"], 3)

@@ -2,17 +2,26 @@
 
 `make_llm` builds an `LLM` with a small, explicit KV cache (the default of 1 GB would cost
 seconds per engine). `hf_greedy` is the reference: transformers' own
-`generate(do_sample=False)` on the same weights, one unpadded prompt at a time.
-`make_request` / `make_seq` build scheduler inputs from plain token lists, without a model.
+`generate(do_sample=False)` on the same weights, one unpadded prompt at a time;
+`reference_pool` and `rank` are beam search written from the algorithm's description over
+transformers' forward. Both run on the model's device. `make_request` / `make_seq` build
+scheduler inputs from plain token lists, without a model. `GPU_TEST_DEVICE` is where the
+tests marked `gpu` put their models.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from workbench.engine.request import Request, Sequence
 from workbench.llm import LLM
 from workbench.sampling_params import SamplingParams
+
+# "cuda", or "cpu" where `WORKBENCH_GPU_TESTS_ON_CPU=1` (scripts/gpu_check.py's dry run: the GPU
+# tests' code paths on a machine without one; tests/conftest.py then skips none of them)
+GPU_TEST_DEVICE = "cpu" if os.environ.get("WORKBENCH_GPU_TESTS_ON_CPU") == "1" else "cuda"
 
 
 def make_llm(loaded, **kwargs) -> LLM:
@@ -34,12 +43,47 @@ def ids_of(loaded, text: str) -> list[int]:
 @torch.inference_mode()
 def hf_greedy(loaded, ids: list[int], max_new_tokens: int, **generate_kwargs) -> list[int]:
     """transformers' greedy continuation of `ids` (stops at EOS like the engine)."""
-    inp = torch.tensor([ids])
+    inp = torch.tensor([ids], device=loaded.model.device)
     out = loaded.model.generate(
         input_ids=inp, attention_mask=torch.ones_like(inp), do_sample=False,
         max_new_tokens=max_new_tokens, num_beams=1, pad_token_id=loaded.tokenizer.pad_token_id,
         **generate_kwargs)
     return out[0, len(ids):].tolist()
+
+
+@torch.inference_mode()
+def reference_pool(loaded, prompt: list[int], width: int, max_tokens: int, ignore_eos: bool,
+                   include_eos: bool = False):
+    """Beam search's completed and final live beams: [(tokens, cum_logprob, finish_reason)].
+
+    Every step, one forward pass of the model over all live beams (no cache), top 2W raw
+    logprobs each, EOS candidates complete, the best W others go on (vLLM's online beam search).
+    """
+    model, eos = loaded.model, loaded.tokenizer.eos_token_id
+    live = [(list(prompt), 0.0)]
+    completed = []
+    for _ in range(max_tokens):
+        ids = torch.tensor([t for t, _ in live], device=model.device)  # [B, L]: same lengths
+        logits = model(input_ids=ids, logits_to_keep=1).logits[:, -1, :model.config.vocab_size]
+        top_lp, top_ids = logits.float().log_softmax(-1).topk(2 * width, dim=-1)  # [B, 2W]
+        cands = []
+        for (tokens, cum), lps, tids in zip(live, top_lp.tolist(), top_ids.tolist()):
+            for lp, t in zip(lps, tids):
+                if t == eos and not ignore_eos:
+                    completed.append((tokens + [t] if include_eos else tokens, cum + lp, "stop"))
+                else:
+                    cands.append((tokens + [t], cum + lp))
+        live = sorted(cands, key=lambda c: -c[1])[:width]
+    return completed + [(t, c, "length") for t, c in live]
+
+
+def rank(pool, width: int, length_penalty: float, eos: int):
+    """The best `width` of a `reference_pool` by cum_logprob / length ** length_penalty."""
+    def score(item):
+        tokens, cum, _ = item
+        n = len(tokens) - (1 if tokens[-1] == eos else 0)
+        return cum / max(n, 1) ** length_penalty
+    return sorted(pool, key=score, reverse=True)[:width]
 
 
 def alone_and_preempted_mid_prefill(loaded, prompt: list[int], params: SamplingParams):

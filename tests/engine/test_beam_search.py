@@ -1,52 +1,22 @@
 """Engine beam search against a plain reimplementation of the algorithm on transformers (fp32).
 
-The reference below is written from the algorithm's description (issue 4 / vLLM's online beam
-search), not from `workbench.engine.beam_search`: every step, one forward pass of the HF model
-over all live beams (no cache), top 2W raw logprobs each, EOS candidates complete, the best W
-others go on; final ranking by cum_logprob / len ** length_penalty.
+The reference (`reference_pool` and `rank` in `tests/engine/helpers.py`) is written from the
+algorithm's description (issue 4 / vLLM's online beam search), not from
+`workbench.engine.beam_search`: every step, one forward pass of the HF model over all live beams
+(no cache), top 2W raw logprobs each, EOS candidates complete, the best W others go on; final
+ranking by cum_logprob / len ** length_penalty.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from tests.engine.helpers import make_llm
+from tests.engine.helpers import make_llm, rank, reference_pool
 from workbench.sampling_params import BeamSearchParams
 
 WIDTHS = (1, 2, 4)
 PENALTIES = (0.0, 1.0, 2.0)
 MAX_TOKENS = 6
-
-
-@torch.inference_mode()
-def reference_pool(loaded, prompt: list[int], width: int, max_tokens: int, ignore_eos: bool,
-                   include_eos: bool = False):
-    """All completed and final live beams: [(tokens, cum_logprob, finish_reason)]."""
-    model, eos = loaded.model, loaded.tokenizer.eos_token_id
-    live = [(list(prompt), 0.0)]
-    completed = []
-    for _ in range(max_tokens):
-        ids = torch.tensor([t for t, _ in live])  # [B, L]: all beams have the same length
-        logits = model(input_ids=ids, logits_to_keep=1).logits[:, -1, :model.config.vocab_size]
-        top_lp, top_ids = logits.float().log_softmax(-1).topk(2 * width, dim=-1)  # [B, 2W]
-        cands = []
-        for (tokens, cum), lps, tids in zip(live, top_lp.tolist(), top_ids.tolist()):
-            for lp, t in zip(lps, tids):
-                if t == eos and not ignore_eos:
-                    completed.append((tokens + [t] if include_eos else tokens, cum + lp, "stop"))
-                else:
-                    cands.append((tokens + [t], cum + lp))
-        live = sorted(cands, key=lambda c: -c[1])[:width]
-    return completed + [(t, c, "length") for t, c in live]
-
-
-def rank(pool, width: int, length_penalty: float, eos: int):
-    def score(item):
-        tokens, cum, _ = item
-        n = len(tokens) - (1 if tokens[-1] == eos else 0)
-        return cum / max(n, 1) ** length_penalty
-    return sorted(pool, key=score, reverse=True)[:width]
 
 
 @pytest.fixture(scope="module")

@@ -215,20 +215,6 @@ def test_schemas_with_refs_to_enums_are_followed(tiny_llama):
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
 
 
-@pytest.mark.gpu
-def test_constraints_on_cuda():
-    from workbench.models import tiny_model
-
-    llm = make_llm(tiny_model("llama", seed=0, dtype="float32", device="cuda"))
-    params = SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=20, logprobs=2,
-                            structured_outputs={"regex": r"[a-c]{2}-[0-9]{3}"})
-    mixed = llm.generate(PROMPTS[:2], [params, greedy(6, ignore_eos=True)])
-    assert all(re.fullmatch(r"[a-c]{2}-[0-9]{3}", c.text) for c in mixed[0].outputs)
-    assert all(c.grammar_steps[0].num_allowed > 1 and c.grammar_steps[-1].forced
-               for c in mixed[0].outputs)
-    assert len(mixed[1].outputs[0].token_ids) == 6
-
-
 def test_boolean_schemas(tiny_llama):
     llm = make_llm(tiny_llama)
     out = llm.generate("x", greedy(30, structured_outputs={"json": True,

@@ -60,7 +60,7 @@ def peft_greedy(net, tokenizer, adapter: Path | None, prompts: list[list[int]],
     net.eval()
     outs = []
     for ids in prompts:
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=net.device)
         with torch.no_grad():
             y = net.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
                              max_new_tokens=max_tokens, min_new_tokens=max_tokens,

@@ -14,10 +14,8 @@ def tiny_side():
     """Contenders on two separate tiny llamas (our engine may patch the model it runs)."""
     from workbench import LLM
 
-    side = bench.Contenders(bench.BenchConfig.quick())
-    side.__dict__["theirs"] = tiny_model("llama", seed=0)
-    side.__dict__["ours"] = LLM(model=tiny_model("llama", seed=0))
-    return side
+    return bench.Contenders(bench.BenchConfig.quick(), theirs=tiny_model("llama", seed=0),
+                            ours=LLM(model=tiny_model("llama", seed=0)))
 
 
 def test_hf_generate_makes_exactly_the_tokens_asked_for(tiny_side):
@@ -57,8 +55,39 @@ def test_a_benchmark_reports_ours_theirs_and_the_ratio(tiny_side):
     assert all(value > 0 for value in figures.values())
 
 
+def test_the_concurrent_figures_are_named_after_the_count(tiny_side):
+    figures = bench.bench_concurrent16(tiny_side, bench.BenchConfig(tokens=2, repeats=1,
+                                                                    concurrency=3))
+    assert set(figures) == {"concurrent3_tok_s", "hf_concurrent3_tok_s", "concurrent3_ratio"}
+
+
+def test_the_static_cache_figures(tiny_side):
+    """transformers with its static cache, in turn with ours; on a CPU it compiles nothing
+    (transformers compiles its decode step by itself on a GPU only), and says so."""
+    figures = bench.bench_hf_static(tiny_side, bench.BenchConfig(tokens=4, repeats=1))
+    assert set(figures) == {"hf_static_single_stream_tok_s", "single_stream_static_ratio",
+                            "hf_static_first_call_s", "hf_static_compiled"}
+    assert figures["hf_static_single_stream_tok_s"] > 0 and figures["single_stream_static_ratio"] > 0
+    assert figures["hf_static_compiled"] is False
+
+
+def test_a_static_cache_generate_makes_exactly_the_tokens_asked_for(tiny_side):
+    prompts = tiny_side.prompt_ids(2)
+    assert bench.hf_generate(tiny_side.theirs, prompts, 5, sample=False,
+                             cache_implementation="static") == 10
+
+
 def _fake(side, config):
     return {"fake_tok_s": 12.5, "fake_ratio": 1.25}
+
+
+def test_run_takes_given_contenders_and_hands_out_each_benchmarks_figures(tiny_side):
+    seen = []
+    sides = lambda side, config: {"same_side": side is tiny_side}
+    results = bench.run(bench.BenchConfig.quick(), [_fake, sides], side=tiny_side,
+                        figures=seen.append)
+    assert seen == [{"fake_tok_s": 12.5, "fake_ratio": 1.25}, {"same_side": True}]
+    assert results["same_side"] is True and results["peak_rss_mb"] > 0
 
 
 def test_json_mode_prints_one_json_object_on_the_last_line(monkeypatch, capsys):
