@@ -11,8 +11,11 @@ ours over transformers' from the same run. `--json` prints one JSON object on th
 the single-stream limit of this machine: its memory read bandwidth (a plain reduction over
 1 GiB, far beyond any cache, on the bench's threads: the median of 15 passes, with their
 quartiles `memory_read_gb_s_q1` and `_q3`) divided by the bytes of weights one decode step must
-read in that dtype (`single_stream_limit_tok_s`); `single_stream_of_limit` is our single-stream
-rate's share of it. The bandwidth is a median, not a best: the best pass of a few caught the
+read in that dtype (`single_stream_limit_tok_s`; with `--dtype gguf` the bytes of the file's
+blocks that a step reads, and of the weights that stay float32); `single_stream_of_limit` is our
+single-stream rate's share of it. With `--dtype gguf` transformers runs the float32 model it
+dequantized from the same file (what it would load), and the embedding benchmark its own auto
+dtype. The bandwidth is a median, not a best: the best pass of a few caught the
 moments another session left both cores free.
 """
 
@@ -78,7 +81,7 @@ class Contenders:
         """A `LoadedModel` for `model.generate` (a copy of its own: our engine may patch its model)."""
         from workbench.models import load_model  # deferred: the loader imports torch
 
-        return load_model(self.config.model, dtype=self.config.dtype)
+        return load_model(self.config.model, dtype=float_dtype(self.config.dtype))
 
     @cached_property
     def ours(self):
@@ -90,7 +93,7 @@ class Contenders:
     @cached_property
     def embed(self):
         """Both sides of the embedding benchmark, on the default embedding model."""
-        return EmbedContenders(dtype=self.config.dtype)
+        return EmbedContenders(dtype=float_dtype(self.config.dtype, "auto"))
 
     def prompt_ids(self, count: int) -> list[list[int]]:
         """`count` prompts' token ids: the story prompt, then one per topic."""
@@ -261,14 +264,29 @@ def memory_read_bandwidth(threads: int, megabytes: int = 1024, passes: int = 15)
     return ReadBandwidth(median=median, q1=q1, q3=q3)
 
 
-def decode_step_bytes(model) -> int:
+def float_dtype(dtype: str, gguf_side: str = "float32") -> str:
+    """The dtype a side that keeps no GGUF blocks loads in: `gguf_side` for `--dtype gguf`."""
+    return gguf_side if dtype == "gguf" else dtype
+
+
+def decode_step_bytes(model, quantized: dict | None = None) -> int:
     """Bytes of weights one decode step reads: every parameter once (tied embeddings are one
-    tensor, read whole by the LM head), except an untied input embedding (one row a token)."""
+    tensor, read whole by the LM head), except an untied input embedding (one row a token);
+    where `quantized` has a weight's GGUF blocks (the LM head's among them), those instead."""
+    quantized = quantized or {}
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    return total if tied else total - embed.numel() * embed.element_size()
+    head_blocks = quantized.get("lm_head.weight")
+    total = 0
+    for name, p in model.named_parameters():  # a tied weight once, by its first name
+        if name in quantized:
+            total += quantized[name].nbytes
+        elif p is not embed or (tied and head_blocks is None):
+            total += p.numel() * p.element_size()
+    if head_blocks is not None and "lm_head.weight" not in dict(model.named_parameters()):
+        total += head_blocks.nbytes  # tied: the head reads its blocks, the embedding one row
+    return total
 
 
 def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
@@ -276,12 +294,15 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     runner = side.ours.llm_engine.runner
     choice = runner.kernel
     figures = {"device": choice.device, "cpu_flags": choice.cpu_flags,
-               "dtype": str(choice.dtype).removeprefix("torch."), "kernel": choice.kernel,
+               "dtype": "gguf" if choice.kernel == "gguf" else str(choice.dtype).removeprefix(
+                   "torch."), "kernel": choice.kernel,
                "ops": choice.ops}
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
     read = memory_read_bandwidth(config.threads)
-    limit = read.median * 1e9 / decode_step_bytes(side.theirs.model)  # as loaded: ours is fused
+    quantized = side.ours.llm_engine.loaded.quantized
+    # the weights as loaded (ours are fused, the same bytes), or the blocks ours reads instead
+    limit = read.median * 1e9 / decode_step_bytes(side.theirs.model, quantized)
     return {**figures, "memory_read_gb_s": round(read.median, 2),
             "memory_read_gb_s_q1": round(read.q1, 2), "memory_read_gb_s_q3": round(read.q3, 2),
             "single_stream_limit_tok_s": round(limit, 2)}

@@ -23,6 +23,8 @@ x)` computes `x W^T + b`.
 | "onednn"     | bfloat16 | AVX-512 BW/VL/DQ or AVX-NE-CONVERT, oneDNN in torch | weights prepacked by
 |              |          |                                                     | oneDNN
 | "torch"      | any      | nothing                                             | `F.linear`
+| "gguf"       | float32  | AVX2 + FMA, a C compiler; a model loaded with       | products with a GGUF
+|              |          | `dtype="gguf"` (its blocks), never `--kernel`       | file's blocks in C
 
 The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
 library is available and the kernel is not "torch" ("c"), in float32 and bfloat16: decode
