@@ -5,12 +5,17 @@ one launch; grouped-query heads; head sizes that are not powers of two; sliding 
 released blocks; soft-capping) against the engine's own torch attention (`attention.attend` on
 the gathered context): float32 within 1e-5 relative (2e-6 absolute), bfloat16 and float16
 within one rounding of the float32 attention of the same inputs (plus the same 2e-6). The fused ops against torch's formulas: float32 within
-1e-6 relative, 16-bit results within one ulp (the KV writes and residual sums exact).
+1e-6 relative, 16-bit results within one ulp (rotary + KV write and the residual sums exact).
+Under the interpreter: what the kernels compute; what only CUDA's compiler sees is checked by
+compiling them for sm_90 (`test_kernels_compile_for_cuda_without_a_gpu`).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 # before triton and the kernel modules are imported, and for the rest of the session: triton
 # reads it as each `triton.jit` kernel is defined, its own lazily imported modules included
@@ -254,8 +259,8 @@ def test_add_rms_norm(dtype, size):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 64), (3, 1, 48)])
 def test_rope_write_kv(dtype, heads, kv_heads, head_dim):
-    """Queries rotated as `decoder._rotate`; rotated keys and the values written at the
-    step's slots (a negative slot: nothing), every other slot untouched."""
+    """Queries rotated as `decoder._rotate`, bit for bit; rotated keys and the values written
+    at the step's slots (a negative slot: nothing), every other slot untouched."""
     gen = torch.Generator().manual_seed(head_dim)
     t, width = 5, (heads + 2 * kv_heads) * head_dim
     qkv = rows(t, width, dtype, gen)
@@ -278,8 +283,9 @@ def test_rope_write_kv(dtype, heads, kv_heads, head_dim):
     untouched[slots[written]] = False
     assert torch.equal(k_cache[untouched], k_before[untouched])
     assert torch.equal(v_cache[untouched], v_before[untouched])
-    if dtype != torch.float32:  # each product and the sum rounded as torch's: the same bits
-        assert torch.equal(q, qk[:, :heads])
+    # each product and the sum rounded as torch's (no FMA: `enable_fp_fusion=False`): the bits
+    assert torch.equal(q, qk[:, :heads])
+    assert torch.equal(k_cache[slots[written]], qk[written, heads:])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -309,3 +315,17 @@ def test_available_reads_the_interpreter_switch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not wb_triton.available("cpu")
     assert wb_triton.available("cuda")  # compiled there (whether a GPU is present or not)
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_cuda_without_a_gpu(tmp_path):
+    """Every launch the public functions make, in each dtype, compiled by Triton's compiler
+    and ptxas for sm_90 (`tests/engine/triton_compile.py`: what the interpreter never sees,
+    such as loop-carried types), in a process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
+    result = subprocess.run([sys.executable, "-m", "tests.engine.triton_compile", "90"],
+                            capture_output=True, text=True, env=env, timeout=600,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "30 launches compiled for sm_90" in result.stdout

@@ -110,9 +110,9 @@ def _paged_attention_kernel(
     for start in range(first, last, BLOCK_N):
         key = start + keys  # [N] key positions
         key_ok = key < last
+        # never a released block: those lie wholly before `first`
         entry = tl.load(table + key // block_size, mask=key_ok, other=0)
-        # a released block (negative: out of every window) reads as block 0, masked
-        slot = tl.maximum(entry, 0).to(tl.int64) * block_size + key % block_size
+        slot = entry.to(tl.int64) * block_size + key % block_size
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_cache_ptr + slot[:, None] * stride_k_slot + kv_head * stride_k_head
                     + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
@@ -148,7 +148,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q: [T, Hq, D], the step's packed queries (each sequence's consecutive, rows may be
     strided); k_cache, v_cache: [num_blocks * block_size, Hkv, D], the layer's cache with this
     step's keys and values written already; block_tables: [B, max_blocks] int32/int64 (entry i:
-    the block of positions i * block_size ..; negative: released, never read unmasked);
+    the block of positions i * block_size ..; entries wholly before the first query's window,
+    released blocks, are never read: -1 there is fine);
     query_start: [B + 1] int32/int64, sequence b's queries are rows query_start[b] ..
     query_start[b + 1] of q; seq_lens: [B], each sequence's length with this step's tokens
     (query i of sequence b sits at position seq_lens[b] - q_len + i and sees keys 0 .. that
@@ -186,7 +187,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         G=g, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m,
         BLOCK_Q=block_q, BLOCK_N=block_n, USE_WINDOW=window is not None,
         USE_SOFTCAP=softcap is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", enable_fp_fusion=True)
     return out
 
 

@@ -6,7 +6,9 @@ rotary embedding and the KV write (`_rotate`: chunk, two products, cat, add; the
 `attend`'s two `index_copy_`), SiLU gating (chunk, silu, multiply). Each function here is one
 launch computing what `gemv.py`'s C function of the same name computes on CPU, with torch's
 roundings in the tensor's dtype (float32, bfloat16, float16): every intermediate that torch
-rounds to that dtype is rounded here too (`rounding.round_to`), in float32 between.
+rounds to that dtype is rounded here too (`rounding.round_to`), in float32 between, and no
+product is fused into an FMA (`enable_fp_fusion=False`: torch's separate ops round each), so
+rotary + KV write is bit for bit torch's in every dtype.
 
 Launch grids come from shapes alone and nothing reads a tensor on the host, so a CUDA graph can
 capture them; a negative slot in `slot_mapping` (a padding row of a captured batch) writes
@@ -37,7 +39,7 @@ def _add_rms_norm_kernel(hidden_ptr, delta_ptr, weight_ptr, sum_ptr, normed_ptr,
         delta = tl.load(delta_ptr + row * stride_delta + cols, mask=mask, other=0.0)
         x = rounded(x + delta.to(tl.float32), dtype)
         tl.store(sum_ptr + row * stride_sum + cols, round_to(x, dtype), mask=mask)
-    mean = tl.div_rn(tl.sum(x * x, axis=0), size.to(tl.float32))
+    mean = tl.div_rn(tl.sum(x * x, axis=0), size * 1.0)  # (size: a constant when 1)
     inverse = tl.div_rn(1.0, tl.sqrt_rn(mean + eps))
     normed = rounded(x * inverse, dtype)  # transformers' RMSNorm: cast back, then scale
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -67,7 +69,8 @@ def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch
         _add_rms_norm_kernel[(m,)](
             hidden, hidden if delta is None else delta, weight, out, normed, hidden.stride(0),
             0 if delta is None else delta.stride(0), out.stride(0), normed.stride(0), size,
-            eps, HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(size))
+            eps, HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(size),
+            enable_fp_fusion=False)
     return out, normed
 
 
@@ -141,7 +144,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
             qkv, cos, signed_sin, slot_mapping, q, k_cache, v_cache, qkv.stride(0),
             cos.stride(0), signed_sin.stride(0), q.stride(0), q.stride(1), k_cache.stride(0),
             k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), num_heads, num_kv_heads,
-            d, BLOCK_D=triton.next_power_of_2(d))
+            d, BLOCK_D=triton.next_power_of_2(d), enable_fp_fusion=False)
     return q
 
 
@@ -176,7 +179,8 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     block = min(block, triton.next_power_of_2(max(size, 1)))
     if m and size:
         _silu_mul_kernel[(m, triton.cdiv(size, block))](gate_up, out, gate_up.stride(0),
-                                                        out.stride(0), size, BLOCK=block)
+                                                        out.stride(0), size, BLOCK=block,
+                                                        enable_fp_fusion=False)
     return out
 
 
