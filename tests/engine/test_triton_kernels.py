@@ -169,8 +169,11 @@ def test_paged_attention_decodes_and_chunks_over_shuffled_blocks(dtype, heads, k
     check(step, head_dim ** -0.5)
 
 
-def test_paged_attention_head_size_80_and_other_scaling():
+def test_paged_attention_head_size_80_int64_tables_and_other_scaling():
+    """Three query heads on one KV head of 80, the runner's int64 index tensors."""
     step = Step([(5, 1), (30, 1), (11, 9)], torch.float32, 3, 1, 80, seed=1)
+    step.block_tables, step.query_start, step.seq_lens = (
+        step.block_tables.long(), step.query_start.long(), step.seq_lens.long())
     check(step, 0.3)
 
 
