@@ -120,6 +120,11 @@ def test_batch_invariant_flag(monkeypatch):
     assert run_serve(monkeypatch, "--kernel", "amx")["engine"].kernel == "amx"
 
 
+def test_dtype_gguf_flag(monkeypatch):
+    """`--dtype gguf`: the engine keeps the GGUF file's blocks (tests/engine/test_gguf_engine.py)."""
+    assert run_serve(monkeypatch, "--dtype", "gguf")["engine"].dtype == "gguf"
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--steering-vectors", "up=/no/such/vector.pt"], "no such file '/no/such/vector.pt'"),
     (["--steering-vectors", "up"], "expected NAME=PATH"),
