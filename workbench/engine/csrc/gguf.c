@@ -259,7 +259,34 @@ WB_TGROUP_FN(q4_k) {
 #define WB_TGROUP_q5_k(row, g, idx) _mm512_setzero_ps()
 #define WB_TGROUP_q6_k(row, g, idx) _mm512_setzero_ps()
 
-/* A group's two vectors of weights, by table or by conversion. */
+/* Q8_0 on AVX-512: 16 codes a load, sign-extended straight from memory, times the scale. */
+__attribute__((target(WB_512))) static inline __attribute__((always_inline)) void
+wb_direct512_q8_0(const uint8_t *row, int64_t g, __m512 w[2]) {
+    const uint8_t *blk = row + g * 34;
+    uint32_t bits;
+    memcpy(&bits, blk, 4);  /* d and the first two codes */
+    float s[4];
+    _mm_storeu_ps(s, _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits)));
+    const __m512 d = wb_broadcast512(s);
+    for (int i = 0; i < 2; ++i)
+        w[i] = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * i)))), d);
+}
+
+#define WB_DIRECT_q4_0 0
+#define WB_DIRECT_q4_1 0
+#define WB_DIRECT_q8_0 1
+#define WB_DIRECT_q4_k 0
+#define WB_DIRECT_q5_k 0
+#define WB_DIRECT_q6_k 0
+#define WB_DIRECT512_q8_0 wb_direct512_q8_0
+#define WB_DIRECT512_q4_0(row, g, w) ((void)0)  /* never called */
+#define WB_DIRECT512_q4_1(row, g, w) ((void)0)
+#define WB_DIRECT512_q4_k(row, g, w) ((void)0)
+#define WB_DIRECT512_q5_k(row, g, w) ((void)0)
+#define WB_DIRECT512_q6_k(row, g, w) ((void)0)
+
+/* A group's two vectors of weights: by table, straight from memory, or through its codes. */
 #define WB_WEIGHTS512(T, row, g, out)                                                          \
     do {                                                                                       \
         if (WB_TABLE_##T) {                                                                    \
@@ -267,6 +294,8 @@ WB_TGROUP_FN(q4_k) {
             const __m512 table_ = WB_TGROUP_##T(row, g, idx_);                                 \
             (out)[0] = _mm512_permutexvar_ps(idx_[0], table_);                                 \
             (out)[1] = _mm512_permutexvar_ps(idx_[1], table_);                                 \
+        } else if (WB_DIRECT_##T) {                                                            \
+            WB_DIRECT512_##T(row, g, out);                                                     \
         } else {                                                                               \
             float a_, c_;                                                                      \
             const __m256i q_ = wb_group_##T##_avx512(row, g, &a_, &c_);                         \
@@ -363,6 +392,74 @@ static inline float wb_hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The 4-bit types on AVX2: eight codes a load, zero-extended to 32 bits straight from memory,
+ * then masked or shifted (no byte shuffling), converted and scaled: q * a + c in one fused
+ * multiply-add (q * a exact), (q - 8) d as q d - 8 d (exact: it is representable). */
+static inline __attribute__((always_inline)) void
+wb_nibbles256(const uint8_t *q, int high, float a, float c, __m256 w[2]) {
+    const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c);
+    for (int i = 0; i < 2; ++i) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
+        const __m256i n = high ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
+        w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), va, vc);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+wb_direct256_q4_0(const uint8_t *row, int64_t g, __m256 w[4]) {
+    const uint8_t *blk = row + g * 18;
+    const float d = wb_half(blk);
+    wb_nibbles256(blk + 2, 0, d, -8.0f * d, w);
+    wb_nibbles256(blk + 2, 1, d, -8.0f * d, w + 2);
+}
+
+static inline __attribute__((always_inline)) void
+wb_direct256_q4_1(const uint8_t *row, int64_t g, __m256 w[4]) {
+    const uint8_t *blk = row + g * 20;
+    const float d = wb_half(blk), m = wb_half(blk + 2);
+    wb_nibbles256(blk + 4, 0, d, m, w);
+    wb_nibbles256(blk + 4, 1, d, m, w + 2);
+}
+
+static inline __attribute__((always_inline)) void
+wb_direct256_q4_k(const uint8_t *row, int64_t g, __m256 w[4]) {
+    const uint8_t *blk = row + (g >> 3) * 144;
+    const int j = (int)(g & 7);
+    int sc, m;
+    wb_scale_min(blk + 4, j, &sc, &m);
+    const float a = wb_half(blk) * (float)sc, c = -(wb_half(blk + 2) * (float)m);
+    const uint8_t *q = blk + 16 + 32 * (j >> 1);
+    wb_nibbles256(q, j & 1, a, c, w);
+    wb_nibbles256(q + 16, j & 1, a, c, w + 2);
+}
+
+static inline __attribute__((always_inline)) void
+wb_direct256_q8_0(const uint8_t *row, int64_t g, __m256 w[4]) {
+    const uint8_t *blk = row + g * 34;
+    const __m256 d = _mm256_set1_ps(wb_half(blk));
+    for (int i = 0; i < 4; ++i)
+        w[i] = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)))), d);
+}
+
+#define WB_DIRECT256_q4_0 wb_direct256_q4_0
+#define WB_DIRECT256_q4_1 wb_direct256_q4_1
+#define WB_DIRECT256_q4_k wb_direct256_q4_k
+#define WB_DIRECT256_q8_0 wb_direct256_q8_0
+#define WB_DIRECT256_q5_k(row, g, w) ((void)0)  /* never called */
+#define WB_DIRECT256_q6_k(row, g, w) ((void)0)
+
+#define WB_WEIGHTS256(T, row, g, out)                                                          \
+    do {                                                                                       \
+        if (WB_TABLE_##T || WB_DIRECT_##T) {                                                   \
+            WB_DIRECT256_##T(row, g, out);                                                     \
+        } else {                                                                               \
+            float a_, c_;                                                                      \
+            const __m256i q_ = wb_group_##T##_avx2(row, g, &a_, &c_);                           \
+            wb_weights256(q_, a_, c_, WB_SIGNED_##T, WB_FORM_##T, out);                         \
+        }                                                                                      \
+    } while (0)
+
 /* Sums of input rows x[0..P) (P <= 2) with weight row w over all K: out[p]. */
 #define WB_CHUNK256(T)                                                                         \
     static inline __attribute__((always_inline)) void                                         \
@@ -377,10 +474,8 @@ static inline float wb_hsum256(__m256 v) {
                 const int64_t at = g * WB_GROUP4_##T / 4; /* one row's group a step */         \
                 _mm_prefetch((const char *)(next + at), _MM_HINT_T0);                          \
             }                                                                                  \
-            float a, c;                                                                        \
             __m256 u[4];                                                                       \
-            const __m256i q = wb_group_##T##_avx2(w, g, &a, &c);                               \
-            wb_weights256(q, a, c, WB_SIGNED_##T, WB_FORM_##T, u);                               \
+            WB_WEIGHTS256(T, w, g, u);                                                         \
             for (int p = 0; p < P; ++p)                                                        \
                 for (int i = 0; i < 4; ++i)                                                    \
                     acc[p][i] = _mm256_fmadd_ps(u[i], _mm256_loadu_ps(x + p * K + 32 * g + 8 * i), \
