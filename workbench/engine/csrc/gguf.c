@@ -16,6 +16,16 @@
  * the thread count: the same inputs give the same bits for any M and any `threads`, and differ
  * from the float32 dequantized product only by summation order. Threads (OpenMP) take
  * contiguous ranges of weight rows; the first chunk prefetches the next rows' blocks into L1.
+ *
+ * A decode step is bound by this arithmetic, not by memory, on the CPUs measured: exact float32
+ * weights cost a conversion and a multiply-add per weight where llama.cpp's int8 dot products
+ * cost a fraction. So the work per weight is cut to the bone: the 4-bit types on AVX-512 look
+ * their weights up in a 16-entry table of the group's dequantized values (one permute per 16
+ * weights: no conversion, no multiply), scales are converted once per group with F16C and
+ * broadcast from memory, and codes are widened straight from memory (no byte shuffles). On a
+ * 2-core AMD EPYC (Zen 4) slice: SmolLM2-135M's projections and LM head (96 MB of Q4_1 and
+ * Q8_0 blocks) at one row, 2 threads, ~5 ms a token (AVX-512; AVX2 ~7.5), ~2 ns per group of
+ * 32 weights per thread; the same products on bf16 weights (gemv.c) ~14.5 ms.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -268,9 +278,10 @@ wb_direct512_q8_0(const uint8_t *row, int64_t g, __m512 w[2]) {
     float s[4];
     _mm_storeu_ps(s, _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits)));
     const __m512 d = wb_broadcast512(s);
-    for (int i = 0; i < 2; ++i)
-        w[i] = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * i)))), d);
+    for (int i = 0; i < 2; ++i) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * i));
+        w[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    }
 }
 
 #define WB_DIRECT_q4_0 0
@@ -400,7 +411,8 @@ wb_nibbles256(const uint8_t *q, int high, float a, float c, __m256 w[2]) {
     const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c);
     for (int i = 0; i < 2; ++i) {
         const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
-        const __m256i n = high ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
+        const __m256i n = high ? _mm256_srli_epi32(v, 4)
+                               : _mm256_and_si256(v, _mm256_set1_epi32(15));
         w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), va, vc);
     }
 }
@@ -437,9 +449,10 @@ static inline __attribute__((always_inline)) void
 wb_direct256_q8_0(const uint8_t *row, int64_t g, __m256 w[4]) {
     const uint8_t *blk = row + g * 34;
     const __m256 d = _mm256_set1_ps(wb_half(blk));
-    for (int i = 0; i < 4; ++i)
-        w[i] = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)))), d);
+    for (int i = 0; i < 4; ++i) {
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i));
+        w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
 }
 
 #define WB_DIRECT256_q4_0 wb_direct256_q4_0
