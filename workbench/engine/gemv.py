@@ -1,9 +1,11 @@
 """The C kernels of `gemv.c` (few-row products, the small ops between them), built per machine.
 
-The C source ships beside this module. `library()` compiles it with the system's C compiler
-(`$CC`, else `cc`/`gcc`) into the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash
-of the source, the flags and the compiler, so a change of any of them builds a new one; the
-build takes about a second and happens at most once per machine (`make install` does it ahead).
+The C sources ship beside this module (`gemv.c` and `csrc/*.c`, one library). `library()`
+compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`) into the workbench cache
+(`$WORKBENCH_CACHE/kernels/`), named by a hash of the sources, the flags and the compiler, so a
+change of any of them builds a new one; the build takes about ten seconds (most of it
+`csrc/gguf.c`'s functions, one per block type and ISA) and happens at most once per machine
+(`make install` does it ahead).
 `linear(x, w, b)` (float32, the "avx2" kernel; its AVX-512F function where the CPU has it),
 `linear_bf16(x, w, b)` (bfloat16, the "avx512bf16" kernel), `decode_attention`,
 `add_rms_norm`, `rope_write_kv` and `silu_mul` (both dtypes, every kernel but "torch": the "c"
