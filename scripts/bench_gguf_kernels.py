@@ -8,7 +8,8 @@ per token (median of `--repeats` passes over all of them, so that the weights st
 as in a decode step, not from cache) and GB/s of the weight bytes one token reads. The memory's
 read bandwidth for `--threads` threads (a float32 sum over 512 MiB) gives the limit: the time
 the quantized blocks' bytes take at that bandwidth. Calls go through ctypes on preallocated
-tensors (about a microsecond each, 121 a token).
+tensors (about a microsecond each, 121 a token). The configurations take turns, repeat by repeat,
+so that a shared machine's other load falls on all alike; "best" is the fastest repeat.
 
     python scripts/bench_gguf_kernels.py --threads 2 --rows 1 2 4
 """
@@ -49,14 +50,18 @@ def load_weights(path: Path) -> list[QuantizedWeight]:
     return [*out, weight("token_embd.weight")]
 
 
-def median_seconds(step: Callable[[], None], repeats: int) -> float:
-    step()  # warm up: the library, the page tables
-    times = []
+def timed(steps: list[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """Seconds of each step per repeat, the steps taking turns (round robin), so that the other
+    load of a shared machine falls on all of them alike."""
+    for step in steps:
+        step()  # warm up: the library, the page tables
+    times: list[list[float]] = [[] for _ in steps]
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for step, out in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            out.append(time.perf_counter() - start)
+    return times
 
 
 def token(calls: list[tuple], threads: int) -> Callable[[], None]:
@@ -80,21 +85,22 @@ def prepared(fn_of: Callable, weights: list, rows: int) -> tuple[list[tuple], li
 
 
 def read_bandwidth(threads: int, repeats: int) -> float:
-    """GB/s of a float32 sum over 512 MiB on `threads` threads."""
+    """GB/s of a float32 sum over 512 MiB on `threads` threads (the best of `repeats`)."""
     buf = torch.ones(128 * 1024 * 1024)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        seconds = median_seconds(lambda: buf.sum().item(), repeats)
+        seconds = min(timed([lambda: buf.sum().item()], repeats)[0])
     finally:
         torch.set_num_threads(before)
     return buf.numel() * 4 / seconds / 1e9
 
 
-def report(label: str, seconds: float, nbytes: int, limit: float | None = None) -> None:
-    extra = f", {limit / seconds:5.1%} of the limit" if limit else ""
-    print(f"{label:<34} {seconds * 1e3:7.2f} ms/token  {nbytes / seconds / 1e9:6.1f} GB/s "
-          f"of {nbytes / 1e6:.0f} MB{extra}")
+def report(label: str, times: list[float], nbytes: int, limit: float | None = None) -> None:
+    median, best = statistics.median(times), min(times)
+    extra = f", {limit / median:5.1%} of the limit (best {limit / best:5.1%})" if limit else ""
+    print(f"{label:<26} {median * 1e3:7.2f} ms/token (best {best * 1e3:6.2f})  "
+          f"{nbytes / median / 1e9:5.1f} GB/s of {nbytes / 1e6:.0f} MB{extra}")
 
 
 def main() -> None:
@@ -112,26 +118,32 @@ def main() -> None:
     limit = quant_bytes / (bandwidth * 1e9)
     print(f"{GGUF.name}: {len(weights)} products a token ({', '.join(kinds)}), "
           f"{quant_bytes / 1e6:.1f} MB of blocks; read bandwidth at {args.threads} threads "
-          f"{bandwidth:.1f} GB/s -> limit {limit * 1e3:.2f} ms/token")
+          f"{bandwidth:.1f} GB/s (best of 9) -> limit {limit * 1e3:.2f} ms/token; medians of "
+          f"{args.repeats}, the configurations taking turns")
+    rows: list[tuple[str, list[tuple], int, float | None]] = []  # label, calls, bytes, limit
+    keep = []  # what the calls' pointers point into
     for isa in gguf_kernels.isas():
-        for rows in args.rows:
-            calls, _keep = prepared(lambda w: gguf_kernels.linear_function(w.kind, isa),  # noqa: B023
-                                    weights, rows)
-            seconds = median_seconds(token(calls, args.threads), args.repeats)
-            report(f"gguf {isa}, M={rows}", seconds, quant_bytes, limit)
-    if args.no_dense:
-        return
-    dense = [w.dequantize() for w in weights]
-    dense_bf16 = [w.bfloat16() for w in dense]
-    if gemv.available_bf16():
-        for rows in args.rows:
-            calls, _keep = prepared(lambda w: gemv.linear_bf16_function(), dense_bf16, rows)
-            seconds = median_seconds(token(calls, args.threads), args.repeats)
-            report(f"bf16 linear_bf16, M={rows}", seconds, sum(w.numel() * 2 for w in dense))
-    if gemv.available():
-        calls, _keep = prepared(lambda w: gemv.linear_function(), dense, 1)
-        seconds = median_seconds(token(calls, args.threads), args.repeats // 4 + 1)
-        report("float32 linear, M=1", seconds, sum(w.numel() * 4 for w in dense))
+        for m in args.rows:
+            calls, kept = prepared(lambda w: gguf_kernels.linear_function(w.kind, isa),  # noqa: B023
+                                   weights, m)
+            rows.append((f"gguf {isa}, M={m}", calls, quant_bytes, limit))
+            keep.append(kept)
+    if not args.no_dense:
+        dense = [w.dequantize() for w in weights]
+        if gemv.available_bf16():
+            dense_bf16 = [w.bfloat16() for w in dense]
+            for m in args.rows:
+                calls, kept = prepared(lambda w: gemv.linear_bf16_function(), dense_bf16, m)
+                rows.append((f"bf16 linear_bf16, M={m}", calls,
+                             sum(w.numel() * 2 for w in dense), None))
+                keep.append(kept)
+        if gemv.available():
+            calls, kept = prepared(lambda w: gemv.linear_function(), dense, 1)
+            rows.append(("float32 linear, M=1", calls, sum(w.numel() * 4 for w in dense), None))
+            keep.append(kept)
+    times = timed([token(calls, args.threads) for _, calls, _, _ in rows], args.repeats)
+    for (label, _, nbytes, lim), seconds in zip(rows, times):
+        report(label, seconds, nbytes, lim)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """The C kernels (few-row products, the small ops between them), built per machine.
 
 The C sources ship beside this module in `csrc/`, one file per kind of kernel: `linear_f32.c`,
-`linear_bf16.c`, `linear_amx.c`, `gguf.c` (the products), `attention.c`, `layer_ops.c` (norms, rotary,
-SiLU), `decode_stack.c` (a decode step through every layer in one call), `wb.h` (what they
-share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`) into one
-library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the sources, the
-flags and the compiler, so a change of any of them builds a new one; the
-build takes about a second and happens at most once per machine (`make install` does it ahead).
+`linear_bf16.c`, `linear_amx.c`, `gguf.c` (the products), `attention.c`, `layer_ops.c` (norms,
+rotary, SiLU), `decode_stack.c` (a decode step through every layer in one call), `wb.h` (what
+they share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`)
+into one library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the
+sources, the flags and the compiler, so a change of any of them builds a new one; the build
+takes about ten seconds (most of it `gguf.c`'s functions, one per block type and ISA) and
+happens at most once per machine (`make install` does it ahead).
 `linear(x, w, b)` (float32, the "avx2" kernel; its AVX-512F function where the CPU has it),
 `linear_bf16(x, w, b)` (bfloat16, the "avx512bf16" kernel), `decode_attention`,
 `add_rms_norm`, `rope_write_kv` and `silu_mul` (both dtypes, every kernel but "torch": the "c"
