@@ -14,9 +14,12 @@ taken (`eager_reason`) and runs through `ModelRunner.execute`.
 
 Two back ends capture the same step function over the same buffers: `CudaGraphBackend`
 (`torch.cuda.CUDAGraph`; runs on a GPU only and is not wired into the runner yet) and
-`EagerBackend`, its CPU twin, whose "replay" calls the step again. The twin's logits are the
-eager runner's bit for bit (`tests/engine/test_step_graphs.py`), and its step syncs with no host
-(`tests/engine/host_sync.py`): what capture requires of the step.
+`EagerBackend`, its CPU twin, whose "replay" calls the step again. On the C kernel (whose
+attention reads each context's own length) the twin's logits are the eager runner's bit for
+bit; on torch's ops (a GPU's) they are the eager step's of the same padded batch bit for bit,
+within 1e-5 of the unpadded one, as eager steps of different batches differ
+(`tests/engine/test_step_graphs.py`). Its step makes no host sync (`tests/engine/host_sync.py`):
+what capture requires of it.
 """
 
 from __future__ import annotations
