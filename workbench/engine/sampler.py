@@ -139,15 +139,23 @@ def sample(probs: torch.Tensor, generators: list[torch.Generator | None],
     for i, g in enumerate(generators):
         if g is not None:
             u[i] = torch.rand(1, generator=g, dtype=torch.float64)
+    return inverse_cdf(probs, u.to(probs.device))
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token of each row of probs [R, V] at which its cumulative mass passes u [R] (float64,
+    in [0, 1), on probs' device) times the row's total: `sample`'s two-level walk, with no host
+    sync (`engine/device_sampling.py` calls it on the device)."""
     rows, vocab = probs.shape
     pad = -vocab % CDF_BLOCK
     blocks = (F.pad(probs, (0, pad)) if pad else probs).reshape(rows, -1, CDF_BLOCK)  # [R, B, W]
     block_cdf = blocks.sum(-1).to(torch.float64).cumsum(-1)  # [R, B]
     total = block_cdf[:, -1:]  # [R, 1]
-    target = _below(u.to(probs.device).unsqueeze(1) * total, total)
+    target = _below(u.unsqueeze(1) * total, total)
     block = torch.searchsorted(block_cdf, target, right=True)  # [R, 1]: its mass passes target
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
-    inner_cdf = blocks[torch.arange(rows), block.squeeze(1)].to(torch.float64).cumsum(-1)
+    chosen = blocks[torch.arange(rows, device=probs.device), block.squeeze(1)]  # [R, W]
+    inner_cdf = chosen.to(torch.float64).cumsum(-1)
     inner = torch.searchsorted(inner_cdf, _below(target - before, inner_cdf[:, -1:]), right=True)
     return (block * CDF_BLOCK + inner).squeeze(1)
 
