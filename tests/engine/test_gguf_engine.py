@@ -150,7 +150,10 @@ def test_smollm2_from_its_own_blocks():
     ours = LLM(model="smollm2-135m-instruct", dtype="gguf", max_model_len=256)
     quantized = ours.llm_engine.loaded.quantized
     kinds = {name.split(".")[-2]: w.kind for name, w in quantized.items()}
-    assert len(quantized) == 30 * 7 + 1 and kinds["lm_head"] == "Q8_0" and kinds["q_proj"] == "Q4_1"
+    # every layer's seven projections, and token_embd under both its names (the head is tied)
+    assert len(quantized) == 30 * 7 + 2 and kinds["q_proj"] == "Q4_1"
+    assert quantized["lm_head.weight"] is quantized["model.embed_tokens.weight"]
+    assert kinds["lm_head"] == "Q8_0"
     got = outputs(ours, params)
     del ours
     want = outputs(LLM(model="smollm2-135m-instruct", dtype="float32", max_model_len=256), params)
