@@ -32,17 +32,18 @@ _SCALE_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # bytes of ea
 
 
 def write_gguf(model: PreTrainedModel, path: str | Path, kind: str = "Q8_0", *,
-               seed: int = 0) -> Path:
+               seed: int = 0, skip_keys: tuple[str, ...] = ()) -> Path:
     """Write `model` (a transformers causal LM) as the GGUF file `path`, 2-D weights as `kind`
     (a key of `BLOCK_TYPES`, or "F16" / "F32"), 3-D experts too; 1-D tensors, and those whose
-    rows do not split into whole blocks, as F32."""
+    rows do not split into whole blocks, as F32. `skip_keys` leaves out metadata keys
+    ("attention.head_count_kv"), as older files do."""
     path = Path(path)
     config = model.config
     arch = config.model_type
     writer = gguf.GGUFWriter(str(path), _GGUF_ARCH.get(arch, arch))
     if arch == "mistral":
         writer.add_name("tiny-mistral")  # how transformers tells Mistral from a llama file
-    _write_metadata(writer, config)
+    _write_metadata(writer, config, skip_keys)
     name_map = gguf.get_tensor_name_map(_model_arch(_GGUF_ARCH.get(arch, arch)),
                                         config.num_hidden_layers)
     rng = np.random.default_rng(seed)
@@ -102,14 +103,14 @@ def _model_arch(arch: str) -> gguf.MODEL_ARCH:
     raise ValueError(f"gguf-py knows no architecture {arch!r}")
 
 
-def _write_metadata(writer: gguf.GGUFWriter, config) -> None:
+def _write_metadata(writer: gguf.GGUFWriter, config, skip_keys: tuple[str, ...]) -> None:
     """The keys transformers maps back onto `config`'s fields, and a placeholder vocabulary."""
     arch = config.model_type
     prefix = _GGUF_ARCH.get(arch, arch)
     mapping = cast(dict[str, str | None], GGUF_CONFIG_MAPPING[_CONFIG_KEYS.get(arch, arch)])
     for gguf_key, field in mapping.items():
         value = _config_value(config, field) if field else None
-        if isinstance(value, bool) or value is None:
+        if isinstance(value, bool) or value is None or gguf_key in skip_keys:
             continue
         value_type = gguf.GGUFValueType.UINT32 if isinstance(value, int) else gguf.GGUFValueType.FLOAT32
         writer.add_key_value(f"{prefix}.{gguf_key}", value, value_type)

@@ -74,6 +74,19 @@ def test_llama_query_and_key_rows_are_reordered_as_transformers_does(tmp_path):
     assert np.array_equal(value, stored["blk.0.attn_v.weight"])
 
 
+def test_a_llama_file_without_kv_head_count_keeps_its_row_order(tmp_path):
+    # transformers permutes Q/K rows only when the file states both head counts; follow the file
+    source = tiny_model("llama", vocab_size=256, num_key_value_heads=4).model
+    path = write_gguf(source, tmp_path / "m.gguf", "Q8_0", skip_keys=("attention.head_count_kv",))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
+                                                 dtype=torch.float32)
+    weights = read_quantized(path, model)
+    stored = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(path)).tensors}
+    query = weights["model.layers.0.self_attn.q_proj.weight"].data.numpy()
+    assert np.array_equal(query, stored["blk.0.attn_q.weight"])
+    _assert_bit_equal(weights, model)
+
+
 def test_bloom_fused_qkv_rows_are_regrouped_per_head(tmp_path):
     path, model = _write_and_load(tmp_path, "bloom", "Q8_0")
     weights = read_quantized(path, model)
