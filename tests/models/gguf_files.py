@@ -2,7 +2,8 @@
 
 `write_gguf(model, path, "Q8_0")` names each tensor with gguf-py's own name map, undoes what
 transformers' GGUF loader will redo (Llama's Q/K head permutation, Bloom's per-head fused QKV,
-GPT-2's [in, out] Conv1D weights), quantizes every 2-D tensor whose rows split into whole blocks
+GPT-2's [in, out] Conv1D weights; a fused MoE `gate_up_proj` is split into llama.cpp's stacked
+`ffn_gate_exps` / `ffn_up_exps`), quantizes every 2-D or 3-D tensor whose rows split into whole blocks
 (Q4_0, Q4_1 and Q8_0 with gguf-py's quantizer; the K-quants, which gguf-py cannot quantize, as
 random but finite blocks) and writes the metadata transformers reads back into a config
 (`GGUF_CONFIG_MAPPING`, plus a placeholder vocabulary). No tokenizer is written: the file loads
@@ -25,7 +26,8 @@ from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
 
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
-_GGUF_ARCH = {"mistral": "llama", "gemma3_text": "gemma3", "qwen2_moe": "qwen2moe"}  # llama.cpp's names for these
+# llama.cpp's architecture names where they are not the model type
+_GGUF_ARCH = {"mistral": "llama", "gemma3_text": "gemma3", "qwen2_moe": "qwen2moe"}
 _CONFIG_KEYS = {"gemma3_text": "gemma3"}  # their entries of GGUF_CONFIG_MAPPING
 _EXPERTS = re.compile(r".*layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
 _SCALE_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # bytes of each block's f16 scales
