@@ -13,11 +13,12 @@ from workbench.models.gguf import package_dir
 from workbench.models.gguf_read import quantized_summary, read_quantized
 from workbench.models.tiny import tiny_model
 
-# (family, block type): llama-like ones, Bloom's fused QKV, Phi-3's fused QKV and gate-up
+# (family, block type): llama-like ones, Bloom's fused QKV, Phi-3's fused QKV and gate-up; the
+# families of workbench/models/architectures.py that transformers' GGUF loader reads
 FAMILIES = [("llama", "Q8_0"), ("llama", "Q4_0"), ("llama", "Q4_1"), ("mistral", "Q4_0"),
             ("qwen2", "Q4_1"), ("qwen3", "Q8_0"), ("bloom", "Q8_0"), ("bloom", "Q4_1"),
             ("falcon", "Q4_0"), ("stablelm", "Q8_0"), ("starcoder2", "Q4_1"), ("phi3", "Q8_0"),
-            ("gemma2", "Q4_0")]
+            ("gemma2", "Q4_0"), ("gemma3_text", "Q8_0")]
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]
 _WIDE = dict(hidden_size=256, intermediate_size=256)  # K-quant rows are 256 weights long
 
@@ -73,6 +74,19 @@ def test_llama_query_and_key_rows_are_reordered_as_transformers_does(tmp_path):
     assert np.array_equal(value, stored["blk.0.attn_v.weight"])
 
 
+def test_a_llama_file_without_kv_head_count_keeps_its_row_order(tmp_path):
+    # transformers permutes Q/K rows only when the file states both head counts; follow the file
+    source = tiny_model("llama", vocab_size=256, num_key_value_heads=4).model
+    path = write_gguf(source, tmp_path / "m.gguf", "Q8_0", skip_keys=("attention.head_count_kv",))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
+                                                 dtype=torch.float32)
+    weights = read_quantized(path, model)
+    stored = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(path)).tensors}
+    query = weights["model.layers.0.self_attn.q_proj.weight"].data.numpy()
+    assert np.array_equal(query, stored["blk.0.attn_q.weight"])
+    _assert_bit_equal(weights, model)
+
+
 def test_bloom_fused_qkv_rows_are_regrouped_per_head(tmp_path):
     path, model = _write_and_load(tmp_path, "bloom", "Q8_0")
     weights = read_quantized(path, model)
@@ -90,15 +104,33 @@ def test_a_tied_lm_head_shares_the_embedding_blocks(tmp_path):
     assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
 
 
-def test_gpt2_transposed_projections_stay_float(tmp_path):
+@pytest.mark.parametrize("tied", [True, False])
+def test_gpt2_transposed_projections_stay_float(tmp_path, tied):
     # GPT-2's Conv1D weights are [in, out]; the file holds them [out, in], and transformers
-    # transposes them on load, which no reordering of block rows can do
+    # transposes them on load, which no reordering of block rows can do. (transformers reads the
+    # file's context length into `n_ctx`, which GPT2Config ignores: positions stay at 1024.)
     path, model = _write_and_load(tmp_path, "gpt2", "Q8_0", n_inner=None,
-                                  max_position_embeddings=1024)
+                                  max_position_embeddings=1024, tie_word_embeddings=tied)
     weights = read_quantized(path, model)
     assert set(weights) == {"transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"}
+    assert (weights["lm_head.weight"] is weights["transformer.wte.weight"]) == tied
     assert not any(".c_attn." in name or ".c_proj." in name or ".c_fc." in name
                    for name in weights)
+    _assert_bit_equal(weights, model)
+
+
+def test_moe_experts_stay_float_and_every_other_projection_comes_back(tmp_path):
+    # transformers reads no expert widths from a qwen2moe file: the config's defaults must fit
+    path, model = _write_and_load(tmp_path, "qwen2_moe", "Q8_0", moe_intermediate_size=None,
+                                  shared_expert_intermediate_size=None)
+    weights = read_quantized(path, model)
+    experts = [name for name, p in model.named_parameters() if ".experts." in name]
+    assert experts and all(p.dim() == 3 for name, p in model.named_parameters()
+                           if name in experts)
+    # the shared expert's gate [1, H] is written 1-D by llama.cpp, so it is F32 in the file
+    assert set(_matrices(model)) - set(weights) == {
+        f"model.layers.{i}.mlp.shared_expert_gate.weight" for i in range(2)}
+    assert "model.layers.0.mlp.gate.weight" in weights  # the router
     _assert_bit_equal(weights, model)
 
 

@@ -19,11 +19,13 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import gguf
 import numpy as np
 import torch
 from transformers import PreTrainedModel
+from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 from transformers.integrations.gguf.utils import is_gguf_arch_supported
 from transformers.modeling_gguf_pytorch_utils import (
     TENSOR_PROCESSORS,
@@ -40,8 +42,7 @@ def read_quantized(gguf_path: str | Path, model: PreTrainedModel) -> dict[str, Q
     """The file's block weights keyed by `model`'s parameter names, as transformers places them.
 
     `model` is the transformers model that this file loads into (from the file itself, or from its
-    float32 conversion): its parameter names, shapes, tied weights and config (the head counts
-    transformers' processors read, which transformers took from this file) decide what comes back.
+    float32 conversion): its parameter names, shapes and tied weights decide what comes back.
     """
     reader = gguf.GGUFReader(str(gguf_path))
     architecture = str(reader.fields["general.architecture"].contents())
@@ -49,7 +50,8 @@ def read_quantized(gguf_path: str | Path, model: PreTrainedModel) -> dict[str, Q
         raise NotImplementedError(
             f"GGUF architecture {architecture!r} loads through transformers' packed-weight path "
             f"(its own conversion mapping), which read_quantized does not follow yet.")
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
+    config = _file_config(reader, architecture, model.config.model_type)
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
     with _name_maps_built_once():
         names = get_gguf_hf_weights_map(model, processor)  # GGUF name -> parameter name
     parameters = dict(model.named_parameters(remove_duplicate=False))
@@ -72,6 +74,19 @@ def read_quantized(gguf_path: str | Path, model: PreTrainedModel) -> dict[str, Q
         data = torch.from_numpy(np.ascontiguousarray(tensor.data[rows]))  # a copy, off the mmap
         found[name] = QuantizedWeight(kind, out_features, in_features, data)
     return _with_tied_names(found, model)
+
+
+def _file_config(reader: gguf.GGUFReader, architecture: str, model_type: str) -> dict:
+    """The config fields transformers reads from the file's `{architecture}.*` keys (the head
+    counts its tensor processors use), without its second pass over the whole file."""
+    mapping = cast(dict[str, str | None], GGUF_CONFIG_MAPPING.get(architecture)
+                   or GGUF_CONFIG_MAPPING.get(model_type, {}))  # the legacy loader's table
+    config = {}
+    for key, field in reader.fields.items():
+        prefix, _, rest = key.partition(".")
+        if prefix == architecture and (name := mapping.get(rest)):
+            config[name] = field.contents()
+    return config
 
 
 @contextmanager
