@@ -10,12 +10,15 @@ of the dequantized float32 model, and greedy tokens are the same.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from tests.engine.helpers import greedy, make_llm
+from tests.models.gguf_files import write_gguf
 from workbench import LLM, SamplingParams
 from workbench.engine import kernels
 from workbench.engine.fusion import FastLinear
@@ -23,6 +26,8 @@ from workbench.errors import ValidationError
 from workbench.models import load_model, tiny_model
 from workbench.models.cpu import cpu_features
 from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
+from workbench.models.gguf_read import read_quantized
+from workbench.models.loader import prepare_for_inference
 
 pytestmark = pytest.mark.skipif(
     kernels.TABLE["gguf"].missing(torch.float32, cpu_features()) is not None,
@@ -98,6 +103,33 @@ def test_greedy_tokens_equal_the_dequantized_model(kind):
         assert lin.weight is None and lin.weights.blocks.kind == kind  # no float copy kept
     assert runner.stack is not None and runner.stack.c_layers is not None  # one C call a step
     assert_close_logprobs(outputs(ours, params), outputs(make_llm(reference), params), 2e-4)
+
+
+# families whose GGUF files transformers loads (tests/models/test_gguf_read.py has which)
+GGUF_FAMILIES = [("qwen2", "Q4_1"), ("stablelm", "Q8_0"), ("falcon", "Q4_0"), ("bloom", "Q4_1"),
+                 ("starcoder2", "Q8_0"), ("phi3", "Q4_0"), ("gemma2", "Q8_0")]
+
+
+@pytest.mark.parametrize(("arch", "kind"), GGUF_FAMILIES)
+def test_a_gguf_file_of_another_family_serves_from_its_blocks(tmp_path, arch, kind):
+    """A tiny `arch` model written as a GGUF file (as llama.cpp's converter writes it) loads the
+    way `dtype="gguf"` loads one: transformers' float32 model of the file, its blocks beside it
+    (`read_quantized`); the engine on the blocks gives the float32 model's tokens."""
+    tiny = tiny_model(arch, vocab_size=256)
+    path = write_gguf(tiny.model, tmp_path / f"{arch}.gguf", kind)
+    model = prepare_for_inference(transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32), "cpu")
+    reference = dataclasses.replace(tiny, model=copy.deepcopy(model), config=model.config)
+    loaded = dataclasses.replace(tiny, model=model, config=model.config,
+                                 quantized=read_quantized(path, model))
+    assert loaded.quantized
+    prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (5, 11, 2)]
+    params = greedy(10, logprobs=2, ignore_eos=True)
+    ours = make_llm(loaded)
+    assert ours.llm_engine.runner.kernel.kernel == "gguf"
+    got, want = ([o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+                 for llm in (ours, make_llm(reference)))
+    assert_close_logprobs(got, want, 2e-4)
 
 
 def test_mixed_block_kinds_in_one_group_stay_apart():
