@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL_DIR = ROOT / ".whl"
 TARGET = Path(tempfile.gettempdir()) / "workbench-gpu-site"
-TESTS = ["tests/engine/test_engine_gpu.py"]
+TESTS = ["tests/engine/test_engine_gpu.py", "tests/engine/test_step_graphs.py"]
 PYTHON_VERSION = "3.12"  # the GPU machine's python3
 GLIBC_MINORS = range(17, 40)  # manylinux_2_17 .. 2_39 (its glibc is 2.39): pip matches N exactly
 
