@@ -270,22 +270,19 @@ def float_dtype(dtype: str, gguf_side: str = "float32") -> str:
 
 
 def decode_step_bytes(model, quantized: dict | None = None) -> int:
-    """Bytes of weights one decode step reads: every parameter once (tied embeddings are one
-    tensor, read whole by the LM head), except an untied input embedding (one row a token);
-    where `quantized` has a weight's GGUF blocks (the LM head's among them), those instead."""
+    """Bytes of weights one decode step reads: every parameter once, except the input
+    embedding (one row a token), plus the LM head whole (a tied one is the embedding's
+    tensor); where `quantized` has a weight's GGUF blocks (the LM head's among them), those."""
     quantized = quantized or {}
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
-    tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
-    head_blocks = quantized.get("lm_head.weight")
     total = 0
     for name, p in model.named_parameters():  # a tied weight once, by its first name
-        if name in quantized:
-            total += quantized[name].nbytes
-        elif p is not embed or (tied and head_blocks is None):
-            total += p.numel() * p.element_size()
-    if head_blocks is not None and "lm_head.weight" not in dict(model.named_parameters()):
-        total += head_blocks.nbytes  # tied: the head reads its blocks, the embedding one row
+        if p is not embed:
+            total += quantized[name].nbytes if name in quantized else p.numel() * p.element_size()
+    if head is not None and head.weight.data_ptr() == embed.data_ptr():
+        blocks = quantized.get("lm_head.weight")
+        total += blocks.nbytes if blocks is not None else embed.numel() * embed.element_size()
     return total
 
 

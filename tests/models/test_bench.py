@@ -129,6 +129,21 @@ def test_decode_step_bytes_counts_a_tied_table_once_and_an_untied_input_table_no
                                                - embed) * 4
 
 
+def test_decode_step_bytes_with_gguf_blocks_counts_the_blocks_and_the_head_once():
+    """dtype="gguf": a weight with blocks reads its blocks; the tied head's blocks are read
+    whole once, the embedding (whose blocks come back under its name too) one row a token."""
+    from workbench.models.gguf_blocks import QuantizedWeight
+
+    model = tiny_model("llama").model
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p.dim() == 2]
+    quantized = {n: QuantizedWeight.quantize(model.get_parameter(n).detach(), "Q8_0")
+                 for n in names}
+    quantized["lm_head.weight"] = quantized["model.embed_tokens.weight"]
+    floats = sum(p.numel() * 4 for n, p in model.named_parameters() if p.dim() == 1)
+    blocks = sum(w.nbytes for n, w in quantized.items() if n != "model.embed_tokens.weight")
+    assert bench.decode_step_bytes(model, quantized) == floats + blocks
+
+
 def test_memory_read_bandwidth_is_a_positive_rate_within_its_quartiles():
     read = bench.memory_read_bandwidth(1, megabytes=8, passes=3)
     assert 0.1 < read.q1 <= read.median <= read.q3
