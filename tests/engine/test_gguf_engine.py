@@ -102,6 +102,7 @@ def test_greedy_tokens_equal_the_dequantized_model(kind):
         assert isinstance(lin, FastLinear) and lin.kernel.name == "gguf"
         assert lin.weight is None and lin.weights.blocks.kind == kind  # no float copy kept
     assert runner.stack is not None and runner.stack.c_layers is not None  # one C call a step
+    assert ", gguf on cpu," in repr(ours) and "<td" in ours._repr_html_()
     assert_close_logprobs(outputs(ours, params), outputs(make_llm(reference), params), 2e-4)
 
 

@@ -13,8 +13,10 @@ def llm_summary(llm: Any) -> dict[str, Any]:
     """The facts an `LLM` card shows, as plain values."""
     engine, config = llm.llm_engine, llm.config
     loaded = engine.loaded
+    dtype = "gguf" if getattr(loaded, "quantized", None) else str(
+        getattr(loaded, "dtype", config.dtype)).removeprefix("torch.")  # gguf: the file's blocks
     return {"model": engine.served_model_name, "kind": getattr(loaded, "kind", "generate"),
-            "dtype": str(getattr(loaded, "dtype", config.dtype)).removeprefix("torch."),
+            "dtype": dtype,
             "device": getattr(loaded, "device", config.device),
             "max_model_len": engine.max_model_len, "seed": config.seed,
             "batch_invariant": config.batch_invariant}
