@@ -13,6 +13,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The Triton kernels' tests run them under Triton's interpreter
+# (tests/engine/test_triton_kernels.py): triton reads this as it defines each kernel, and any
+# test may import it first (transformers' GGUF loader imports torch._dynamo, which imports
+# triton where it is installed). Nothing else in the suite runs Triton; a GPU run that wants
+# compiled kernels sets TRITON_INTERPRET=0.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
