@@ -52,7 +52,7 @@ class FastLinear(nn.Module):
 
     tile_rows: int = 0  # 0: the rows as they come
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+    def __init__(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None,
                  kernel: str | LinearKernel):
         super().__init__()
         self.kernel = kernels.get(kernel)

@@ -82,7 +82,9 @@ class LinearKernel:
         """What this process lacks to run the kernel on `dtype` (None: it can run it)."""
         return None
 
-    def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearWeights:
+    def prepare(self, weight: Any, bias: torch.Tensor | None) -> LinearWeights:
+        """A projection's weights kept once in the layouts the kernel reads: `weight` a tensor
+        [out, in] ("gguf": a `QuantizedWeight`)."""
         weight = weight.detach()
         return LinearWeights(weight.shape[0], weight.shape[1],
                              None if bias is None else bias.detach(), plain=weight.contiguous())
