@@ -224,6 +224,8 @@ def test_captured_step_does_not_sync(runner):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="captures CUDA graphs: a GPU even in the GPU check's CPU dry run")
 def test_cuda_graphs_are_the_twin():
     """On a GPU: the captured graphs' logits are the twin's (same buffers, same step)."""
     results = []
