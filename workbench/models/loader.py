@@ -9,6 +9,7 @@ load as `AutoModelForCausalLM`, embedding models as `AutoModel` plus their pooli
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from workbench.models.architectures import architecture_of
 from workbench.models.devices import resolve_device, resolve_dtype
 from workbench.models.gguf_blocks import QuantizedWeight
 from workbench.models.registry import ENCODER_TYPES, resolve_model
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -107,9 +110,11 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
     quantized = None
     if gguf and spec.gguf is not None:
         # deferred: reading a GGUF file's blocks (gguf-py) is needed for dtype="gguf" only
-        from workbench.models.gguf_read import read_quantized
+        from workbench.models.gguf_read import quantized_summary, read_quantized
 
         quantized = read_quantized(spec.gguf, net)
+        logger.info("%s (%s): %s", spec.served_name, spec.gguf.name,
+                    quantized_summary(quantized))
     return LoadedModel(model=net, tokenizer=tokenizer, config=net.config, path=spec.path,
                        served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,
                        device=device, max_model_len=max_model_len_of(spec.path, net.config),
