@@ -63,6 +63,16 @@ def test_top_p_always_keeps_the_most_likely_token():
     assert torch.isfinite(out[0]).tolist() == [True, False]
 
 
+def test_top_p_off_drops_nothing_where_the_sums_round_past_one():
+    """Rows where top-k keeps everything and top-p is 1: every token stays, even where the
+    float32 running mass before a token comes out above 1 (these logits: in each row)."""
+    logits = torch.randn(16, 300, generator=torch.Generator().manual_seed(0)) * 3
+    probs = logits.sort(-1, descending=True).values.softmax(-1)
+    assert ((probs.cumsum(-1) - probs) > 1).any(-1).sum() > 0  # the rounding is there
+    out = truncate(logits, torch.full((16,), 300), torch.ones(16), torch.zeros(16))
+    assert torch.isfinite(out).all()
+
+
 def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():
     logits = torch.log(torch.tensor([[0.6, 0.3, 0.07, 0.03]]))
     out = truncate(logits, torch.tensor([0]), torch.tensor([1.0]), torch.tensor([0.1]))

@@ -114,7 +114,8 @@ def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
         drop = ranks >= k
         sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
-        drop |= (before > top_p.unsqueeze(1)) & (ranks > 0)
+        # where top-p is off (1) nothing is dropped, even where rounding takes `before` past 1
+        drop |= (before > top_p.unsqueeze(1)) & (ranks > 0) & (top_p < 1).unsqueeze(1)
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     return logits
 
