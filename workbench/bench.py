@@ -9,8 +9,9 @@ ours over transformers' from the same run. `--json` prints one JSON object on th
 
 `bench_machine` says what the figures were measured on (`cpu_flags`, `dtype`, `kernel`) and
 the single-stream limit of this machine: its memory read bandwidth (a plain reduction over
-1 GiB, far beyond any cache, on the bench's threads: the median of 15 passes, with their
-quartiles `memory_read_gb_s_q1` and `_q3`) divided by the bytes of weights one decode step must
+1 GiB, far beyond any cache, on the bench's threads, in a child process so that the buffer is
+not in `peak_rss_mb`: the median of 15 passes, with their quartiles `memory_read_gb_s_q1` and
+`_q3`) divided by the bytes of weights one decode step must
 read in that dtype (`single_stream_limit_tok_s`; with `--dtype gguf` the bytes of the file's
 blocks that a step reads, and of the weights that stay float32); `single_stream_of_limit` is our
 single-stream rate's share of it. With `--dtype gguf` transformers runs the float32 model it
@@ -264,6 +265,22 @@ def memory_read_bandwidth(threads: int, megabytes: int = 1024, passes: int = 15)
     return ReadBandwidth(median=median, q1=q1, q3=q3)
 
 
+def memory_read_bandwidth_apart(threads: int) -> ReadBandwidth:
+    """`memory_read_bandwidth` in a child process (spawned: a fresh interpreter, torch's
+    threads its own): its 1 GiB buffer stays out of this process's peak RSS, which is then the
+    engine's and transformers' alone."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_child_read_bandwidth, threads).result()
+
+
+def _child_read_bandwidth(threads: int) -> ReadBandwidth:
+    """What the child runs (by name: the function as the child's fresh import defines it)."""
+    return memory_read_bandwidth(threads)
+
+
 def float_dtype(dtype: str, gguf_side: str = "float32") -> str:
     """The dtype a side that keeps no GGUF blocks loads in: `gguf_side` for `--dtype gguf`."""
     return gguf_side if dtype == "gguf" else dtype
@@ -296,7 +313,7 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
                "ops": choice.ops}
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
-    read = memory_read_bandwidth(config.threads)
+    read = memory_read_bandwidth_apart(config.threads)
     quantized = side.ours.llm_engine.loaded.quantized
     # the weights as loaded (ours are fused, the same bytes), or the blocks ours reads instead
     limit = read.median * 1e9 / decode_step_bytes(side.theirs.model, quantized)
