@@ -10,12 +10,14 @@
  * exactly the float32 values of GGML's formulas (gguf-py's dequantize: q * d + m for Q4_1 is one
  * fused multiply-add, the same rounding since q * d is exact in float32; the other types' scaled
  * integers are exact products), then multiplied into float32 sums. Weight rows go two at a time
- * (AVX-512) or one (AVX2), input rows in chunks of four (AVX-512; eight a weight row while eight
- * are left) or two (AVX2) whose sums stay in registers: a group is dequantized once per chunk. Each output's sum runs over the groups in
- * order in fixed lanes and is reduced in a fixed tree, whatever its chunk, its position in it and
- * the thread count: the same inputs give the same bits for any M and any `threads`, and differ
- * from the float32 dequantized product only by summation order. Threads (OpenMP) take
- * contiguous ranges of weight rows; the first chunk prefetches the next rows' blocks into L1.
+ * (AVX-512) or one (AVX2), input rows in chunks of six (AVX-512: 24 sums, four weight and two
+ * input vectors, 30 of its 32 registers; one input load feeds both weight rows) or two (AVX2)
+ * whose sums stay in registers: a group is dequantized once per chunk. Each output's sum runs
+ * over the groups in order in fixed lanes and is reduced in a fixed tree, whatever its chunk,
+ * its position in it and the thread count: the same inputs give the same bits for any M and
+ * any `threads`, and differ from the float32 dequantized product only by summation order.
+ * Threads (OpenMP) take contiguous ranges of weight rows; the first chunk prefetches the next
+ * rows' blocks into L1.
  *
  * A decode step is bound by this arithmetic, not by memory, on the CPUs measured: exact float32
  * weights cost a conversion and a multiply-add per weight where llama.cpp's int8 dot products
@@ -313,13 +315,14 @@ static inline float wb_hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Sums of input rows x[0..P) (stride K) with weight rows w0 and w1 over all K: out[p][r].
- * `next`: the bytes to prefetch at the pace of the groups (the next two rows), or NULL. */
+/* Sums of input rows x[0..P) (P <= 6, stride K) with weight rows w0 and w1 over all K:
+ * out[p][r]. `next`: the bytes to prefetch at the pace of the groups (the next two rows), or
+ * NULL. */
 #define WB_CHUNK512(T)                                                                         \
     WB_INLINE512 void wb_chunk512_##T(const float *x, int64_t K, const int P,                \
                                       const uint8_t *w0, const uint8_t *w1,                   \
-                                      const uint8_t *next, float out[4][2]) {                 \
-        __m512 acc[4][2][2];                                                                   \
+                                      const uint8_t *next, float out[6][2]) {                 \
+        __m512 acc[6][2][2];                                                                   \
         for (int p = 0; p < P; ++p)                                                            \
             for (int r = 0; r < 2; ++r) acc[p][r][0] = acc[p][r][1] = _mm512_setzero_ps();    \
         const int64_t G = K / 32;                                                              \
@@ -347,36 +350,8 @@ static inline float wb_hsum256(__m256 v) {
                 out[p][r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[p][r][0], acc[p][r][1]));  \
     }
 
-/* Sums of eight input rows x[0..8) with weight row w over all K: out[p]. The same lanes and
- * order per output as WB_CHUNK512's (so the same bits), with the group dequantized once per
- * eight rows instead of four. `next`: one row's bytes to prefetch at the pace of the groups. */
-#define WB_CHUNK512_8(T)                                                                       \
-    WB_INLINE512 void wb_chunk512_8_##T(const float *x, int64_t K, const uint8_t *w,          \
-                                        const uint8_t *next, float out[8]) {                  \
-        __m512 acc[8][2];                                                                      \
-        for (int p = 0; p < 8; ++p) acc[p][0] = acc[p][1] = _mm512_setzero_ps();               \
-        const int64_t G = K / 32;                                                              \
-        for (int64_t g = 0; g < G; ++g) {                                                      \
-            if (next) {                                                                        \
-                const int64_t at = g * WB_GROUP4_##T / 4;                                      \
-                _mm_prefetch((const char *)(next + at), _MM_HINT_T0);                          \
-            }                                                                                  \
-            __m512 u[2];                                                                       \
-            wb_w512_##T(w, g, u);                                                              \
-            for (int p = 0; p < 8; ++p) {                                                      \
-                acc[p][0] = _mm512_fmadd_ps(u[0], _mm512_loadu_ps(x + p * K + 32 * g),         \
-                                            acc[p][0]);                                        \
-                acc[p][1] = _mm512_fmadd_ps(u[1], _mm512_loadu_ps(x + p * K + 32 * g + 16),    \
-                                            acc[p][1]);                                        \
-            }                                                                                  \
-        }                                                                                      \
-        for (int p = 0; p < 8; ++p)                                                            \
-            out[p] = _mm512_reduce_add_ps(_mm512_add_ps(acc[p][0], acc[p][1]));                \
-    }
-
 #define WB_LINEAR512(T, BS, BB)                                                                \
     WB_CHUNK512(T)                                                                             \
-    WB_CHUNK512_8(T)                                                                           \
     __attribute__((target(WB_512))) void wb_linear_##T##_avx512(                              \
         const float *x, const void *w, const float *b, float *y, int64_t M, int64_t N,        \
         int64_t K, int threads) {                                                             \
@@ -386,26 +361,18 @@ static inline float wb_hsum256(__m256 v) {
             const int64_t n0 = 2 * i, R = N - n0 < 2 ? 1 : 2;                                 \
             const uint8_t *w0 = (const uint8_t *)w + n0 * rb, *w1 = w0 + (R - 1) * rb;         \
             const uint8_t *next = i + 1 < pairs ? w0 + 2 * rb : 0;                            \
-            int64_t m = 0;                                                                    \
-            for (; M - m >= 8; m += 8) { /* eight rows a weight row, one row after the other */ \
-                float s[2][8];                                                                 \
-                wb_chunk512_8_##T(x + m * K, K, w0, m == 0 ? next : 0, s[0]);                  \
-                if (R == 2) wb_chunk512_8_##T(x + m * K, K, w1, m == 0 && next ? next + rb : 0, \
-                                              s[1]);                                           \
-                for (int64_t p = 0; p < 8; ++p)                                               \
-                    for (int64_t r = 0; r < R; ++r)                                           \
-                        y[(m + p) * N + n0 + r] = s[r][p] + (b ? b[n0 + r] : 0.0f);           \
-            }                                                                                  \
-            for (; m < M; m += 4) { /* the rest four at a time, both weight rows at once */    \
-                const int64_t P = M - m < 4 ? M - m : 4;                                      \
+            for (int64_t m = 0; m < M; m += 6) {                                              \
+                const int64_t P = M - m < 6 ? M - m : 6;                                      \
                 const float *xm = x + m * K;                                                   \
                 const uint8_t *pf = m == 0 ? next : 0;                                        \
-                float s[4][2];                                                                 \
+                float s[6][2];                                                                 \
                 switch (P) { /* constant row counts: the sums stay in registers */            \
                 case 1: wb_chunk512_##T(xm, K, 1, w0, w1, pf, s); break;                      \
                 case 2: wb_chunk512_##T(xm, K, 2, w0, w1, pf, s); break;                      \
                 case 3: wb_chunk512_##T(xm, K, 3, w0, w1, pf, s); break;                      \
-                default: wb_chunk512_##T(xm, K, 4, w0, w1, pf, s); break;                     \
+                case 4: wb_chunk512_##T(xm, K, 4, w0, w1, pf, s); break;                      \
+                case 5: wb_chunk512_##T(xm, K, 5, w0, w1, pf, s); break;                      \
+                default: wb_chunk512_##T(xm, K, 6, w0, w1, pf, s); break;                     \
                 }                                                                              \
                 for (int64_t p = 0; p < P; ++p)                                               \
                     for (int64_t r = 0; r < R; ++r)                                           \
