@@ -21,7 +21,7 @@ from tests.engine.helpers import greedy, make_llm
 from tests.models.gguf_files import write_gguf
 from workbench import LLM, SamplingParams
 from workbench.engine import kernels
-from workbench.engine.fusion import FastLinear
+from workbench.engine.fusion import INVARIANT_C_ROWS, FastLinear
 from workbench.errors import ValidationError
 from workbench.models import load_model, tiny_model
 from workbench.models.cpu import cpu_features
@@ -159,6 +159,21 @@ def test_batch_invariant_with_blocks():
     alone = [o.outputs[0] for o in llm.generate(PROMPTS[:1], params, use_tqdm=False)]
     batched = outputs(llm, params)[:1]
     assert alone[0].token_ids == batched[0].token_ids and alone[0].logprobs == batched[0].logprobs
+    # the block products sum a row in one order for any count: a decode step of every
+    # sequence in one C call, as without batch invariance
+    assert llm.llm_engine.runner.stack.one_call_rows >= len(PROMPTS)
+
+
+def test_a_projection_without_blocks_keeps_its_kernels_invariant_rows():
+    """One linear left float (the float32 kernel's C products change order from 7 rows on):
+    a batch-invariant step goes in one C call only up to that kernel's rows."""
+    loaded, _ = quantized_pair("Q8_0")
+    del loaded.quantized["model.layers.0.self_attn.o_proj.weight"]
+    runner = make_llm(loaded, batch_invariant=True).llm_engine.runner
+    assert isinstance(runner.layers[0].self_attn.o_proj, FastLinear)
+    assert runner.layers[0].self_attn.o_proj.kernel.name != "gguf"
+    assert runner.stack.one_call_rows == INVARIANT_C_ROWS.get(
+        runner.layers[0].self_attn.o_proj.kernel.name, 0)
 
 
 def test_refusals_name_the_parameter():

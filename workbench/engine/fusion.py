@@ -38,7 +38,8 @@ def can_prepack(weight: torch.Tensor) -> bool:
 INVARIANT_ROWS = 4  # a batch-invariant engine's library products: always this many rows a call
 # and its C products: at most this many rows a call, each row's sum in the dot products'
 # one order whatever the count (below the float32 broadcast tiles' 7 and 13, the bf16 ones' 12)
-INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16}
+# (the GGUF block products sum each row in one order for any count: `csrc/gguf.c`)
+INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16, "gguf": 2**31 - 1}
 
 
 class FastLinear(nn.Module):
@@ -221,6 +222,15 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
     if kernel != "torch" and isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.lm_head = fast(model.lm_head)
     return fused
+
+
+def invariant_c_rows(model: Any) -> int:
+    """The most rows one C call of a batch-invariant engine's decode step may take: the least
+    of `INVARIANT_C_ROWS` over the kernels of the model's projections (0 where one has no C
+    products; a GGUF model's projections without blocks on the float32 kernel count too)."""
+    names = {m.kernel.name for m in model.modules() if isinstance(m, FastLinear)}
+    names |= {m.group.linear.kernel.name for m in model.modules() if isinstance(m, FusedPart)}
+    return min((INVARIANT_C_ROWS.get(name, 0) for name in names), default=0)
 
 
 def make_batch_invariant(model: Any, kernel: str) -> int:

@@ -36,7 +36,7 @@ import torch
 from workbench.engine import attention, attention_modules, gemv, inspection, kernels
 from workbench.engine.attention import AttentionContext, PrefillChunk, QueryContexts
 from workbench.engine.decoder import DecoderStack, rms_norm
-from workbench.engine.fusion import INVARIANT_C_ROWS, fuse_projections, make_batch_invariant
+from workbench.engine.fusion import fuse_projections, invariant_c_rows, make_batch_invariant
 from workbench.engine.inspection import InspectedRows, StepInspector
 from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
 from workbench.errors import ValidationError
@@ -213,8 +213,8 @@ class ModelRunner:
         # lean loop computes what the base model does, bit for bit: one probe step tells
         self.stack = None
         stack = DecoderStack(model, self.layers, c_ops=self.kernel.ops == "c",
-                             one_call_rows=INVARIANT_C_ROWS.get(self.kernel.kernel, 0)
-                             if batch_invariant else None) \
+                             one_call_rows=invariant_c_rows(model) if batch_invariant
+                             else None) \
             if DecoderStack.supports(model, self.layers) else None
         self.layer_attention, stack_matches = probe(self, stack, (shape[1], shape[2]))
         shapes = {a.kv_shape for a in self.layer_attention.values()}
