@@ -18,6 +18,10 @@ single-stream rate's share of it. With `--dtype gguf` transformers runs the floa
 dequantized from the same file (what it would load), and the embedding benchmark its own auto
 dtype. The bandwidth is a median, not a best: the best pass of a few caught the
 moments another session left both cores free.
+
+`peak_rss_mb` is this process's peak, with transformers' copy and a second engine in it;
+`engine_peak_rss_mb` is our engine's alone, loaded and generating in a spawned child
+(`bench_engine_memory`): what a server's process holds.
 """
 
 from __future__ import annotations
@@ -281,6 +285,36 @@ def _child_read_bandwidth(threads: int) -> ReadBandwidth:
     return memory_read_bandwidth(threads)
 
 
+def bench_engine_memory(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """The peak RSS of our engine alone (`engine_peak_rss_mb`): in a spawned child (a fresh
+    interpreter, as a server's process starts), `LLM(model, dtype, kernel)` loaded, then a
+    lone stream and `concurrency` streams of `tokens` tokens. `peak_rss_mb` is the bench
+    process's, which also holds transformers' copy (float32 with `--dtype gguf`) and, for the
+    batch-invariance figures, a second engine."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    prompts = side.prompt_ids(config.concurrency)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        peak = pool.submit(_child_engine_peak, config, prompts).result()
+    return {"engine_peak_rss_mb": peak}
+
+
+def _child_engine_peak(config: BenchConfig, prompts: list[list[int]]) -> float:
+    """What the child runs: the engine loaded and generating, then this process's peak RSS."""
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
+
+    from workbench import LLM
+
+    torch.set_num_threads(config.threads)
+    llm = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel, seed=config.seed)
+    for batch in (prompts[:1], prompts):
+        made = ours_generate(llm, batch, config.tokens, sample=False)
+        if made != len(batch) * config.tokens:
+            raise RuntimeError(f"the engine made {made} tokens, not {len(batch) * config.tokens}")
+    return peak_rss_mb()
+
+
 def float_dtype(dtype: str, gguf_side: str = "float32") -> str:
     """The dtype a side that keeps no GGUF blocks loads in: `gguf_side` for `--dtype gguf`."""
     return gguf_side if dtype == "gguf" else dtype
@@ -403,7 +437,7 @@ def bench_invariant(side: Contenders, config: BenchConfig) -> dict[str, float]:
 
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
     bench_machine, bench_single_stream, bench_concurrent16, bench_beam4, bench_embed,
-    bench_inside, bench_invariant)
+    bench_inside, bench_invariant, bench_engine_memory)
 
 
 def peak_rss_mb() -> float:

@@ -205,3 +205,21 @@ def test_the_invariant_and_inside_figures_are_measured():
                 "invariant_prefill_ratio"):
         assert figures[key] > 0, key
     assert figures["invariant_single_tok_s"] > 0
+
+
+def test_the_engine_peak_rss_is_measured_in_a_child(tiny_llama, tmp_path, monkeypatch):
+    """Our engine alone, loaded from its directory and generating in a spawned interpreter:
+    the bench's own process never builds it (its LLM would raise here)."""
+    import workbench
+
+    tiny_llama.model.save_pretrained(tmp_path)
+    tiny_llama.tokenizer.save_pretrained(tmp_path)
+
+    def here(*args, **kwargs):
+        raise AssertionError("built in the bench's own process")
+
+    monkeypatch.setattr(workbench, "LLM", here)
+    side = bench.Contenders(bench.BenchConfig.quick(), theirs=tiny_llama, ours=object())
+    config = bench.BenchConfig.quick(model=str(tmp_path), concurrency=2, tokens=3)
+    figures = bench.bench_engine_memory(side, config)
+    assert set(figures) == {"engine_peak_rss_mb"} and figures["engine_peak_rss_mb"] > 50
