@@ -78,8 +78,8 @@ def test_the_branch_prefill_is_a_prefix_cache_hit(llm, original):
 def test_top_n_branches_on_the_best_alternatives_in_one_batch(llm, original, monkeypatch):
     position = 2
     engine, steps = llm.llm_engine, []
-    real = engine.step
-    monkeypatch.setattr(engine, "step", lambda: steps.append(1) or real())
+    real = engine._step
+    monkeypatch.setattr(engine, "_step", lambda: steps.append(1) or real())
     lps = original.outputs[0].logprobs[position]
     chosen = original.outputs[0].token_ids[position]
     best = sorted((t for t in lps if t != chosen), key=lambda t: -lps[t].logprob)[:2]

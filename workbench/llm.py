@@ -417,11 +417,17 @@ class LLM:
                 rid = f"{kind}-{next(self._ids)}"
                 add(rid, collect)
                 ids.append(rid)
-            while len(finals) < len(ids):
-                live = len(ids) - len(finals)
-                engine.step()  # another thread (serve_in_kernel) may be stepping too: fine
+            live = len(ids)
+
+            def more() -> bool:  # after each step, on the model thread
+                nonlocal live
                 if steps:
                     bar.update(min(live, steps - bar.n))
+                live = len(ids) - len(finals)
+                return live > 0
+
+            while len(finals) < len(ids):
+                engine.steps(more)  # another thread (serve_in_kernel) may be stepping too: fine
             if steps:
                 bar.update(steps - bar.n)  # searches that ended early (EOS) fill the rest
         except BaseException:

@@ -106,6 +106,29 @@ def test_greedy_tokens_equal_the_dequantized_model(kind):
     assert_close_logprobs(outputs(ours, params), outputs(make_llm(reference), params), 2e-4)
 
 
+def test_a_fused_groups_blocks_are_held_once():
+    """Q/K/V and gate/up fused: their entries in `loaded.quantized` (what the bench counts by
+    name) are views of the fused blocks' rows, not a second copy."""
+    loaded, _ = quantized_pair("Q4_1")
+    before = {name: blocks.data.clone() for name, blocks in loaded.quantized.items()}
+    llm = make_llm(loaded)
+    layer = llm.llm_engine.runner.layers[0]
+    quantized = llm.llm_engine.loaded.quantized
+    for group, members in ((layer.self_attn.q_proj.group, ("q_proj", "k_proj", "v_proj")),
+                           (layer.mlp.gate_proj.group, ("gate_proj", "up_proj"))):
+        fused = group.linear.weights.blocks.data
+        start = 0
+        for member in members:
+            name = next(n for n in quantized if n.startswith("model.layers.0.")
+                        and n.endswith(f"{member}.weight"))
+            view = quantized[name].data
+            assert view.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+            assert view.data_ptr() == fused[start:].data_ptr()
+            assert torch.equal(view, before[name])  # the same bytes as the file's
+            start += view.shape[0]
+        assert start == fused.shape[0]
+
+
 # families whose GGUF files transformers loads (tests/models/test_gguf_read.py has which)
 GGUF_FAMILIES = [("qwen2", "Q4_1"), ("stablelm", "Q8_0"), ("falcon", "Q4_0"), ("bloom", "Q4_1"),
                  ("starcoder2", "Q8_0"), ("phi3", "Q4_0"), ("gemma2", "Q8_0")]

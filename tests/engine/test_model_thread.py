@@ -2,13 +2,15 @@
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
 
 from tests.engine.helpers import make_llm
 from workbench.engine.async_engine import AsyncLLMEngine
-from workbench.engine.model_thread import model_thread, on_model_thread
+from workbench.engine.engine import EngineLock
+from workbench.engine.model_thread import jobs_waiting, model_thread, on_model_thread
 from workbench.sampling_params import SamplingParams
 
 
@@ -100,3 +102,67 @@ def test_both_fronts_load_on_the_model_thread(monkeypatch, tiny_llama):
     assert loaded_on == [model_thread(), model_thread()]
     with pytest.raises(RuntimeError, match="could not be loaded"):  # reaches the caller
         AsyncLLMEngine.from_config(None)
+
+
+def test_a_run_of_steps_stays_on_the_model_thread_without_handing_back(tiny_llama):
+    """`LLMEngine.steps`: one job on the model thread steps until the work is done; `more()`
+    is asked after each step (there, too)."""
+    engine = make_llm(tiny_llama).llm_engine
+    finals, asked_on = [], set()
+    engine.add_request("long", "Once upon a time", SamplingParams(max_tokens=12, temperature=0,
+                                                                  ignore_eos=True),
+                       on_output=lambda out: out.finished and finals.append(out))
+
+    def more() -> bool:
+        asked_on.add(threading.current_thread())
+        return True
+
+    engine.steps(more)  # returns once nothing is left: the request finished
+    assert len(finals) == 1 and len(finals[0].outputs[0].token_ids) == 12
+    assert asked_on == {model_thread()} and not engine.has_unfinished_requests()
+
+
+def test_a_run_of_steps_hands_over_to_a_job_waiting_for_the_model_thread(tiny_llama):
+    """Another thread's model work (a second engine, the bench's other side) waits one step,
+    not the whole run."""
+    engine = make_llm(tiny_llama).llm_engine
+    engine.add_request("long", "Once upon a time", SamplingParams(max_tokens=40, temperature=0,
+                                                                  ignore_eos=True))
+    steps, ran_after = [], []
+    other = threading.Thread(target=lambda: on_model_thread(lambda: ran_after.append(len(steps))))
+
+    def more() -> bool:
+        steps.append(1)
+        if len(steps) == 3:  # another thread asks for the model thread now
+            other.start()
+            while not jobs_waiting():
+                time.sleep(0.001)
+        return True
+
+    engine.steps(more)
+    other.join()
+    assert len(steps) == 3 and engine.has_unfinished_requests()  # the run gave way at once
+    engine.steps(lambda: True)  # the rest, as the loop that called it would go on
+    assert ran_after == [3] and not engine.has_unfinished_requests()
+
+
+def test_the_engine_lock_counts_the_threads_waiting_for_it():
+    """A run of steps returns when `lock.waiting`: an add or abort waits one step at most."""
+    lock = EngineLock()
+    acquired = threading.Event()
+
+    def waiter() -> None:
+        with lock:
+            acquired.set()
+
+    with lock:
+        with lock:  # re-entrant, and the holder never counts as waiting
+            assert lock.waiting == 0
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while lock.waiting != 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert lock.waiting == 1 and not acquired.is_set()
+    thread.join()
+    assert acquired.is_set() and lock.waiting == 0

@@ -117,8 +117,8 @@ def test_the_summary_and_deltas(offline):
 def test_variants_run_in_one_batch(llm, variants, monkeypatch):
     engine = llm.llm_engine
     steps = []
-    step = engine.step
-    monkeypatch.setattr(engine, "step", lambda: steps.append(1) or step())
+    step = engine._step
+    monkeypatch.setattr(engine, "_step", lambda: steps.append(1) or step())
     llm.compare(PROMPT, TEXT, variants)
     assert len(steps) == 1  # three prompts prefilled, scored and finished in one step
 

@@ -323,7 +323,7 @@ class AsyncLLMEngine:
                 self._wake.clear()
                 continue
             try:
-                self.engine.step()
+                self.engine.steps(lambda: not self._stopped)
                 time.sleep(0)  # between steps the lock is free: let a waiting add or abort take it
             except BaseException as exc:  # a bug, not a model failure: nothing can be served
                 logger.exception("engine loop died")

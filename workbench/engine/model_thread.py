@@ -49,6 +49,11 @@ def on_model_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return future.result()
 
 
+def jobs_waiting() -> bool:
+    """Whether a job waits for the model thread (a run of steps hands it over then)."""
+    return not _jobs.empty()
+
+
 def model_thread() -> threading.Thread:
     """The thread itself (started on first use)."""
     return _thread or _start()

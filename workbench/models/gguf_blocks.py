@@ -106,6 +106,12 @@ class QuantizedWeight:
         data = torch.cat([weight.data for weight in weights])
         return cls(first.kind, data.shape[0], first.in_features, data)
 
+    def rows(self, start: int, stop: int) -> QuantizedWeight:
+        """Rows [start, stop) as a view: the same bytes, no copy."""
+        if not 0 <= start <= stop <= self.out_features:
+            raise ValueError(f"rows: [{start}, {stop}) is not within [0, {self.out_features}]")
+        return QuantizedWeight(self.kind, stop - start, self.in_features, self.data[start:stop])
+
     def select_rows(self, index: torch.Tensor | Sequence[int]) -> QuantizedWeight:
         """The rows `index` (a permutation or a subset of out_features), in that order."""
         index = torch.as_tensor(index, dtype=torch.int64)
