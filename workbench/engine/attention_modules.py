@@ -54,25 +54,25 @@ def bloom_forward(self, hidden_states, residual, alibi, attention_mask, layer_pa
                                             self.training), None
 
 
-def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None,
-                   layer_past=None, use_cache=False, output_attentions=False,
-                   position_embeddings=None, **kwargs):
+def falcon_forward(self, hidden_states, *args, position_embeddings=None, **kwargs):
     """`FalconAttention.forward` over the paged cache (see the module docstring): grouped
     heads (the new decoder architecture) keep one key / value per group, as GQA, instead of
-    the copies transformers broadcasts to every query head."""
+    the copies transformers broadcasts to every query head. Its other arguments (the mask;
+    before transformers 5.25 an `alibi` tensor too) are transformers' own forward's."""
     ctx = current_context()
     if ctx is None:
-        return type(self).forward(self, hidden_states, alibi, attention_mask,
-                                  position_ids=position_ids, layer_past=layer_past,
-                                  use_cache=use_cache, output_attentions=output_attentions,
+        return type(self).forward(self, hidden_states, *args,
                                   position_embeddings=position_embeddings, **kwargs)
     t, d = hidden_states.shape[1], self.head_dim
     fused = self.query_key_value(hidden_states)
     if self.new_decoder_architecture:
         qkv = fused.view(t, self.num_kv_heads, self.num_heads // self.num_kv_heads + 2, d)
         q, k, v = qkv[:, :, :-2].flatten(1, 2), qkv[:, :, -2], qkv[:, :, -1]  # [T, H|G, D]
-    else:
-        q, k, v = (x[0] for x in self._split_heads(fused))  # [T, H, D], [T, 1 or H, D]
+    elif self.multi_query:  # the heads' queries, then one key and one value
+        qkv = fused.view(t, self.num_heads + 2, d)
+        q, k, v = qkv[:, :-2], qkv[:, -2:-1], qkv[:, -1:]  # [T, H, D], [T, 1, D], [T, 1, D]
+    else:  # query, key and value interleaved per head
+        q, k, v = fused.view(t, self.num_heads, 3, d).unbind(2)  # [T, H, D] each
     if self._wb_slopes is None:  # rotary, with the family's own function on [1, heads, T, D]
         cos, sin = position_embeddings
         q4, k4 = _family_module(self).apply_rotary_pos_emb(
@@ -90,9 +90,13 @@ FORWARDS: dict[str, tuple[str, Callable[..., Any]]] = {
     "bloom": ("self_attention", bloom_forward), "falcon": ("self_attention", falcon_forward)}
 
 
-def install(family: str, layers, config) -> None:
-    """Gives each layer's attention module the engine's forward for `family`."""
+def install(family: str, layers, config, base=None) -> None:
+    """Gives each layer's attention module the engine's forward for `family`; for an ALiBi
+    Falcon, `base` (its `FalconModel`) builds no ALiBi of its own during the engine's steps
+    (`_own_alibi_off_in_steps`)."""
     name, forward = FORWARDS[family]
+    if family == "falcon" and getattr(config, "alibi", False) and base is not None:
+        _own_alibi_off_in_steps(base)
     for layer in layers:
         attn = getattr(layer, name)
         alibi = family == "bloom" or getattr(config, "alibi", False)
@@ -100,3 +104,23 @@ def install(family: str, layers, config) -> None:
         device = weight.device if weight is not None else torch.device("cpu")
         attn._wb_slopes = _slopes(attn, attn.num_heads, device) if alibi else None
         attn.forward = types.MethodType(forward, attn)
+
+
+def _own_alibi_off_in_steps(base) -> None:
+    """The engine's forward adds the family's slopes itself (`falcon_forward`); transformers'
+    `FalconModel` (5.25 and later) folds its ALiBi into the causal mask, which it builds through
+    the attention implementation's mask function, and the engine's implementation takes no
+    mask. So while a step's context is current, `use_alibi` is off (earlier versions passed the
+    tensor to the layers, which ignore it then); a forward without a context (`generate` on the
+    same model) is transformers' own."""
+    def off(module, args, kwargs):
+        if current_context() is not None and module.use_alibi:
+            module.use_alibi = False
+            module._wb_alibi_was_on = True
+
+    def back(module, args, kwargs, output):
+        if getattr(module, "_wb_alibi_was_on", False):
+            module.use_alibi, module._wb_alibi_was_on = True, False
+
+    base.register_forward_pre_hook(off, with_kwargs=True)
+    base.register_forward_hook(back, with_kwargs=True, always_call=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -358,6 +359,8 @@ class LLMEngine:
             if (not more() or self.lock.waiting or jobs_waiting()
                     or not (self.requests or self._finished_outside_step)):
                 return
+            time.sleep(0)  # the GIL to whoever waits for it: a server's event loop reads and
+            # adds requests between steps (else a small model's steps, mostly Python, keep it)
 
     def _step(self) -> list[RequestOutput]:
         with self.lock:

@@ -196,7 +196,8 @@ class ModelRunner:
             make_batch_invariant(model, kernels.choose(weight.dtype).kernel if quantized
                                  else self.kernel.kernel)
         if self.arch.attention is not None:  # attention computed in its module: our forward
-            attention_modules.install(self.arch.attention, self.layers, model.config)
+            attention_modules.install(self.arch.attention, self.layers, model.config,
+                                      module_at(model, self.arch.base))
         self.model = model
         self.base = module_at(model, self.arch.base)
         self.sites, self.missing_sites = sites_of(self.arch, model.config)
