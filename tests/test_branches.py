@@ -75,11 +75,10 @@ def test_the_branch_prefill_is_a_prefix_cache_hit(llm, original):
     assert bm.prefix_hits - hits == branch.num_cached_tokens // bm.block_size
 
 
-def test_top_n_branches_on_the_best_alternatives_in_one_batch(llm, original, monkeypatch):
+def test_top_n_branches_on_the_best_alternatives_in_one_batch(llm, original):
     position = 2
-    engine, steps = llm.llm_engine, []
-    real = engine._step
-    monkeypatch.setattr(engine, "_step", lambda: steps.append(1) or real())
+    engine = llm.llm_engine
+    before = engine.stats().num_steps
     lps = original.outputs[0].logprobs[position]
     chosen = original.outputs[0].token_ids[position]
     best = sorted((t for t in lps if t != chosen), key=lambda t: -lps[t].logprob)[:2]
@@ -88,7 +87,7 @@ def test_top_n_branches_on_the_best_alternatives_in_one_batch(llm, original, mon
     assert [b.token.logprob for b in tree.branches] == [lps[t].logprob for t in best]
     assert all(b.output.num_cached_tokens > 0 for b in tree.branches)
     assert [d["diverges_at"] for d in tree.divergences()] == [position, position]
-    assert len(steps) == MAX  # together: a prefill step, then MAX - 1 decode steps
+    assert engine.stats().num_steps - before == MAX  # together: a prefill, MAX - 1 decodes
 
 
 def test_top_n_without_logprobs_asks_the_model(llm):

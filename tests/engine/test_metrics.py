@@ -25,3 +25,14 @@ def test_steps_shared_with_other_requests_are_counted(tiny_llama):
     assert (short.num_shared_steps, short.max_step_requests) == (3, 2)  # all of its steps
     assert (long.num_shared_steps, long.max_step_requests) == (3, 2)  # then 3 on its own
     assert long.num_prefill_steps + long.num_decode_steps == 6
+
+
+def test_the_engine_counts_its_steps(tiny_llama):
+    llm = make_llm(tiny_llama, max_num_batched_tokens=8)
+    engine = llm.llm_engine
+    assert engine.stats().num_steps == 0
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    llm.generate({"prompt_token_ids": list(range(100, 120))}, params)  # prefill 8+8+4, 2 decodes
+    assert engine.stats().num_steps == 5
+    llm.generate([{"prompt_token_ids": [100 + i, 101, 102]} for i in range(2)], params)
+    assert engine.stats().num_steps == 5 + 3  # the two requests side by side: one batch a step

@@ -54,6 +54,7 @@ class Bookkeeper:
         self.block_manager = block_manager
         self.outputs = outputs
         self.generation_tokens_total = 0
+        self.steps_total = 0  # steps that ran requests
 
     # -- sequences --------------------------------------------------------------------------
     def start_sequence(self, seq: Sequence) -> None:
@@ -122,6 +123,7 @@ class Bookkeeper:
         """Per request: its first scheduled time, a step of prompt or of generation, and
         whether other requests shared the step (and how many requests it ran)."""
         now = time.time()
+        self.steps_total += 1
         first: dict[str, Sequence] = {}
         for s in out.scheduled:
             first.setdefault(s.seq.request.request_id, s.seq)

@@ -90,6 +90,7 @@ class EngineStats:
     num_preemptions: int
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of which found there
+    num_steps: int = 0  # steps run (each one batch of whatever requests it scheduled)
 
 
 class LLMEngine:
@@ -435,6 +436,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=bm.prefix_queries * bm.block_size,
             prefix_cache_hits=bm.prefix_hits * bm.block_size,
+            num_steps=self.books.steps_total,
         )
 
     def reset_prefix_cache(self) -> None:
