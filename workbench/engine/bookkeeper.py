@@ -120,8 +120,9 @@ class Bookkeeper:
 
     # -- before the handlers: the scheduled work is done ------------------------------------
     def count_steps(self, out: SchedulerOutput) -> None:
-        """Per request: its first scheduled time, a step of prompt or of generation, and
-        whether other requests shared the step (and how many requests it ran)."""
+        """The engine's step count (`EngineStats.num_steps`); per request: its first scheduled
+        time, a step of prompt or of generation, and whether other requests shared the step
+        (and how many requests it ran)."""
         now = time.time()
         self.steps_total += 1
         first: dict[str, Sequence] = {}
