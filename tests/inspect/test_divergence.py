@@ -126,7 +126,8 @@ def test_more_than_one_choice_is_refused():
 def test_the_other_requests_differ_in_prompt_and_length_and_outlast_the_reference():
     bodies = other_bodies("completions", {"prompt": "Hi", "max_tokens": 8}, 10)
     assert len({b["prompt"] for b in bodies}) == 10 and len({len(b["prompt"]) for b in bodies}) > 5
-    assert all(b["max_tokens"] > 8 and b["ignore_eos"] and b["temperature"] == 0 for b in bodies)
+    assert all(b["max_tokens"] > 2 * 8 and b["ignore_eos"] and b["temperature"] == 0
+               for b in bodies)
     chat = other_bodies("chat", {"messages": []}, ["one", "two"])
     assert [b["messages"][0]["content"] for b in chat] == ["one", "two"]
     with pytest.raises(ValidationError, match="others must be at least 1"):
@@ -247,3 +248,20 @@ def test_an_unseeded_sampled_result_is_refused(local):
     result = local.completions(PROMPT, max_tokens=2, temperature=1.0)
     with pytest.raises(ValidationError, match="temperature"):
         local.replay(result)
+
+
+def test_the_batch_sends_the_others_before_the_reference(local, monkeypatch):
+    backend, sent = local._backend, []
+    real = backend.generate_many
+
+    def recording(endpoint, bodies):
+        sent.append(bodies)
+        return real(endpoint, bodies)
+
+    monkeypatch.setattr(backend, "generate_many", recording)
+    report = local.replay(prompt=PROMPT, max_tokens=4, temperature=0, others=3)
+    (bodies,) = sent
+    assert [b.get("prompt") == PROMPT for b in bodies] == [False, False, False, True]
+    assert bodies[-1]["cache_salt"].endswith("-batch")  # arriving last, into a running batch
+    batch = report.scenarios[0]
+    assert (batch.name, batch.others, len(batch.tokens)) == ("batch", 3, 4)  # the last one's

@@ -8,10 +8,11 @@ the Workbench's back end (in the kernel, or to any OpenAI-compatible server: our
 2. `warm`, right after, with the reference's salt: its prompt's full blocks now come from the
    prefix cache, only the rest is computed;
 3. `batch`, on another fresh salt, in flight together with `others` requests of other prompts
-   and lengths (greedy, `ignore_eos`, each a few tokens longer than the reference's
-   `max_tokens`, so they are still running while it decodes): in the kernel their coroutines
-   are gathered on the back end's loop, so the engine schedules them in the same steps;
-   remotely they are concurrent HTTP requests, one thread each.
+   and lengths (greedy, `ignore_eos`, each over twice the reference's `max_tokens`), sent
+   before it: in the kernel their coroutines are gathered on the back end's loop, so the
+   engine schedules them in the same steps; remotely they are concurrent HTTP requests, one
+   thread each, which a server admits as they arrive: the others, started first and running
+   longer, are still decoding while the reference arrives and decodes.
 
 What the comparison needs is forced on every run: `logprobs` with at least the top 2
 alternatives (completions `logprobs >= 2`; chat `logprobs=True`, `top_logprobs >= 2`), the
@@ -85,7 +86,7 @@ def replay_body(body: dict[str, Any], ours: bool) -> tuple[str, dict[str, Any]]:
 
 def other_bodies(endpoint: str, body: dict[str, Any], others: Any) -> list[dict[str, Any]]:
     """The `batch` scenario's other requests: `others` prompts (a count of `OTHER_PROMPTS`,
-    or the prompts themselves), greedy, each running past the reference's length."""
+    or the prompts themselves), greedy, each running over twice the reference's length."""
     if isinstance(others, bool) or not isinstance(others, (int, list, tuple)):
         raise ValidationError(f"others must be a count or a list of prompts, got {others!r}.",
                               parameter="others", value=others)
@@ -100,7 +101,7 @@ def other_bodies(endpoint: str, body: dict[str, Any], others: Any) -> list[dict[
     for i, text in enumerate(others):
         prompt = ({"messages": [{"role": "user", "content": text}]} if endpoint == "chat"
                   else {"prompt": text})
-        bodies.append({**prompt, "max_tokens": length + 2 + i % 5, "temperature": 0.0,
+        bodies.append({**prompt, "max_tokens": 2 * length + 2 + i % 5, "temperature": 0.0,
                        "ignore_eos": True})
     return bodies
 
@@ -130,9 +131,10 @@ def replay(backend: Any, body: dict[str, Any], others: Any = 7, tie: float = TIE
     alone = backend.generate(endpoint, {**sent, "cache_salt": salt})
     alone = _scenario("alone", alone)
     warm = _scenario("warm", backend.generate(endpoint, {**sent, "cache_salt": salt}))
-    batch = backend.generate_many(endpoint, [{**sent, "cache_salt": salt + "-batch"}, *extra])
-    for i, result in enumerate(batch[1:]):
+    *batch, mine = backend.generate_many(  # the others first (see the module docstring)
+        endpoint, [*extra, {**sent, "cache_salt": salt + "-batch"}])
+    for i, result in enumerate(batch):
         if not result.ok:
             raise RuntimeError(f"the batch's other request {i} failed: {result.error}")
-    return DivergenceReport(alone, [_scenario("batch", batch[0], len(extra)), warm], tie,
+    return DivergenceReport(alone, [_scenario("batch", mine, len(extra)), warm], tie,
                             where, sent)
