@@ -2,8 +2,8 @@
 
 Every layer's projections (Q4_1, fused as the engine fuses them: Q/K/V and gate/up, so 4 calls a
 layer) and the tied LM head (token_embd, Q8_0, 49152 x 576) for M input rows, through each ISA
-this CPU runs (`gguf_kernels.isas()`), then the same shapes as bfloat16 weights through
-`gemv.linear_bf16` (where the CPU has AVX-512 BF16) and as float32 through `gemv.linear`: time
+this CPU runs (`gguf_products.isas()`), then the same shapes as bfloat16 weights through
+`c_products.linear_bf16` (where the CPU has AVX-512 BF16) and as float32 through `c_products.linear`: time
 per token (median of `--repeats` passes over all of them, so that the weights stream from memory
 as in a decode step, not from cache) and GB/s of the weight bytes one token reads. The memory's
 read bandwidth for `--threads` threads (a float32 sum over 512 MiB) gives the limit: the time
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.engine import gemv, gguf_kernels
+from workbench.engine.kernels import c_products, gguf_products
 from workbench.models.gguf import package_dir
 from workbench.models.gguf_blocks import QuantizedWeight
 
@@ -122,23 +122,23 @@ def main() -> None:
           f"{args.repeats}, the configurations taking turns")
     rows: list[tuple[str, list[tuple], int, float | None]] = []  # label, calls, bytes, limit
     keep = []  # what the calls' pointers point into
-    for isa in gguf_kernels.isas():
+    for isa in gguf_products.isas():
         for m in args.rows:
-            calls, kept = prepared(lambda w: gguf_kernels.linear_function(w.kind, isa),  # noqa: B023
+            calls, kept = prepared(lambda w: gguf_products.linear_function(w.kind, isa),  # noqa: B023
                                    weights, m)
             rows.append((f"gguf {isa}, M={m}", calls, quant_bytes, limit))
             keep.append(kept)
     if not args.no_dense:
         dense = [w.dequantize() for w in weights]
-        if gemv.available_bf16():
+        if c_products.available_bf16():
             dense_bf16 = [w.bfloat16() for w in dense]
             for m in args.rows:
-                calls, kept = prepared(lambda w: gemv.linear_bf16_function(), dense_bf16, m)
+                calls, kept = prepared(lambda w: c_products.linear_bf16_function(), dense_bf16, m)
                 rows.append((f"bf16 linear_bf16, M={m}", calls,
                              sum(w.numel() * 2 for w in dense), None))
                 keep.append(kept)
-        if gemv.available():
-            calls, kept = prepared(lambda w: gemv.linear_function(), dense, 1)
+        if c_products.available():
+            calls, kept = prepared(lambda w: c_products.linear_function(), dense, 1)
             rows.append(("float32 linear, M=1", calls, sum(w.numel() * 4 for w in dense), None))
             keep.append(kept)
     times = timed([token(calls, args.threads) for _, calls, _, _ in rows], args.repeats)

@@ -2,7 +2,7 @@
 `auto` picks here, then with torch, oneDNN and MKL limited to AVX2 (so an AVX-512 or AMX
 machine also runs the AVX2 machines' paths), then, where qemu-user is installed, a share of them
 on an AVX2-only CPU as the process sees it. Kernels are forced through `WORKBENCH_KERNEL`, which
-applies to the models of the dtype each kernel computes in (`workbench/engine/kernels.py`).
+applies to the models of the dtype each kernel computes in (`workbench/engine/kernels/projections.py`).
 
 The limits steer the libraries' choices but leave the instructions there: an AVX-512 instruction
 that slipped into an AVX2 path would still run. Under `qemu-x86_64 -cpu Haswell...` the CPUID
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.engine import kernels
+from workbench.engine.kernels import projections
 from workbench.models.cpu import cpu_features
 
 TESTS = ["tests/engine", "tests/lora"]
@@ -52,11 +52,11 @@ def runs() -> list[Run]:
     features = cpu_features()
 
     def covered(kernel: str) -> bool:  # `make test` runs it: auto picks it for its dtype
-        dtype = kernels.DTYPE_OF.get(kernel, torch.float32)  # "torch": most tests are float32
-        return kernels.choose(dtype, "cpu", features=features).kernel == kernel
+        dtype = projections.DTYPE_OF.get(kernel, torch.float32)  # "torch": most tests are float32
+        return projections.choose(dtype, "cpu", features=features).kernel == kernel
 
-    out = [Run(f"kernel {k}", {"WORKBENCH_KERNEL": k}) for k in kernels.KERNELS
-           if not covered(k) and any(kernels.missing(k, d, features) is None
+    out = [Run(f"kernel {k}", {"WORKBENCH_KERNEL": k}) for k in projections.KERNELS
+           if not covered(k) and any(projections.missing(k, d, features) is None
                                      for d in (torch.float32, torch.bfloat16))]
     if not features.above_avx2:
         print("this CPU has nothing above AVX2: its `make test` run is the AVX2-limited run")

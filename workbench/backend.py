@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.engine.beam_search import BeamSearchOutput
+    from workbench.engine.requests.beam_search import BeamSearchOutput
     from workbench.inspect.validation_report import ValidationReport
     from workbench.result import Result
     from workbench.sampling_params import BeamSearchParams

@@ -57,7 +57,7 @@ class BenchConfig:
 
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
-    kernel: str = "auto"  # our side's projection kernel (workbench/engine/kernels.py)
+    kernel: str = "auto"  # our side's projection kernel (workbench/engine/kernels/projections.py)
     threads: int = 2
     tokens: int = 64
     repeats: int = 3

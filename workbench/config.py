@@ -23,9 +23,9 @@ class EngineConfig:
 
     model: str = "smollm2-135m-instruct"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 | gguf (the file's blocks)
-    kernel: str = "auto"  # auto | avx2 | amx | avx512bf16 | onednn | torch (engine/kernels.py)
+    kernel: str = "auto"  # auto | avx2 | amx | avx512bf16 | onednn | torch (engine/kernels/projections.py)
     # a request's tokens and logprobs the same bits whatever shares its batch, however its
-    # prompt is chunked, with or without prefix-cache hits (engine/runner.py, at a cost)
+    # prompt is chunked, with or without prefix-cache hits (engine/step/runner.py, at a cost)
     batch_invariant: bool = False
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0

@@ -24,17 +24,17 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from workbench.config import EngineConfig
-from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import LLMEngine
 from workbench.engine.model_thread import on_model_thread
-from workbench.engine.outputs import (
+from workbench.engine.requests.beam_search import BeamSearchOutput
+from workbench.engine.requests.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
     PoolingRequestOutput,
     RequestOutput,
     ScoringRequestOutput,
 )
-from workbench.engine.pooling import bi_encoder_score, judgement_prompt, score_pairs
+from workbench.engine.step.pooling import bi_encoder_score, judgement_prompt, score_pairs
 from workbench.errors import EngineStepError, ValidationError
 from workbench.inspect import branch_tree as bt
 from workbench.inspect.beam_tree import with_beam_tree
@@ -230,7 +230,7 @@ class LLM:
                               steps=steps)
         return [with_beam_tree(out) for out in outputs]
 
-    # -- pooling (engine/pooling.py) --------------------------------------------------------
+    # -- pooling (engine/step/pooling.py) --------------------------------------------------------
     def encode(self, prompts: Any, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
                truncate_prompt_tokens: int | None = None, use_tqdm: bool = False,
                pooling_task: str | None = None, priority: list[int] | None = None
@@ -295,7 +295,7 @@ class LLM:
                     for q, d in pairs]
         if not all(isinstance(t, str) for pair in pairs for t in pair):
             raise ValidationError("A generative model scores texts: they fill its judgement "
-                                  "prompt (workbench.engine.pooling.judgement_prompt).",
+                                  "prompt (workbench.engine.step.pooling.judgement_prompt).",
                                   parameter="text_1")
         tok = self.get_tokenizer()
         prompts = [judgement_prompt(q, d, tok) for q, d in pairs]

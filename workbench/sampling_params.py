@@ -66,7 +66,7 @@ def _json_depth(value: Any) -> int:
 @dataclass
 class StructuredOutputsParams:
     """One output constraint, as vLLM's `StructuredOutputsParams`; enforced by the engine as a
-    token mask from an llguidance grammar matcher (workbench/engine/structured.py).
+    token mask from an llguidance grammar matcher (workbench/engine/requests/structured.py).
 
     Exactly one of: `json` (a JSON schema, dict or JSON string), `regex`, `choice` (the output is
     one of these strings), `grammar` (Lark or llama.cpp GBNF syntax, as llguidance reads them),
@@ -193,7 +193,7 @@ class SamplingParams:
     prompt_distributions_from: int | None = None
     # end the reasoning by force after this many reasoning tokens (-1 / None: no limit); the
     # reasoning ends with `reasoning_end_token_ids` and opens at the first output token, or,
-    # with `reasoning_start_token_ids`, once the output ends with them (`engine/thinking.py`)
+    # with `reasoning_start_token_ids`, once the output ends with them (`engine/requests/thinking.py`)
     thinking_token_budget: int | None = None
     reasoning_end_token_ids: list[int] | None = None
     reasoning_start_token_ids: list[int] | None = None

@@ -43,8 +43,8 @@ from pydantic import TypeAdapter
 
 from workbench.backend import Backend
 from workbench.engine.async_engine import AsyncLLMEngine
-from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.protocol import EngineClient
+from workbench.engine.requests.beam_search import BeamSearchOutput
 from workbench.errors import ValidationError
 from workbench.inspect import branch_tree as bt
 from workbench.inspect.beam_tree import with_beam_tree

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from workbench.engine.request import Request, Sequence
+from workbench.engine.requests.request import Request, Sequence
 from workbench.llm import LLM
 from workbench.sampling_params import SamplingParams
 

@@ -149,7 +149,7 @@ def test_a_family_with_llamas_modules_but_other_arithmetic_keeps_its_layers():
 ])
 def test_falcons_variants_are_token_identical(overrides):
     """Falcon computes attention in its own module: the engine's stand-in for its forward
-    (`engine/attention_modules.py`) on each layout of its fused heads, rotary or ALiBi."""
+    (`engine/step/attention_modules.py`) on each layout of its fused heads, rotary or ALiBi."""
     loaded, ref = pristine("falcon", **overrides)
     expected = reference(ref, PROMPTS, 12)
     assert_exact(make_llm(loaded).generate(PROMPTS, greedy(12)), expected)

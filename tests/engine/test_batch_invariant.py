@@ -4,7 +4,7 @@ the engine runs (mixtures of experts refused), in float32 and bfloat16, on the k
 process runs (`make test-portable` runs this file on every kernel the CPU has and under the
 AVX2 limits). The parts: each kernel's products computed in fixed tiles give a row the same
 bits whatever rows come with it (`FastLinear.tile_rows`), and the C attention
-(`gemv.paged_attention`) is attention per query token, windowed, soft-capped and with ALiBi,
+(`c_attention.paged_attention`) is attention per query token, windowed, soft-capped and with ALiBi,
 to float32 rounding, and the decode attention's bits where it has none of those."""
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import torch
 from tests.engine import test_architectures as arch_tests
 from tests.engine import test_inspection as inspection_tests
 from tests.engine.helpers import make_llm
-from workbench.engine import gemv, kernels
-from workbench.engine.fusion import FastLinear, make_batch_invariant
+from workbench.engine.kernels import c_attention, c_products, projections
+from workbench.engine.step.fusion import FastLinear, make_batch_invariant
 from workbench.errors import ValidationError
 from workbench.models import tiny_model
 from workbench.models.architectures import supported_types
 from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
 
-needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and gemv.available()),
+needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and c_products.available()),
                              reason="the batch-invariant attention needs AVX2, FMA and a C "
                                     "compiler")
 EXPERTS = ("mixtral", "qwen2_moe")
@@ -34,8 +34,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def _kernels_for(dtype: torch.dtype) -> list[str]:
-    return [k for k in kernels.runnable(dtype) if k in ("torch", *kernels.DTYPE_OF)
-            and kernels.DTYPE_OF.get(k, dtype) == dtype]
+    return [k for k in projections.runnable(dtype) if k in ("torch", *projections.DTYPE_OF)
+            and projections.DTYPE_OF.get(k, dtype) == dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -105,7 +105,7 @@ def test_paged_attention_is_attention_per_query_token(dtype, window, softcap, al
     q, k_cache, v_cache, slots, offsets, lengths = _attention_case(dtype)
     slopes = torch.tensor([2 ** -(i + 1) for i in range(8)]) if alibi else None
     scale = 1 / math.sqrt(64)
-    out = gemv.paged_attention(q, k_cache, v_cache, slots, offsets, lengths, 40, scale, window,
+    out = c_attention.paged_attention(q, k_cache, v_cache, slots, offsets, lengths, 40, scale, window,
                                softcap, slopes, 0.5 if alibi else 1.0)
     assert out is not None and out.dtype == dtype
     expected = _reference(q, k_cache, v_cache, slots, offsets, lengths, scale, window, softcap,
@@ -113,7 +113,7 @@ def test_paged_attention_is_attention_per_query_token(dtype, window, softcap, al
     assert (out.double() - expected).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
     # each token alone: the same bits
     for t in range(5):
-        alone = gemv.paged_attention(q[t:t + 1], k_cache, v_cache, slots, offsets[t:t + 1],
+        alone = c_attention.paged_attention(q[t:t + 1], k_cache, v_cache, slots, offsets[t:t + 1],
                                      lengths[t:t + 1], int(lengths[t]), scale, window, softcap,
                                      slopes, 0.5 if alibi else 1.0)
         assert torch.equal(alone, out[t:t + 1])
@@ -123,10 +123,10 @@ def test_paged_attention_is_attention_per_query_token(dtype, window, softcap, al
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_paged_attention_without_extras_is_the_decode_attentions_bits(dtype):
     q, k_cache, v_cache, slots, offsets, lengths = _attention_case(dtype)
-    out = gemv.paged_attention(q, k_cache, v_cache, slots, offsets, lengths, 40, 0.125)
+    out = c_attention.paged_attention(q, k_cache, v_cache, slots, offsets, lengths, 40, 0.125)
     table = torch.stack([slots[o:o + 40] if o == 0 else torch.cat(
         [slots[o:], slots[:40 - (len(slots) - o)]]) for o in offsets.tolist()])
-    decode = gemv.decode_attention(q, k_cache, v_cache, table, lengths, 0.125)
+    decode = c_attention.decode_attention(q, k_cache, v_cache, table, lengths, 0.125)
     assert torch.equal(out, decode)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.engine.helpers import greedy, make_llm
 from workbench.engine.async_engine import AsyncLLMEngine
-from workbench.engine.beam_search import beam_score
+from workbench.engine.requests.beam_search import beam_score
 from workbench.errors import ValidationError
 from workbench.sampling_params import BeamSearchParams
 

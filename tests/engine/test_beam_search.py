@@ -2,7 +2,7 @@
 
 The reference (`reference_pool` and `rank` in `tests/engine/helpers.py`) is written from the
 algorithm's description (issue 4 / vLLM's online beam search), not from
-`workbench.engine.beam_search`: every step, one forward pass of the HF model over all live beams
+`workbench.engine.requests.beam_search`: every step, one forward pass of the HF model over all live beams
 (no cache), top 2W raw logprobs each, EOS candidates complete, the best W others go on; final
 ranking by cum_logprob / len ** length_penalty.
 """

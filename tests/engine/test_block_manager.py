@@ -3,7 +3,7 @@
 import pytest
 
 from tests.engine.helpers import make_seq
-from workbench.engine.block_manager import BlockManager, NoFreeBlocksError
+from workbench.engine.requests.block_manager import BlockManager, NoFreeBlocksError
 
 
 def computed(bm: BlockManager, seq, num_tokens: int) -> list[tuple[int, int]]:

@@ -1,7 +1,7 @@
-"""The small ops in C (`KernelChoice.ops == "c"`): decode attention (`gemv.decode_attention`) is
+"""The small ops in C (`KernelChoice.ops == "c"`): decode attention (`c_attention.decode_attention`) is
 SDPA over the gathered context within float32 (or one bf16) rounding, for grouped-query heads,
 padded batches and contexts of any length, the same bits for any thread count; the residual
-add and RMSNorm (`gemv.add_rms_norm`) are transformers' RMSNorm within the same; the engine's
+add and RMSNorm (`c_layer_ops.add_rms_norm`) are transformers' RMSNorm within the same; the engine's
 tokens and logprobs with them are those with torch's ops."""
 
 from __future__ import annotations
@@ -14,14 +14,20 @@ import torch
 
 from tests.engine.helpers import make_llm
 from tests.engine.test_kernels import every_build, simulated  # noqa: F401 (a fixture)
-from workbench.engine import gemv, kernels
-from workbench.engine.attention import decode_attention
-from workbench.engine.decoder import _rms_norm, _rotate, _signed_sin
+from workbench.engine.kernels import (
+    c_attention,
+    c_decode_stack,
+    c_layer_ops,
+    c_products,
+    projections,
+)
+from workbench.engine.step.attention import decode_attention
+from workbench.engine.step.decoder import _rms_norm, _rotate, _signed_sin
 from workbench.models import tiny_model
 from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
 
-needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and gemv.available()),
+needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and c_products.available()),
                              reason="the C kernels need AVX2, FMA and a C compiler")
 
 
@@ -51,7 +57,7 @@ def case(dtype, batch=5, hq=9, hkv=3, d=64, lengths=(1, 5, 17, 70, 33), seed=0):
                                        (10, 2, 40)])
 def test_c_decode_attention_equals_the_exact_result(dtype, tol, hq, hkv, d):
     q, k_cache, v_cache, slots, lens, scale, expected = case(dtype, hq=hq, hkv=hkv, d=d)
-    out = gemv.decode_attention(q, k_cache, v_cache, slots, lens, scale)
+    out = c_attention.decode_attention(q, k_cache, v_cache, slots, lens, scale)
     assert out is not None and out.dtype == dtype and out.shape == q.shape
     # float32: summation order only; bfloat16: one rounding of the float32 result
     assert torch.allclose(out.double(), expected, rtol=tol, atol=tol)
@@ -66,7 +72,7 @@ def test_c_decode_attention_does_not_depend_on_the_thread_count(dtype):
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            outs.append(gemv.decode_attention(q, k_cache, v_cache, slots, lens, scale))
+            outs.append(c_attention.decode_attention(q, k_cache, v_cache, slots, lens, scale))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
@@ -75,9 +81,9 @@ def test_c_decode_attention_does_not_depend_on_the_thread_count(dtype):
 @needs_c
 def test_shapes_it_does_not_take_fall_back():
     q, k_cache, v_cache, slots, lens, scale, _ = case(torch.float32, hq=4, hkv=4, d=12)
-    assert gemv.decode_attention(q, k_cache, v_cache, slots, lens, scale) is None  # d % 8
+    assert c_attention.decode_attention(q, k_cache, v_cache, slots, lens, scale) is None  # d % 8
     q, k_cache, v_cache, slots, lens, scale, _ = case(torch.float32, hq=17, hkv=1, d=8)
-    assert gemv.decode_attention(q, k_cache, v_cache, slots, lens, scale) is None  # 17 per head
+    assert c_attention.decode_attention(q, k_cache, v_cache, slots, lens, scale) is None  # 17 per head
 
 
 @pytest.mark.parametrize("machine, dtype, kernel, ops", [
@@ -86,14 +92,14 @@ def test_shapes_it_does_not_take_fall_back():
     ("no-avx2", torch.float32, "auto", "torch"),
 ])
 def test_the_choice_names_the_ops(machine, dtype, kernel, ops, every_build):  # noqa: F811
-    choice = kernels.choose(dtype, "cpu", kernel, features=simulated(machine))
+    choice = projections.choose(dtype, "cpu", kernel, features=simulated(machine))
     assert choice.ops == ops and f"ops {ops}" in choice.describe()
-    assert kernels.choose(dtype, "cuda").ops == "torch"
+    assert projections.choose(dtype, "cuda").ops == "torch"
 
 
 def test_without_the_library_the_ops_are_torch(every_build, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(gemv, "available", lambda: False)
-    assert kernels.choose(torch.bfloat16, "cpu", features=simulated("amx")).ops == "torch"
+    monkeypatch.setattr(c_products, "available", lambda: False)
+    assert projections.choose(torch.bfloat16, "cpu", features=simulated("amx")).ops == "torch"
 
 
 @needs_c
@@ -105,7 +111,7 @@ def test_c_add_rms_norm_equals_transformers_rms_norm(dtype, tol, rows, hidden, w
     x = torch.randn(rows, hidden, generator=gen).to(dtype)
     delta = torch.randn(rows, hidden, generator=gen).to(dtype) if with_delta else None
     weight = (torch.rand(hidden, generator=gen) + 0.5).to(dtype)
-    total, normed = gemv.add_rms_norm(x, delta, weight, 1e-5)
+    total, normed = c_layer_ops.add_rms_norm(x, delta, weight, 1e-5)
     expected_total = x if delta is None else x + delta
     assert torch.equal(total, expected_total)  # the add rounds as torch's
     expected = _rms_norm(expected_total, weight, 1e-5)
@@ -126,7 +132,7 @@ def test_c_rope_and_kv_write_are_torch_ops_bit_for_bit(dtype, tokens):
     sin = torch.cat([angles.sin(), angles.sin()], -1).to(dtype)
     slots = torch.randperm(slots_total, generator=gen)[:tokens]
     caches = [torch.zeros(slots_total, hkv, d, dtype=dtype) for _ in range(4)]
-    q = gemv.rope_write_kv(qkv, cos, _signed_sin(sin), slots, caches[0], caches[1], hq, hkv)
+    q = c_layer_ops.rope_write_kv(qkv, cos, _signed_sin(sin), slots, caches[0], caches[1], hq, hkv)
     qk = _rotate(qkv[:, :(hq + hkv) * d].reshape(tokens, hq + hkv, d), cos.unsqueeze(1),
                  _signed_sin(sin).unsqueeze(1))
     caches[2].index_copy_(0, slots, qk[:, hq:])
@@ -144,21 +150,21 @@ def test_c_silu_mul_equals_torch_ops(dtype, tol, rows):
     gate_up[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 200.0])  # past exp's float range
     gate, up = gate_up.chunk(2, dim=-1)
     expected = torch.nn.functional.silu(gate) * up
-    out = gemv.silu_mul(gate_up)
+    out = c_layer_ops.silu_mul(gate_up)
     assert out is not None and out.dtype == dtype
     assert torch.allclose(out.double(), expected.double(), rtol=tol, atol=1e-30)
-    assert gemv.silu_mul(gate_up[:, :12]) is None  # not contiguous (and F not a multiple of 8)
+    assert c_layer_ops.silu_mul(gate_up[:, :12]) is None  # not contiguous (and F not a multiple of 8)
 
 
 @needs_c
 def test_add_rms_norm_declines_what_it_does_not_take():
     x = torch.randn(2, 8)
-    assert gemv.add_rms_norm(x, None, torch.ones(8, dtype=torch.bfloat16), 1e-5) is None
-    assert gemv.add_rms_norm(x.t(), None, torch.ones(2), 1e-5) is None  # not contiguous
-    assert gemv.add_rms_norm(x.half(), None, torch.ones(8).half(), 1e-5) is None
-    assert gemv.add_rms_norm(torch.randn(1, 12), None, torch.ones(12), 1e-5) is None  # 12 % 8
+    assert c_layer_ops.add_rms_norm(x, None, torch.ones(8, dtype=torch.bfloat16), 1e-5) is None
+    assert c_layer_ops.add_rms_norm(x.t(), None, torch.ones(2), 1e-5) is None  # not contiguous
+    assert c_layer_ops.add_rms_norm(x.half(), None, torch.ones(8).half(), 1e-5) is None
+    assert c_layer_ops.add_rms_norm(torch.randn(1, 12), None, torch.ones(12), 1e-5) is None  # 12 % 8
     qkv, caches = torch.randn(1, 3 * 8), torch.zeros(2, 1, 8)  # a head size of 8: not rotated
-    assert gemv.rope_write_kv(qkv, torch.ones(1, 8), torch.ones(1, 8), torch.tensor([0]),
+    assert c_layer_ops.rope_write_kv(qkv, torch.ones(1, 8), torch.ones(1, 8), torch.tensor([0]),
                               caches, caches.clone(), 1, 1) is None
 
 
@@ -167,7 +173,7 @@ def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
     """Four sequences of different lengths decoding together (padded batches), greedy, float32
     (a random tiny model's bf16 logits tie too often for tokens to be compared across
     kernels; the bf16 functions themselves are checked above). Three runs: decode steps in one
-    C call through every layer (`gemv.decode_stack`, the default), the decoder's loop calling
+    C call through every layer (`c_decode_stack.decode_stack`, the default), the decoder's loop calling
     the same C functions one by one (bit for bit the same), and torch's ops."""
     base = tiny_model("llama", dtype="float32")
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40, 9)]
@@ -175,8 +181,10 @@ def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
     computed = []
     for name in ("decode_attention", "add_rms_norm", "rope_write_kv", "silu_mul",
                  "decode_stack"):
-        real = getattr(gemv, name)
-        monkeypatch.setattr(gemv, name, lambda *args, real=real: computed.append(
+        module = {"decode_attention": c_attention, "decode_stack": c_decode_stack}.get(
+            name, c_layer_ops)
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, real=real: computed.append(
             (real.__name__, real(*args))) or computed[-1][1])
     results = {}
     loop = {"decode_attention", "add_rms_norm", "rope_write_kv", "silu_mul"}
@@ -214,7 +222,7 @@ def test_the_engine_gives_the_same_tokens_with_c_and_torch_ops(monkeypatch):
 @pytest.mark.parametrize("dtype, rows", [("float32", 1), ("float32", 5), ("bfloat16", 1),
                                          ("bfloat16", 2), ("bfloat16", 5)])
 def test_a_decode_step_in_one_c_call_is_bit_for_bit_the_loop(monkeypatch, dtype, rows):
-    """`gemv.decode_stack` runs the loop's C functions in the loop's order: the same tokens and
+    """`c_decode_stack.decode_stack` runs the loop's C functions in the loop's order: the same tokens and
     logprobs to the last bit, in both dtypes; batches larger than the C products take (five
     bf16 rows on `avx512bf16`: oneDNN's; `amx` takes them) go through the loop."""
     base = tiny_model("llama", dtype=dtype)
@@ -229,8 +237,8 @@ def test_a_decode_step_in_one_c_call_is_bit_for_bit_the_loop(monkeypatch, dtype,
             pytest.skip(f"no C products here ({runner.kernel.describe()})")
         applies = stack.c_layers[0].qkv.c_function(rows, getattr(torch, dtype))
         calls = []
-        real = gemv.decode_stack
-        monkeypatch.setattr(gemv, "decode_stack",
+        real = c_decode_stack.decode_stack
+        monkeypatch.setattr(c_decode_stack, "decode_stack",
                             lambda *a, calls=calls, real=real: calls.append(1) or real(*a))
         if run == "loop":
             stack.c_layers = None
@@ -251,8 +259,8 @@ def test_a_decode_step_in_one_c_call_declines_what_it_does_not_take():
     if stack.c_layers is None:
         pytest.skip("no C products here")
     kv = lm.llm_engine.runner.kv_caches
-    fn = gemv.linear_function()
-    tables = gemv.stack_table([(*(c.input_norm.weight for _ in range(10)), *kv[0], *[fn] * 4)
+    fn = c_products.linear_function()
+    tables = c_decode_stack.stack_table([(*(c.input_norm.weight for _ in range(10)), *kv[0], *[fn] * 4)
                                for c in stack.c_layers], [(1e-5, 1e-5)] * len(stack.c_layers))
     d = stack.head_dim
     hidden = torch.randn(2, stack.c_layers[0].qkv.in_features)
@@ -264,9 +272,9 @@ def test_a_decode_step_in_one_c_call_declines_what_it_does_not_take():
                       ("lengths", torch.tensor([1, 1]).to(torch.float32)),
                       ("slots", torch.tensor([[0, 1]]))):
         args = {**good, name: bad}
-        assert gemv.decode_stack(tables, len(stack.c_layers), hidden, args["cos"],
+        assert c_decode_stack.decode_stack(tables, len(stack.c_layers), hidden, args["cos"],
                                  args["signed_sin"], args["slot_mapping"], args["slots"],
                                  args["lengths"], stack.num_heads, stack.num_kv_heads, d,
                                  8, 0.125) is None, name
     with pytest.raises(ValueError, match="tensors and 4 functions"):
-        gemv.stack_table([(None,) * 15], [(1e-5, 1e-5)])
+        c_decode_stack.stack_table([(None,) * 15], [(1e-5, 1e-5)])

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.engine.helpers import make_llm
-from workbench.engine import attention
+from workbench.engine.step import attention
 from workbench.models import tiny_model
 from workbench.sampling_params import SamplingParams
 

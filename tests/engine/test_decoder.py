@@ -1,4 +1,4 @@
-"""The lean decoder loop (engine/decoder.py) computes exactly what transformers' layers do."""
+"""The lean decoder loop (engine/step/decoder.py) computes exactly what transformers' layers do."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench.engine.detokenizer import IncrementalDetokenizer
+from workbench.engine.requests.detokenizer import IncrementalDetokenizer
 from workbench.sampling_params import SamplingParams
 
 MULTIBYTE = "héllo 你好 🙂"

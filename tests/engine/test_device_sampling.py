@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tests.engine.host_sync import HostSync, forbid_host_sync
-from workbench.engine.device_sampling import (
+from workbench.engine.gpu.device_sampling import (
     RowParams,
     sample_on_device,
     truncation_mask,
     uniforms,
 )
-from workbench.engine.sampler import Sampler, SamplingRow, truncate
+from workbench.engine.step.sampler import Sampler, SamplingRow, truncate
 from workbench.sampling_params import SamplingParams
 
 VOCAB = 300  # not a multiple of the inverse CDF's block: its padding is walked too

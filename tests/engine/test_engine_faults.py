@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.helpers import BAD_SEED, faulty_sampler, greedy, make_llm
-from workbench.engine.detokenizer import IncrementalDetokenizer
+from workbench.engine.requests.detokenizer import IncrementalDetokenizer
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
@@ -111,7 +111,7 @@ def test_an_output_fault_ends_only_its_request(llm, monkeypatch):
 
 
 def test_a_beam_step_fault_ends_only_its_search(llm, monkeypatch):
-    from workbench.engine import beam_search
+    from workbench.engine.requests import beam_search
 
     engine = llm.llm_engine
     real = beam_search.BeamSearch.advance

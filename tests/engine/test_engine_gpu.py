@@ -121,7 +121,7 @@ def test_bf16_fused_path_stays_close_to_transformers():
     """bfloat16: fused projections and the lean decoder loop (kernel "torch", i.e. cuBLAS, the
     one CUDA takes) keep logits within bf16 noise of transformers' own model, and the engine
     runs."""
-    from workbench.engine.fusion import fuse_projections
+    from workbench.engine.step.fusion import fuse_projections
 
     lm = tiny_model("llama", seed=0, dtype="bfloat16", device=DEVICE)
     fused = copy.deepcopy(lm.model)

@@ -223,7 +223,7 @@ def force_tokens(monkeypatch, engine, forced: list[int]) -> None:
     """The engine's sampler returns `forced` one token per step (single-request runs)."""
     import torch
 
-    from workbench.engine.sampler import SampleResult
+    from workbench.engine.step.sampler import SampleResult
 
     stream = iter(forced)
     monkeypatch.setattr(engine.generation_handler, "sampler", lambda logits, rows: SampleResult(

@@ -1,6 +1,6 @@
 """Fused projections and the kernels behind them compute what the separate linears did.
 
-A test of a kernel skips, through `kernels.missing`, exactly where the engine would not choose
+A test of a kernel skips, through `projections.missing`, exactly where the engine would not choose
 that kernel (the same capability probe), so the suite passes on every x86-64 CPU; `make
 test-portable` forces each kernel this CPU can run through the engine tests.
 """
@@ -10,19 +10,19 @@ import copy
 import pytest
 import torch
 
-from workbench.engine import kernels
-from workbench.engine.fusion import (
+from workbench.engine.kernels import c_products, projections
+from workbench.engine.kernels.projections import Amx, Avx2, Avx512Bf16
+from workbench.engine.step.fusion import (
     FastLinear,
     FusedPart,
     fuse_projections,
 )
-from workbench.engine.kernels import Amx, Avx2, Avx512Bf16
 from workbench.models import tiny_model
 from workbench.models.cpu import cpu_features
 
 
 def needs(kernel: str, dtype: torch.dtype) -> None:
-    lack = kernels.missing(kernel, dtype, cpu_features())
+    lack = projections.missing(kernel, dtype, cpu_features())
     if lack is not None:
         pytest.skip(f"the {kernel} kernel needs {lack}")
 
@@ -34,7 +34,7 @@ def test_fusion_replaces_every_projection_group():
     assert all(isinstance(getattr(attn, n), FusedPart) for n in ("q_proj", "k_proj", "v_proj"))
 
 
-@pytest.mark.parametrize("kernel", kernels.KERNELS)
+@pytest.mark.parametrize("kernel", projections.KERNELS)
 def test_fused_model_gives_the_same_logits(kernel):
     """Every kernel this machine runs, in its dtype: logits of one row (decoding) and of a
     prompt (prefill) agree with transformers' unfused model within that dtype's rounding."""
@@ -86,11 +86,11 @@ def test_both_float32_c_functions_equal_float64(function, rows, k):
     function's dot products (up to six rows) and broadcast tiles (seven on: one or two columns
     of eight rows, some padded); the same bits with one thread and three."""
     needs("avx2", torch.float32)
-    from workbench.engine import gemv
+    from workbench.engine.kernels import c_library
 
-    if function.endswith("avx512") and not gemv.available_avx512():
+    if function.endswith("avx512") and not c_products.available_avx512():
         pytest.skip("this CPU has no AVX-512F")
-    fn = getattr(gemv.library(), function)
+    fn = getattr(c_library.library(), function)
     gen = torch.Generator().manual_seed(rows)
     weight, b = torch.randn(99, k, generator=gen), torch.randn(99, generator=gen)
     x = torch.randn(rows, k, generator=gen)
@@ -109,11 +109,11 @@ def test_avx512_broadcast_tiles_give_the_avx2_tiles_bits(rows):
     """13 to 16 rows on AVX-512F: one column of sixteen rows a vector, each sum over k in the
     AVX2 tiles' order and restarts, so the same bits as those (and within float32 rounding)."""
     needs("avx2", torch.float32)
-    from workbench.engine import gemv
+    from workbench.engine.kernels import c_library
 
-    if not gemv.available_avx512():
+    if not c_products.available_avx512():
         pytest.skip("this CPU has no AVX-512F")
-    lib = gemv.library()
+    lib = c_library.library()
     gen = torch.Generator().manual_seed(rows)
     weight, b = torch.randn(203, 300, generator=gen), torch.randn(203, generator=gen)
     x = torch.randn(rows, 300, generator=gen)
@@ -131,9 +131,9 @@ def test_avx2_broadcast_tiles_give_a_row_the_same_bits_in_any_batch():
     """From seven rows on, each sum runs over k in one order whatever the other rows: a row's
     output does not depend on how many rows share the call or where it sits among them."""
     needs("avx2", torch.float32)
-    from workbench.engine import gemv
+    from workbench.engine.kernels import c_library
 
-    fn = gemv.library().wb_linear_f32
+    fn = c_library.library().wb_linear_f32
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(50, 200, generator=gen)
     x = torch.randn(40, 200, generator=gen)
@@ -155,9 +155,8 @@ def test_avx2_broadcast_tiles_give_a_row_the_same_bits_in_any_batch():
     ("avx512bf16", torch.bfloat16, 2), ("avx512bf16", torch.bfloat16, 16)])
 def test_c_products_do_not_depend_on_the_thread_count(kernel, dtype, rows):
     needs(kernel, dtype)
-    from workbench.engine import gemv
 
-    linear = gemv.linear if kernel == "avx2" else gemv.linear_bf16
+    linear = c_products.linear if kernel == "avx2" else c_products.linear_bf16
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(517, 96, generator=gen).to(dtype)
     x = torch.randn(rows, 96, generator=gen).to(dtype)

@@ -1,4 +1,4 @@
-"""dtype="gguf": the engine multiplies a GGUF file's blocks as they are (`kernels.Gguf`), and its
+"""dtype="gguf": the engine multiplies a GGUF file's blocks as they are (`projections.Gguf`), and its
 tokens are the float32 dequantized model's; the logprobs differ by summation order only.
 
 Tolerances: the C products sum each dot product in float32 in their own order (groups of 32
@@ -20,8 +20,8 @@ from torch import nn
 from tests.engine.helpers import greedy, make_llm
 from tests.models.gguf_files import write_gguf
 from workbench import LLM, SamplingParams
-from workbench.engine import kernels
-from workbench.engine.fusion import INVARIANT_C_ROWS, FastLinear
+from workbench.engine.kernels import projections
+from workbench.engine.step.fusion import INVARIANT_C_ROWS, FastLinear
 from workbench.errors import ValidationError
 from workbench.models import load_model, tiny_model
 from workbench.models.cpu import cpu_features
@@ -30,7 +30,7 @@ from workbench.models.gguf_read import read_quantized
 from workbench.models.loader import prepare_for_inference
 
 pytestmark = pytest.mark.skipif(
-    kernels.TABLE["gguf"].missing(torch.float32, cpu_features()) is not None,
+    projections.TABLE["gguf"].missing(torch.float32, cpu_features()) is not None,
     reason="the gguf kernel does not run here")
 
 KINDS = sorted(BLOCK_TYPES)
@@ -201,10 +201,10 @@ def test_a_projection_without_blocks_keeps_its_kernels_invariant_rows():
 
 def test_refusals_name_the_parameter():
     with pytest.raises(ValidationError, match="kernel 'onednn' .* GGUF") as err:
-        kernels.choose(torch.float32, "cpu", "onednn", blocks=True)
+        projections.choose(torch.float32, "cpu", "onednn", blocks=True)
     assert err.value.parameter == "kernel"
     with pytest.raises(ValidationError, match="needs the CPU") as err:
-        kernels.choose(torch.float32, "cuda", blocks=True)
+        projections.choose(torch.float32, "cuda", blocks=True)
     assert err.value.parameter == "dtype"
     with pytest.raises(ValidationError, match="converted from a GGUF file") as err:
         load_model("all-minilm-l6-v2", dtype="gguf", progress=False)

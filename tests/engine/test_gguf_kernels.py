@@ -1,4 +1,4 @@
-"""The GGUF block products (`engine/gguf_kernels.py`, `csrc/gguf.c`) and the blocks' float32
+"""The GGUF block products (`engine/kernels/gguf_products.py`, `csrc/gguf.c`) and the blocks' float32
 reference (`QuantizedWeight.dequantize`).
 
 `dequantize()` equals gguf-py's `dequantize` bit for bit. The C products dequantize into the
@@ -23,7 +23,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from workbench.engine import gemv, gguf_kernels
+from workbench.engine.kernels import c_library, gguf_products
 from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
 
 KINDS = sorted(BLOCK_TYPES)
@@ -35,8 +35,8 @@ N = 37  # odd, and not a multiple of any vector width
 
 
 def runs(isa: str) -> None:
-    if isa not in gguf_kernels.isas():
-        pytest.skip(f"this CPU (or {gguf_kernels.ISA_ENV}) does not run the {isa} kernels")
+    if isa not in gguf_products.isas():
+        pytest.skip(f"this CPU (or {gguf_products.ISA_ENV}) does not run the {isa} kernels")
 
 
 def in_features(kind: str, wide: bool = False) -> int:
@@ -66,7 +66,7 @@ def within(got: torch.Tensor, exact: torch.Tensor, tol: torch.Tensor) -> bool:
 def weight_and_input(kind: str, rows: int, seed: int = 0, wide: bool = False
                      ) -> tuple[QuantizedWeight, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    weight = gguf_kernels.random_blocks(kind, N, in_features(kind, wide), gen)
+    weight = gguf_products.random_blocks(kind, N, in_features(kind, wide), gen)
     return weight, torch.randn(rows, weight.in_features, generator=gen)
 
 
@@ -93,29 +93,29 @@ def test_quantize_refuses_what_gguf_py_cannot_quantize():
         QuantizedWeight.quantize(torch.zeros(1, 256), "Q4_K")
 
 
-@pytest.mark.parametrize("isa", gguf_kernels.ISAS)
+@pytest.mark.parametrize("isa", gguf_products.ISAS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", ROWS)
 def test_product_is_the_dequantized_product_up_to_summation_order(isa, kind, rows):
     runs(isa)
     weight, x = weight_and_input(kind, rows, seed=rows, wide=rows % 2 == 1)
-    got = gguf_kernels.linear(x, weight, isa=isa)
+    got = gguf_products.linear(x, weight, isa=isa)
     assert got.shape == (rows, N) and got.dtype == torch.float32
     assert within(got, *reference(x, weight))
 
 
-@pytest.mark.parametrize("isa", gguf_kernels.ISAS)
+@pytest.mark.parametrize("isa", gguf_products.ISAS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_bias_and_leading_dimensions(isa, kind):
     runs(isa)
     weight, x = weight_and_input(kind, 6)
     bias = torch.randn(N, generator=torch.Generator().manual_seed(2))
-    got = gguf_kernels.linear(x.view(2, 3, -1), weight, bias, isa=isa)
+    got = gguf_products.linear(x.view(2, 3, -1), weight, bias, isa=isa)
     assert got.shape == (2, 3, N)
     assert within(got.view(6, N), *reference(x, weight, bias))
 
 
-@pytest.mark.parametrize("isa", gguf_kernels.ISAS)
+@pytest.mark.parametrize("isa", gguf_products.ISAS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_same_bits_for_any_thread_count_and_row_count(isa, kind):
     runs(isa)
@@ -123,17 +123,17 @@ def test_the_same_bits_for_any_thread_count_and_row_count(isa, kind):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = gguf_kernels.linear(x, weight, isa=isa)
-        alone = torch.cat([gguf_kernels.linear(x[i:i + 1], weight, isa=isa) for i in range(13)])
+        one = gguf_products.linear(x, weight, isa=isa)
+        alone = torch.cat([gguf_products.linear(x[i:i + 1], weight, isa=isa) for i in range(13)])
         torch.set_num_threads(2)
-        two = gguf_kernels.linear(x, weight, isa=isa)
+        two = gguf_products.linear(x, weight, isa=isa)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
     assert torch.equal(one, alone)  # a row's sums do not depend on its chunk
 
 
-@pytest.mark.parametrize("isa", gguf_kernels.ISAS)
+@pytest.mark.parametrize("isa", gguf_products.ISAS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_tolerance_catches_one_wrong_code(isa, kind):
     """A kernel that read one code of one block wrong (here: the reference's weight with one
@@ -149,13 +149,13 @@ def test_the_tolerance_catches_one_wrong_code(isa, kind):
             break
     assert changed.shape[0] == 1 and changed[0, 0] == 5
     x[0, changed[0, 1]] = 1.0  # an input of a typical size at the wrong weight
-    got = gguf_kernels.linear(x, weight, isa=isa)
+    got = gguf_products.linear(x, weight, isa=isa)
     exact, tol = reference(x, wrong)
     assert within(got[:, :5], exact[:, :5], tol[:, :5])
     assert not within(got[:, 5], exact[:, 5], tol[:, 5])
 
 
-@pytest.mark.parametrize("isa", gguf_kernels.ISAS)
+@pytest.mark.parametrize("isa", gguf_products.ISAS)
 def test_subnormal_scales_under_flushed_denormals(isa):
     """f16 scales below 2^-14 are float32 normals: the product reads them so on a thread that
     flushes denormals (the model thread does), as the reference computed without."""
@@ -167,7 +167,7 @@ def test_subnormal_scales_under_flushed_denormals(isa):
     exact, tol = reference(x, weight)
     assert torch.set_flush_denormal(True)
     try:
-        got = gguf_kernels.linear(x, weight, isa=isa)
+        got = gguf_products.linear(x, weight, isa=isa)
     finally:
         torch.set_flush_denormal(False)
     assert exact.abs().max() > 1e-4 and within(got, exact, tol)
@@ -175,14 +175,14 @@ def test_subnormal_scales_under_flushed_denormals(isa):
 
 def test_cat_and_select_rows():
     gen = torch.Generator().manual_seed(3)
-    q, k = (gguf_kernels.random_blocks("Q4_1", n, 64, gen) for n in (6, 2))
+    q, k = (gguf_products.random_blocks("Q4_1", n, 64, gen) for n in (6, 2))
     fused = QuantizedWeight.cat([q, k])
     assert fused.shape == (8, 64)
     assert torch.equal(fused.dequantize(), torch.cat([q.dequantize(), k.dequantize()]))
     order = torch.tensor([3, 0, 5, 1])
     assert torch.equal(q.select_rows(order).dequantize(), q.dequantize()[order])
     with pytest.raises(ValueError, match="one kind"):
-        QuantizedWeight.cat([q, gguf_kernels.random_blocks("Q8_0", 2, 64, gen)])
+        QuantizedWeight.cat([q, gguf_products.random_blocks("Q8_0", 2, 64, gen)])
     with pytest.raises(ValueError, match="out of"):
         q.select_rows([6])
 
@@ -190,31 +190,31 @@ def test_cat_and_select_rows():
 def test_linear_refuses_what_it_cannot_read():
     weight, x = weight_and_input("Q8_0", 2)
     with pytest.raises(ValueError, match="float32"):
-        gguf_kernels.linear(x.double(), weight)
+        gguf_products.linear(x.double(), weight)
     with pytest.raises(ValueError, match="bias"):
-        gguf_kernels.linear(x, weight, torch.zeros(N + 1))
+        gguf_products.linear(x, weight, torch.zeros(N + 1))
     with pytest.raises(ValueError, match="block type"):
-        gguf_kernels.linear_function("Q2_K")
+        gguf_products.linear_function("Q2_K")
 
 
 def test_the_isa_override(monkeypatch):
-    if not gguf_kernels.available("avx2"):
+    if not gguf_products.available("avx2"):
         pytest.skip("the avx2 kernels do not run here")
-    monkeypatch.setenv(gguf_kernels.ISA_ENV, "avx2")
-    assert gguf_kernels.isas() == ["avx2"]
-    assert gguf_kernels.linear_function("Q4_1") is gemv.library().wb_linear_q4_1_avx2
-    monkeypatch.setenv(gguf_kernels.ISA_ENV, "sse2")
+    monkeypatch.setenv(gguf_products.ISA_ENV, "avx2")
+    assert gguf_products.isas() == ["avx2"]
+    assert gguf_products.linear_function("Q4_1") is c_library.library().wb_linear_q4_1_avx2
+    monkeypatch.setenv(gguf_products.ISA_ENV, "sse2")
     with pytest.raises(ValueError, match="sse2"):
-        gguf_kernels.isas()
+        gguf_products.isas()
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="no objdump (binutils)")
 def test_the_avx2_functions_hold_no_avx512_instruction():
     """No EVEX-encoded instruction (its first byte 0x62: AVX-512's only encoding) in the AVX2
     functions or the OpenMP bodies outlined from them."""
-    if gemv.library() is None:
+    if c_library.library() is None:
         pytest.skip("the C kernels did not build")
-    dump = subprocess.run(["objdump", "-d", gemv.library()._name], capture_output=True,
+    dump = subprocess.run(["objdump", "-d", c_library.library()._name], capture_output=True,
                           text=True, check=True).stdout
     evex, seen, name = [], set(), ""
     for line in dump.splitlines():
@@ -224,5 +224,5 @@ def test_the_avx2_functions_hold_no_avx512_instruction():
             seen.add(name.split(".")[0])
             if "\t62 " in line:
                 evex.append((name, line))
-    assert seen == {gguf_kernels.function_name(kind, "avx2") for kind in KINDS}
+    assert seen == {gguf_products.function_name(kind, "avx2") for kind in KINDS}
     assert not evex, evex[:3]

@@ -1,5 +1,5 @@
 """Inside the model per request: captures, attention patterns, the logit lens and interventions
-(`workbench/inside/params.py`, `engine/inspection.py`), exact against transformers.
+(`workbench/inside/params.py`, `engine/step/inspection.py`), exact against transformers.
 
 Activations equal transformers' `output_hidden_states` (and its modules' outputs, through forward
 hooks on an untouched copy) to within a few float32 ulps of their scale, for a request batched
@@ -370,7 +370,7 @@ def test_a_finished_request_leaves_no_recording_behind():
     cache's tensors belong to the RequestOutput alone)."""
     import gc
 
-    from workbench.engine.recording import Recording
+    from workbench.engine.requests.recording import Recording
 
     loaded, _ = pristine()
     llm = make_llm(loaded)

@@ -1,4 +1,4 @@
-"""The kernel choice (engine/kernels.py): one table of probed capabilities, refusals at start-up,
+"""The kernel choice (engine/kernels/projections.py): one table of probed capabilities, refusals at start-up,
 and the float32 fast path's exactness against transformers on SmolLM2."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from tests.engine.helpers import ids_of, make_llm
 from workbench import LLM, SamplingParams
-from workbench.engine import gemv, kernels
+from workbench.engine.kernels import c_library, c_products, projections
 from workbench.errors import ValidationError
 from workbench.models import load_model
 from workbench.models.cpu import CpuFeatures, cpu_features
@@ -35,31 +35,31 @@ def simulated(machine: str) -> CpuFeatures:
 def every_build(monkeypatch):
     """The run-time parts (a C compiler, torch's oneDNN) present, so that the choice
     depends on the simulated flags alone."""
-    monkeypatch.setattr(gemv, "available", lambda: True)
-    monkeypatch.setattr(gemv, "available_bf16", lambda: True)
-    monkeypatch.setattr(gemv, "available_amx", lambda: True)
-    monkeypatch.setattr(kernels, "onednn_prepack_works", lambda: True)
+    monkeypatch.setattr(c_products, "available", lambda: True)
+    monkeypatch.setattr(c_products, "available_bf16", lambda: True)
+    monkeypatch.setattr(c_products, "available_amx", lambda: True)
+    monkeypatch.setattr(projections, "onednn_prepack_works", lambda: True)
     monkeypatch.delenv("WORKBENCH_KERNEL", raising=False)
 
 
 @pytest.mark.parametrize("machine", MACHINES)
 def test_auto_picks_by_capability(machine, every_build):
     features = simulated(machine)
-    got = tuple(kernels.choose(dtype, "cpu", features=features).kernel
+    got = tuple(projections.choose(dtype, "cpu", features=features).kernel
                 for dtype in (torch.float32, torch.bfloat16))
     assert got == EXPECTED[machine]
-    assert kernels.choose(torch.float16, "cpu", features=features).kernel == "torch"
+    assert projections.choose(torch.float16, "cpu", features=features).kernel == "torch"
 
 
 def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
-    monkeypatch.setattr(gemv, "available", lambda: False)  # no C compiler
-    assert kernels.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
+    monkeypatch.setattr(c_products, "available", lambda: False)  # no C compiler
+    assert projections.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
     # a compiler without AMX (or an OS that does not grant it), then without AVX-512 BF16
-    monkeypatch.setattr(gemv, "available_amx", lambda: False)
-    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "avx512bf16"
-    monkeypatch.setattr(gemv, "available_bf16", lambda: False)
-    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
-    assert kernels.choose(torch.bfloat16, features=simulated("avx512-bf16")).kernel == "onednn"
+    monkeypatch.setattr(c_products, "available_amx", lambda: False)
+    assert projections.choose(torch.bfloat16, features=simulated("amx")).kernel == "avx512bf16"
+    monkeypatch.setattr(c_products, "available_bf16", lambda: False)
+    assert projections.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
+    assert projections.choose(torch.bfloat16, features=simulated("avx512-bf16")).kernel == "onednn"
 
 
 @pytest.mark.parametrize("kernel, dtype, words", [
@@ -72,33 +72,33 @@ def test_auto_falls_back_when_the_build_lacks_a_part(every_build, monkeypatch):
 def test_a_kernel_the_machine_cannot_run_is_refused_naming_the_flag(kernel, dtype, words,
                                                                      every_build):
     with pytest.raises(ValidationError) as error:
-        kernels.choose(dtype, "cpu", kernel, features=simulated("avx2"))
+        projections.choose(dtype, "cpu", kernel, features=simulated("avx2"))
     assert error.value.parameter == "kernel"
     assert "--kernel" in str(error.value) and words in str(error.value)
     assert "this one has: avx2 fma f16c" in str(error.value) or "dtype" in str(error.value)
 
 
 def test_bf16_is_emulated_only_without_native_bf16():
-    assert kernels.emulated(torch.bfloat16, "cpu", simulated("avx512"))
-    assert not kernels.emulated(torch.bfloat16, "cpu", simulated("avx512-bf16"))
-    assert not kernels.emulated(torch.float32, "cpu", simulated("avx2"))
-    assert not kernels.emulated(torch.bfloat16, "cuda", simulated("avx2"))
+    assert projections.emulated(torch.bfloat16, "cpu", simulated("avx512"))
+    assert not projections.emulated(torch.bfloat16, "cpu", simulated("avx512-bf16"))
+    assert not projections.emulated(torch.float32, "cpu", simulated("avx2"))
+    assert not projections.emulated(torch.bfloat16, "cuda", simulated("avx2"))
 
 
 def test_amx_needs_the_isa_a_compiler_and_the_os(every_build, monkeypatch):
     with pytest.raises(ValidationError, match="AMX BF16 \\(this one has"):
-        kernels.choose(torch.bfloat16, "cpu", "amx", features=simulated("avx512-bf16"))
-    monkeypatch.setattr(gemv, "available_amx", lambda: False)
+        projections.choose(torch.bfloat16, "cpu", "amx", features=simulated("avx512-bf16"))
+    monkeypatch.setattr(c_products, "available_amx", lambda: False)
     with pytest.raises(ValidationError, match="targets AMX .* grants processes AMX"):
-        kernels.choose(torch.bfloat16, "cpu", "amx", features=simulated("amx"))
+        projections.choose(torch.bfloat16, "cpu", "amx", features=simulated("amx"))
 
 
 def test_avx512bf16_needs_the_isa_and_a_compiler_that_targets_it(every_build, monkeypatch):
     with pytest.raises(ValidationError, match="AVX-512 BF16 \\(this one has"):
-        kernels.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("avx512"))
-    monkeypatch.setattr(gemv, "available_bf16", lambda: False)
+        projections.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("avx512"))
+    monkeypatch.setattr(c_products, "available_bf16", lambda: False)
     with pytest.raises(ValidationError, match="C compiler that targets AVX-512 BF16"):
-        kernels.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("amx"))
+        projections.choose(torch.bfloat16, "cpu", "avx512bf16", features=simulated("amx"))
 
 
 @pytest.mark.parametrize("probe, machine", [("available_bf16", "avx512"),
@@ -106,11 +106,10 @@ def test_avx512bf16_needs_the_isa_and_a_compiler_that_targets_it(every_build, mo
 def test_the_bf16_c_kernels_are_never_called_without_their_isa(monkeypatch, probe, machine):
     """`available_bf16` and `available_amx` probe the flags before they load the library, ask
     the OS or run a product (which would fault)."""
-    from workbench.engine import gemv as real
 
-    check = getattr(real, probe)
-    monkeypatch.setattr(real, "cpu_features", lambda: simulated(machine))
-    monkeypatch.setattr(real, "library", lambda: pytest.fail("the library was loaded"))
+    check = getattr(c_products, probe)
+    monkeypatch.setattr(c_products, "cpu_features", lambda: simulated(machine))
+    monkeypatch.setattr(c_library, "library", lambda: pytest.fail("the library was loaded"))
     check.cache_clear()
     try:
         assert not check()
@@ -120,21 +119,21 @@ def test_the_bf16_c_kernels_are_never_called_without_their_isa(monkeypatch, prob
 
 def test_unknown_kernel_names_and_cuda(every_build):
     with pytest.raises(ValidationError, match="kernel must be 'auto' or one of"):
-        kernels.choose(torch.float32, "cpu", "fast")
-    assert kernels.choose(torch.bfloat16, "cuda").kernel == "torch"
+        projections.choose(torch.float32, "cpu", "fast")
+    assert projections.choose(torch.bfloat16, "cuda").kernel == "torch"
     with pytest.raises(ValidationError, match="runs on the CPU only"):
-        kernels.choose(torch.bfloat16, "cuda", "onednn")
+        projections.choose(torch.bfloat16, "cuda", "onednn")
 
 
 def test_the_environment_forces_a_kernel_for_its_dtype(every_build, monkeypatch):
     monkeypatch.setenv("WORKBENCH_KERNEL", "torch")
-    assert kernels.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
-    assert kernels.choose(torch.float32, "cpu", "avx2", features=simulated("avx2")).kernel == "avx2"
+    assert projections.choose(torch.float32, features=simulated("avx2")).kernel == "torch"
+    assert projections.choose(torch.float32, "cpu", "avx2", features=simulated("avx2")).kernel == "avx2"
     monkeypatch.setenv("WORKBENCH_KERNEL", "onednn")  # a bf16 kernel: float32 models keep auto
-    assert kernels.choose(torch.float32, features=simulated("amx")).kernel == "avx2"
-    assert kernels.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
+    assert projections.choose(torch.float32, features=simulated("amx")).kernel == "avx2"
+    assert projections.choose(torch.bfloat16, features=simulated("amx")).kernel == "onednn"
     with pytest.raises(ValidationError, match="cannot run here"):
-        kernels.choose(torch.bfloat16, features=simulated("avx2"))
+        projections.choose(torch.bfloat16, features=simulated("avx2"))
 
 
 def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_build):
@@ -148,7 +147,7 @@ def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_buil
     monkeypatch.setitem(sys.modules, "test_portable", script)  # its dataclass looks itself up
     spec.loader.exec_module(script)
     monkeypatch.setattr(script, "cpu_features", lambda: simulated("amx"))
-    monkeypatch.setattr(kernels, "cpu_features", lambda: simulated("amx"))
+    monkeypatch.setattr(projections, "cpu_features", lambda: simulated("amx"))
     monkeypatch.setattr(script.shutil, "which", lambda name: "/usr/bin/" + name)
     runs = script.runs()
     assert [run.title for run in runs] == [
@@ -164,8 +163,8 @@ def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_buil
 
 
 def test_the_engine_refuses_at_start_up(tiny_llama):
-    unrunnable = next((k for k in kernels.KERNELS
-                       if kernels.missing(k, torch.float32, cpu_features())), None)
+    unrunnable = next((k for k in projections.KERNELS
+                       if projections.missing(k, torch.float32, cpu_features())), None)
     if unrunnable is None:
         pytest.skip("this machine runs every kernel in float32")
     with pytest.raises(ValidationError) as error:
@@ -178,10 +177,10 @@ def test_the_runner_says_which_kernel(tiny_llama, caplog):
     import dataclasses
 
     loaded = dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model))
-    with caplog.at_level("INFO", logger="workbench.engine.runner"):
+    with caplog.at_level("INFO", logger="workbench.engine.step.runner"):
         llm = make_llm(loaded)
     choice = llm.llm_engine.runner.kernel
-    assert choice.kernel == kernels.choose(torch.float32).kernel and choice.dtype == torch.float32
+    assert choice.kernel == projections.choose(torch.float32).kernel and choice.dtype == torch.float32
     assert f"kernel {choice.kernel}, ops {choice.ops} (float32 on cpu" in caplog.text
 
 
@@ -206,7 +205,7 @@ def test_smollm2_float32_fast_path_matches_transformers():
     `generate` by up to 1.6e-5 on these prompts, depending on the batch.)"""
     ours = make_llm(load_model("smollm2-135m-instruct", dtype="float32", device="cpu"),
                     max_model_len=512, num_kv_blocks=96)
-    assert ours.llm_engine.runner.kernel.kernel == kernels.choose(torch.float32).kernel
+    assert ours.llm_engine.runner.kernel.kernel == projections.choose(torch.float32).kernel
     theirs = load_model("smollm2-135m-instruct", dtype="float32", device="cpu")  # unpatched
     prompts = ["The capital of France is", "def fibonacci(n):",
                "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n",

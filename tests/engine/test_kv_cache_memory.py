@@ -2,7 +2,7 @@
 
 import torch
 
-from workbench.engine.runner import allocate_kv_caches
+from workbench.engine.step.runner import allocate_kv_caches
 
 
 def resident_mb() -> float:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workbench.config import EngineConfig
-from workbench.engine.model_limits import (
+from workbench.engine.step.model_limits import (
     extra_eos_ids,
     generation_defaults,
     max_model_len,

@@ -1,6 +1,6 @@
 """Output building pieces without a model: a position's logprob entry."""
 
-from workbench.engine.output_processor import position_logprobs
+from workbench.engine.requests.output_processor import position_logprobs
 
 
 def texts(token_id: int) -> str:

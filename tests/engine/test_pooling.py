@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from tests.engine.helpers import greedy, make_llm
 from workbench.engine.async_engine import AsyncLLMEngine
-from workbench.engine.encoder_runner import SUPPORTED_TYPES
-from workbench.engine.outputs import PoolingRequestOutput
+from workbench.engine.requests.outputs import PoolingRequestOutput
+from workbench.engine.step.encoder_runner import SUPPORTED_TYPES
 from workbench.errors import EngineStepError, ValidationError
 from workbench.llm import LLM
 from workbench.models.registry import ENCODER_TYPES
@@ -348,7 +348,7 @@ def test_pooling_works_across_prefill_chunks_and_prefix_cache(default_model):
 
 
 def test_generative_score_is_the_yes_probability_of_the_judgement_prompt(smol, default_model):
-    from workbench.engine.pooling import judgement_prompt
+    from workbench.engine.step.pooling import judgement_prompt
 
     docs = ["Paris is the capital of France.", "Bananas are yellow."]
     scores = smol.score("What is the capital of France?", docs)
@@ -399,7 +399,7 @@ def test_cache_salt_separates_prefix_caches_and_prompt_embeds_are_refused(smol):
 
 
 def test_bf16_encoder_is_prepacked_and_agrees_with_transformers():
-    from workbench.engine.fusion import FastLinear, can_prepack
+    from workbench.engine.step.fusion import FastLinear, can_prepack
     from workbench.models import tiny_model
 
     llm = LLM(tiny_model("bert", seed=2, dtype="bfloat16"), max_model_len=128)

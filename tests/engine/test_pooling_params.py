@@ -1,9 +1,9 @@
-"""PoolingParams validation and the model-free pooling math (engine/pooling.py)."""
+"""PoolingParams validation and the model-free pooling math (engine/step/pooling.py)."""
 
 import pytest
 import torch
 
-from workbench.engine import pooling
+from workbench.engine.step import pooling
 from workbench.errors import ValidationError
 from workbench.pooling_params import PoolingParams
 

@@ -1,7 +1,7 @@
 """Request and Sequence: token bookkeeping, ids and forking, without a model."""
 
 from tests.engine.helpers import make_request
-from workbench.engine.request import SequenceStatus
+from workbench.engine.requests.request import SequenceStatus
 
 
 def test_output_tokens_are_those_after_the_prompt():

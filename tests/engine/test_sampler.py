@@ -2,7 +2,7 @@
 
 import torch
 
-from workbench.engine.sampler import (
+from workbench.engine.step.sampler import (
     Sampler,
     SamplingRow,
     apply_penalties,

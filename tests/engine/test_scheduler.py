@@ -1,9 +1,9 @@
 """Scheduler without a model: budgets, chunked prefill, priority, preemption by recompute."""
 
 from tests.engine.helpers import make_seq
-from workbench.engine.block_manager import BlockManager
-from workbench.engine.request import SequenceStatus
-from workbench.engine.scheduler import Scheduler
+from workbench.engine.requests.block_manager import BlockManager
+from workbench.engine.requests.request import SequenceStatus
+from workbench.engine.requests.scheduler import Scheduler
 
 
 def scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,

@@ -11,15 +11,15 @@ import torch
 
 from tests.engine.helpers import make_seq
 from tests.engine.host_sync import forbid_host_sync
-from workbench.engine.runner import ModelRunner
-from workbench.engine.scheduler import ScheduledSequence, SchedulerOutput
-from workbench.engine.step_graphs import (
+from workbench.engine.gpu.step_graphs import (
     CAPTURE_SIZES,
     CudaGraphBackend,
     DecodeGraphs,
     EagerBackend,
     bucket_for,
 )
+from workbench.engine.requests.scheduler import ScheduledSequence, SchedulerOutput
+from workbench.engine.step.runner import ModelRunner
 from workbench.models import tiny_model
 from workbench.sampling_params import SamplingParams
 
@@ -43,7 +43,7 @@ def runner(request):
 @pytest.fixture(scope="module")
 def c_runner():
     """The runner on this CPU's C kernel and ops: its attention reads each context's own
-    length (`gemv.decode_attention`), whatever the padding."""
+    length (`c_attention.decode_attention`), whatever the padding."""
     runner = ModelRunner(tiny_model("llama", seed=0).model, BLOCKS, BLOCK)
     if runner.kernel.ops != "c":
         pytest.skip("no C kernel on this CPU")

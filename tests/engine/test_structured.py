@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from tests.engine.helpers import greedy, make_llm
-from workbench.engine.outputs import GrammarStep
+from workbench.engine.requests.outputs import GrammarStep
 from workbench.errors import ValidationError
 from workbench.sampling_params import SamplingParams, StructuredOutputsParams
 

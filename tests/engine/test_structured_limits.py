@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.engine.structured import GrammarCompiler
+from workbench.engine.requests.structured import GrammarCompiler
 from workbench.errors import ValidationError
 from workbench.sampling_params import SamplingParams, StructuredOutputsParams
 

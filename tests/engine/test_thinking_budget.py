@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.helpers import make_llm
-from workbench.engine.thinking import ThinkingBudget
+from workbench.engine.requests.thinking import ThinkingBudget
 from workbench.errors import ValidationError
 from workbench.sampling_params import SamplingParams
 

@@ -111,7 +111,7 @@ def test_without_any_logprobs_it_is_refused_by_name():
 
 
 def test_impossible_tokens_add_nothing_and_each_row_keeps_its_k():
-    from workbench.engine.token_stats import token_stats
+    from workbench.engine.requests.token_stats import token_stats
 
     logits = torch.tensor([[0.0, 0.0, float("-inf"), float("-inf")], [3.0, 1.0, 0.0, -1.0]])
     logprobs = logits.log_softmax(-1)

@@ -1,4 +1,4 @@
-"""The Triton kernels of `workbench/engine/triton/`, on CPU under Triton's interpreter.
+"""The Triton kernels of `workbench/engine/gpu/triton/`, on CPU under Triton's interpreter.
 
 Paged attention over shuffled block tables (decodes and prefill chunks with cached context in
 one launch; grouped-query heads; head sizes that are not powers of two; sliding windows with
@@ -29,11 +29,11 @@ pytest.importorskip("triton")
 import torch
 import torch.nn.functional as F
 
-from workbench.engine import triton as wb_triton
-from workbench.engine.attention import AttentionContext, PrefillChunk, attend
-from workbench.engine.decoder import _rms_norm, _rotate, _signed_sin
-from workbench.engine.triton import ops
-from workbench.engine.triton.attention import paged_attention
+from workbench.engine.gpu import triton as wb_triton
+from workbench.engine.gpu.triton import ops
+from workbench.engine.gpu.triton.attention import paged_attention
+from workbench.engine.step.attention import AttentionContext, PrefillChunk, attend
+from workbench.engine.step.decoder import _rms_norm, _rotate, _signed_sin
 
 BLOCK_SIZE = 4
 SIXTEEN = (torch.bfloat16, torch.float16)

@@ -1,5 +1,5 @@
 """triton stays optional: the engine imports without it and never loads it on its own, and
-`workbench.engine.triton.available` says no where it cannot import (these run with or without
+`workbench.engine.gpu.triton.available` says no where it cannot import (these run with or without
 triton installed; the kernels' own tests are `test_triton_kernels.py`)."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workbench.engine import triton as wb_triton
+from workbench.engine.gpu import triton as wb_triton
 
 
 def test_the_engine_imports_without_loading_triton():
     """In a fresh interpreter where `import triton` fails, the engine and the LLM import, and
     nothing they import loads triton."""
     code = ("import sys; sys.modules['triton'] = None\n"  # None in sys.modules: ImportError
-            "import workbench.llm, workbench.engine.runner, workbench.engine.engine\n"
+            "import workbench.llm, workbench.engine.step.runner, workbench.engine.engine\n"
             "from workbench.engine import triton\n"
             "assert not triton.available('cuda')\n"
             "assert sys.modules['triton'] is None\n")

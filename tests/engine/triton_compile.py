@@ -17,7 +17,7 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
-from workbench.engine.triton import attention, ops
+from workbench.engine.gpu.triton import attention, ops
 
 
 def launches() -> list[tuple]:

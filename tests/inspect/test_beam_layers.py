@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from workbench.engine.beam_search import BeamSearchOutput
-from workbench.engine.beam_tree import BeamNode, BeamTreeData
+from workbench.engine.requests.beam_search import BeamSearchOutput
+from workbench.engine.requests.beam_tree import BeamNode, BeamTreeData
 from workbench.inspect.beam_tree import BeamTree, with_beam_tree
 
 
@@ -18,7 +18,7 @@ def _loads_without_torch(module: str) -> bool:
     return subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0
 
 
-@pytest.mark.parametrize("module", ["workbench.engine.beam_tree", "workbench.inspect.remote_beam",
+@pytest.mark.parametrize("module", ["workbench.engine.requests.beam_tree", "workbench.inspect.remote_beam",
                                     "workbench.inspect.beam_tree"])
 def test_beam_data_and_the_remote_search_load_without_torch(module):
     assert _loads_without_torch(module)
@@ -46,7 +46,7 @@ def test_with_beam_tree_swaps_only_the_tree():
     assert with_beam_tree(BeamSearchOutput([], None)).tree is None
 
 
-@pytest.mark.parametrize("module", ["workbench.engine.beam_tree", "workbench.inspect.beam_tree"])
+@pytest.mark.parametrize("module", ["workbench.engine.requests.beam_tree", "workbench.inspect.beam_tree"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

@@ -182,10 +182,10 @@ def test_config_checks():
 
 
 def test_bf16_fused_projections_equal_unfused(adapters):
-    """In bfloat16 the engine fuses q/k/v and gate/up (engine/fusion.py): each part's delta is
+    """In bfloat16 the engine fuses q/k/v and gate/up (engine/step/fusion.py): each part's delta is
     added to its own columns, bit-identical to the unfused projections with theirs."""
-    from workbench.engine.fusion import fuse_projections
-    from workbench.engine.lora_manager import LoRAManager
+    from workbench.engine.step.fusion import fuse_projections
+    from workbench.engine.step.lora_manager import LoRAManager
 
     fused, plain = fresh_tiny("llama", "bfloat16"), fresh_tiny("llama", "bfloat16")
     assert fuse_projections(fused.model, kernel="torch") == 4
@@ -223,7 +223,7 @@ def test_pooling_models_refuse_lora():
 
 
 def test_lean_decoder_loop_applies_adapters(adapters):
-    """In bfloat16 the runner's lean loop (engine/decoder.py) calls the LoRA wrappers too: a
+    """In bfloat16 the runner's lean loop (engine/step/decoder.py) calls the LoRA wrappers too: a
     mixed batch gives bit-identical logprobs with it and with transformers' layers."""
     a = LoRARequest("a", 1, str(adapters["a"]))
     b = LoRARequest("b", 2, str(adapters["b"]))

@@ -169,7 +169,8 @@ def test_a_responses_stream_open_at_the_deadline_ends_with_an_error_event(make_s
 
 LAUNCHER = r"""
 import sys, time
-from workbench.engine import runner, scheduler
+from workbench.engine.step import runner
+from workbench.engine.requests import scheduler
 slow = float(sys.argv[1])
 real_execute = runner.ModelRunner.execute
 def execute(self, out):

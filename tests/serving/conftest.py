@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from workbench.config import EngineConfig
-from workbench.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from workbench.engine.requests.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+)
 from workbench.sampling_params import RequestOutputKind
 
 SCRIPT = [19556, 905, 28, 1980, 253, 1012, 30, 216]  # "Hello world, ..." token ids

@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from workbench.config import EngineConfig
-from workbench.engine.outputs import CompletionOutput, RequestOutput
+from workbench.engine.requests.outputs import CompletionOutput, RequestOutput
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from workbench.engine.outputs import Logprob
+from workbench.engine.requests.outputs import Logprob
 from workbench.serving.logprobs import (
     chat_logprobs,
     completion_logprobs,

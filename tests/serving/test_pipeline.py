@@ -50,7 +50,7 @@ async def test_only_streams_ask_the_engine_for_every_step(fake_engine):
 
 
 def test_the_first_token_time_is_the_engines(fake_engine):
-    from workbench.engine.outputs import RequestMetrics, RequestOutput
+    from workbench.engine.requests.outputs import RequestMetrics, RequestOutput
     from workbench.serving.generation import since_first_token
     from workbench.serving.recorder import PipelineRecorder
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from workbench.config import EngineConfig
-from workbench.engine.outputs import PoolingOutput, PoolingRequestOutput
+from workbench.engine.requests.outputs import PoolingOutput, PoolingRequestOutput
 from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, Servings, error_response
 from workbench.serving.errors import GenerationError
@@ -364,7 +364,7 @@ def test_score_request_needs_one_pair_of_fields():
 
 
 def test_generative_score_uses_the_judgement_prompt(generative, tokenizer):
-    from workbench.engine.pooling import judgement_prompt
+    from workbench.engine.step.pooling import judgement_prompt
 
     s = servings(generative).score
     out = run(s.create(ScoreRequest(queries="q", documents=["short", "a much longer document"])))

@@ -251,7 +251,7 @@ async def test_required_choice_writes_a_json_array_of_calls(tokenizer):
 async def test_strict_forced_choices_compile_in_the_grammar_backend(tokenizer, choice):
     """Strict mode closes every object: the constraint must still be satisfiable (the required
     array's items were once an empty object schema, closed into "no keys at all")."""
-    from workbench.engine.structured import GrammarCompiler
+    from workbench.engine.requests.structured import GrammarCompiler
 
     s, engine = serving(tokenizer, ['[{"name": "weather", "parameters": {"city": "Oslo"}}]'])
     await create(s, input="Weather?", tools=[WEATHER, *CALCULATOR], tool_choice=choice)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.serving.conftest import FakeEngine
 from tests.serving.tool_parser_samples import TIME, WEATHER
-from workbench.engine.outputs import CompletionOutput, RequestOutput
+from workbench.engine.requests.outputs import CompletionOutput, RequestOutput
 from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, Servings
 from workbench.serving.protocol import ChatCompletionRequest

@@ -21,11 +21,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from workbench.config import EngineConfig
-from workbench.engine.beam_search import BeamSearchOutput
 from workbench.engine.engine import EngineStats, LLMEngine
-from workbench.engine.input_processor import PromptInput
 from workbench.engine.model_thread import on_model_thread
-from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
+from workbench.engine.requests.beam_search import BeamSearchOutput
+from workbench.engine.requests.input_processor import PromptInput
+from workbench.engine.requests.outputs import PoolingRequestOutput, RequestOutput
 from workbench.errors import EngineDeadError, RequestTimeoutError, ServiceUnavailableError
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workbench.engine.request import Request, RequestKind, Sequence, SequenceStatus
-from workbench.engine.thinking import ThinkingBudget
+from workbench.engine.requests.request import Request, RequestKind, Sequence, SequenceStatus
+from workbench.engine.requests.thinking import ThinkingBudget
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.engine.block_manager import BlockManager
-    from workbench.engine.output_processor import OutputProcessor
-    from workbench.engine.runner import LogitRows
-    from workbench.engine.scheduler import Scheduler, SchedulerOutput
-    from workbench.engine.step_results import NextBeams, StepResults
+    from workbench.engine.requests.block_manager import BlockManager
+    from workbench.engine.requests.output_processor import OutputProcessor
+    from workbench.engine.requests.scheduler import Scheduler, SchedulerOutput
+    from workbench.engine.requests.step_results import NextBeams, StepResults
+    from workbench.engine.step.runner import LogitRows
 
 logger = logging.getLogger("workbench.engine")
 

@@ -23,28 +23,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import EngineConfig
-from workbench.engine import model_limits
-from workbench.engine.beam_search import BeamSearchOutput
-from workbench.engine.block_manager import BlockManager
 from workbench.engine.bookkeeper import Bookkeeper
-from workbench.engine.encoder_runner import EncoderRunner
 from workbench.engine.handlers import (
     BeamHandler,
     GenerationHandler,
     KindHandler,
     PoolingHandler,
 )
-from workbench.engine.input_processor import InputProcessor, PromptInput
-from workbench.engine.lora_manager import LoRAManager
 from workbench.engine.model_thread import jobs_waiting, on_model_thread
-from workbench.engine.output_processor import OutputProcessor
-from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
-from workbench.engine.pooling import label_token_ids
-from workbench.engine.request import Request, RequestKind, Sequence, unique_requests
-from workbench.engine.runner import ModelRunner, kv_shape
-from workbench.engine.sampler import Sampler
-from workbench.engine.scheduler import Scheduler, SchedulerOutput
-from workbench.engine.step_results import StepResults
+from workbench.engine.requests.beam_search import BeamSearchOutput
+from workbench.engine.requests.block_manager import BlockManager
+from workbench.engine.requests.input_processor import InputProcessor, PromptInput
+from workbench.engine.requests.output_processor import OutputProcessor
+from workbench.engine.requests.outputs import PoolingRequestOutput, RequestOutput
+from workbench.engine.requests.request import Request, RequestKind, Sequence, unique_requests
+from workbench.engine.requests.scheduler import Scheduler, SchedulerOutput
+from workbench.engine.requests.step_results import StepResults
+from workbench.engine.step import model_limits
+from workbench.engine.step.encoder_runner import EncoderRunner
+from workbench.engine.step.lora_manager import LoRAManager
+from workbench.engine.step.pooling import label_token_ids
+from workbench.engine.step.runner import ModelRunner, kv_shape
+from workbench.engine.step.sampler import Sampler
 from workbench.errors import ValidationError
 from workbench.inside.params import ModelShape, load_vector
 from workbench.lora.request import LoRARequest
@@ -120,7 +120,7 @@ class LLMEngine:
         gen = getattr(self.model, "generation_config", None)
         self.generation_defaults = model_limits.generation_defaults(gen)
         eos = self.tokenizer.eos_token_id
-        if self.is_pooling_model:  # an encoder: no KV cache, whole prompts (engine/encoder_runner.py)
+        if self.is_pooling_model:  # an encoder: no KV cache, whole prompts (engine/step/encoder_runner.py)
             self._init_encoder()
         else:
             self._init_decoder(hf)
@@ -240,7 +240,7 @@ class LLMEngine:
                             priority: int = 0, arrival_time: float | None = None,
                             on_output: Callable[[PoolingRequestOutput], None] | None = None,
                             cache_salt: str | None = None, lora_request: Any = None) -> Request:
-        """Queues a pooling request (embed / classify / score / encode, `engine/pooling.py`);
+        """Queues a pooling request (embed / classify / score / encode, `engine/step/pooling.py`);
         its one output (finished) is a `PoolingRequestOutput`. Prompts may use the whole
         context (up to max_model_len tokens). `lora_request`: an adapter of a generative model
         it runs with, as `add_request`'s."""

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from workbench.config import EngineConfig
-    from workbench.engine.beam_search import BeamSearchOutput
     from workbench.engine.engine import EngineStats
-    from workbench.engine.input_processor import PromptInput
-    from workbench.engine.outputs import PoolingRequestOutput, RequestOutput
+    from workbench.engine.requests.beam_search import BeamSearchOutput
+    from workbench.engine.requests.input_processor import PromptInput
+    from workbench.engine.requests.outputs import PoolingRequestOutput, RequestOutput
     from workbench.pooling_params import PoolingParams
     from workbench.sampling_params import BeamSearchParams, SamplingParams
 

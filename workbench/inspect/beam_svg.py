@@ -1,4 +1,4 @@
-"""A beam search's tree (`workbench.engine.beam_tree`) drawn as self-contained inline SVG.
+"""A beam search's tree (`workbench.engine.requests.beam_tree`) drawn as self-contained inline SVG.
 
 Columns are steps, rows the candidates drawn at a step, grouped under their parent (`rows`).
 Pruned candidates are folded: one `+N pruned` row per parent, unfolded for the parents in
@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from workbench import html as h
-from workbench.engine.beam_tree import BeamNode, BeamTreeData
+from workbench.engine.requests.beam_tree import BeamNode, BeamTreeData
 
 # name -> (light, dark); each colour >= 4.5:1 on its palette's background and selection
 PALETTE = {"kept": ("#1a5e9a", "#8ab4f8"), "completed": ("#1e7b34", "#81c995"),

@@ -1,7 +1,7 @@
-"""`BeamTree`: a beam search's tree of candidates (`workbench.engine.beam_tree`), drawn.
+"""`BeamTree`: a beam search's tree of candidates (`workbench.engine.requests.beam_tree`), drawn.
 
 The data and its queries (`best`, `path(i)`, `children`, `step`, `to_dict`) live next to the
-algorithm in `workbench.engine.beam_tree`, free of torch and of drawing; this subclass adds the
+algorithm in `workbench.engine.requests.beam_tree`, free of torch and of drawing; this subclass adds the
 pandas frame, the inline-SVG `_repr_html_` (`beam_svg`) and a matplotlib `plot()`.
 `BeamTree.of(data)` views an engine tree as one; `with_beam_tree(output)` does so for a
 `BeamSearchOutput`, as the facades (`LLM`, `Workbench`, `remote_beam_search`) return them.
@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import asdict, fields, replace
 from typing import Any
 
-from workbench.engine.beam_tree import BeamNode, BeamTreeData
+from workbench.engine.requests.beam_tree import BeamNode, BeamTreeData
 from workbench.figure import GREY, neutral
 from workbench.frames import frame
 from workbench.inspect import beam_svg

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench import html as h
-from workbench.engine.outputs import TokenStats
+from workbench.engine.requests.outputs import TokenStats
 from workbench.figure import neutral
 from workbench.frames import frame
 from workbench.inspect.logprob_diff import LogprobDiff

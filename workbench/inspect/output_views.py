@@ -1,12 +1,12 @@
 """The `LLM`'s notebook card and one-line repr (the engine's outputs have theirs in
-`engine/output_views.py`): deterministic HTML, never memory addresses."""
+`engine/requests/output_views.py`): deterministic HTML, never memory addresses."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from workbench import html as h
-from workbench.engine.output_views import card
+from workbench.engine.requests.output_views import card
 
 
 def llm_summary(llm: Any) -> dict[str, Any]:

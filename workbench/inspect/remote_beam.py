@@ -1,6 +1,6 @@
 """Client-side beam search over any OpenAI-compatible server (ours, or a vLLM deployment).
 
-The same algorithm as the engine's (`workbench.engine.beam_search.BeamSearch`), driven through
+The same algorithm as the engine's (`workbench.engine.requests.beam_search.BeamSearch`), driven through
 `/v1/completions`: each step sends every live beam as a token-id prompt in one request, with
 `max_tokens=1`, `logprobs=2 * beam_width` and `return_tokens_as_token_ids` (so candidates come
 back as ids, not ambiguous strings), and reads each beam's top candidates from `top_logprobs`.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.engine.beam_search import BeamSearch, BeamSearchOutput
+from workbench.engine.requests.beam_search import BeamSearch, BeamSearchOutput
 from workbench.inspect.beam_tree import with_beam_tree
 from workbench.sampling_params import BeamSearchParams
 

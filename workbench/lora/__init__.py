@@ -5,7 +5,7 @@
 - `layers.py`    `LoRALinear`: per-row adapter deltas in a mixed batch, fused projections too
 - `resolver.py`  `LoRAResolver` and the local-directory `FilesystemResolver`
 
-Who uses them, one layer up each: the engine's `engine/lora_manager.py` (`LoRAManager`,
+Who uses them, one layer up each: the engine's `engine/step/lora_manager.py` (`LoRAManager`,
 `attach`), the server's `serving/lora.py` (`ServedAdapters`), and `inspect/lora_compare.py`
 (`compare_lora`).
 """

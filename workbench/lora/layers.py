@@ -6,7 +6,7 @@ resident adapter slot that rows of the current step use, adds `x @ A^T @ B^T * s
 those rows only (the step's ragged batch mixes adapters and the base model; base rows are
 untouched, nothing is merged into the weights, nothing is re-batched).
 
-Fused projections (`engine/fusion.py`: Q/K/V and gate/up as one matmul in reduced precision)
+Fused projections (`engine/step/fusion.py`: Q/K/V and gate/up as one matmul in reduced precision)
 get one wrapper around the fused matmul with one *part* per original projection: the delta of
 each part is computed on its own and added to its columns, so the result is bit-identical to
 the unfused projections with their deltas.

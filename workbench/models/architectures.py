@@ -7,10 +7,10 @@ head's output before returning it (`logits`: Gemma 2's soft-capping, Granite's a
 scaling). Everything else — positions (rotary, partial rotary, learned tables), norms,
 parallel attention and MLP, QK norms, per-layer rope bases, attention soft-capping, sliding
 windows — stays in transformers' own modules, which the engine runs as they are with its paged
-attention in place of theirs (`engine/attention.py`). Two families compute attention in their
+attention in place of theirs (`engine/step/attention.py`). Two families compute attention in their
 attention module instead of calling transformers' attention interface (BLOOM's and Falcon's
 ALiBi, Falcon's fused heads): `attention` names the engine's stand-in for that module's forward
-(`engine/attention_modules.py`), the same arithmetic up to the attention itself. Nothing else
+(`engine/step/attention_modules.py`), the same arithmetic up to the attention itself. Nothing else
 in a family may depend on the batch beyond the sequence (what does is refused, saying why).
 
 `architecture_of(config)` returns a config's family or raises `UnsupportedModelError` naming

@@ -220,7 +220,7 @@ class ChatTools:
 
     def budget_thinking(self, request: Any, params: Any, prompt_text: str | None) -> Any:
         """`params` with the request's `thinking_token_budget`: the engine ends the reasoning
-        after that many tokens by forcing the reasoning parser's end tag (`engine/thinking.py`).
+        after that many tokens by forcing the reasoning parser's end tag (`engine/requests/thinking.py`).
         The reasoning opens at the first output token when the prompt opened it or the parser
         needs no start tag (R1), else once the model writes the start tag."""
         budget = request.thinking_token_budget

@@ -9,7 +9,7 @@ failure is a 400 naming `prompt_embeds`:
    (not compressed) and add up to no more than that bound, so loading cannot inflate it;
 3. `torch.load(weights_only=True)` (sparse tensors with their invariants checked) must give one
    plain tensor: float32, bfloat16 or float16, `[tokens, hidden]` (or `[1, tokens, hidden]`),
-   the model's hidden size, finite (`workbench.engine.prompt_embeds.check_prompt_embeds`).
+   the model's hidden size, finite (`workbench.engine.requests.prompt_embeds.check_prompt_embeds`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from workbench.engine.prompt_embeds import PLACEHOLDER_TOKEN_ID, check_prompt_embeds
 from workbench.engine.protocol import EngineClient
+from workbench.engine.requests.prompt_embeds import PLACEHOLDER_TOKEN_ID, check_prompt_embeds
 from workbench.errors import refuse
 from workbench.serving.prompts import EnginePrompt, PromptTokenizer, context_length_message
 from workbench.serving.protocol.checks import MAX_COMPLETION_PROMPTS

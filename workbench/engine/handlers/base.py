@@ -19,9 +19,9 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from workbench.engine.request import Request, RequestKind, Sequence
-    from workbench.engine.runner import LogitRows
-    from workbench.engine.step_results import StepResults
+    from workbench.engine.requests.request import Request, RequestKind, Sequence
+    from workbench.engine.requests.step_results import StepResults
+    from workbench.engine.step.runner import LogitRows
 
 
 class KindHandler(ABC):

@@ -1,4 +1,4 @@
-"""Beam searches: a request's sequences are its live beams (`engine/beam_search.py`).
+"""Beam searches: a request's sequences are its live beams (`engine/requests/beam_search.py`).
 
 Each step every live beam's row gives its top 2 x width candidates (one `top_candidates` call
 for every beam of the step); once all beams of a search have theirs, the search advances and
@@ -11,19 +11,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workbench.engine.beam_search import BeamSearch, BeamSearchOutput, top_candidates
 from workbench.engine.handlers.base import KindHandler
-from workbench.engine.request import unique_requests
-from workbench.engine.step_results import NextBeams
+from workbench.engine.requests.beam_search import BeamSearch, BeamSearchOutput, top_candidates
+from workbench.engine.requests.request import unique_requests
+from workbench.engine.requests.step_results import NextBeams
 from workbench.errors import ValidationError
 from workbench.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from workbench.engine.input_processor import InputProcessor, PromptInput
-    from workbench.engine.output_processor import OutputProcessor
-    from workbench.engine.request import Request, Sequence
-    from workbench.engine.runner import LogitRows
-    from workbench.engine.step_results import StepResults
+    from workbench.engine.requests.input_processor import InputProcessor, PromptInput
+    from workbench.engine.requests.output_processor import OutputProcessor
+    from workbench.engine.requests.request import Request, Sequence
+    from workbench.engine.requests.step_results import StepResults
+    from workbench.engine.step.runner import LogitRows
     from workbench.lora.request import LoRARequest
     from workbench.sampling_params import BeamSearchParams
 

@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.engine.handlers.base import KindHandler
-from workbench.engine.outputs import CompletionOutput, RequestOutput
-from workbench.engine.sampler import SamplingRow
-from workbench.engine.structured import attach_grammar_masks
+from workbench.engine.requests.outputs import CompletionOutput, RequestOutput
+from workbench.engine.requests.structured import attach_grammar_masks
+from workbench.engine.step.sampler import SamplingRow
 from workbench.errors import ValidationError
 
 if TYPE_CHECKING:
-    from workbench.engine.input_processor import InputProcessor, PromptInput
-    from workbench.engine.output_processor import OutputProcessor
-    from workbench.engine.request import Request, Sequence
-    from workbench.engine.runner import LogitRows
-    from workbench.engine.sampler import Sampler
-    from workbench.engine.step_results import SampledToken, StepResults
+    from workbench.engine.requests.input_processor import InputProcessor, PromptInput
+    from workbench.engine.requests.output_processor import OutputProcessor
+    from workbench.engine.requests.request import Request, Sequence
+    from workbench.engine.requests.step_results import SampledToken, StepResults
+    from workbench.engine.step.runner import LogitRows
+    from workbench.engine.step.sampler import Sampler
     from workbench.sampling_params import SamplingParams
 
 

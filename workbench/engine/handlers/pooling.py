@@ -2,7 +2,7 @@
 
 The step that computes a request's last prompt token gives its task's result from that row's
 final hidden state (and, on a generative model, its next-token logits of the label tokens:
-`engine/pooling.py`), which the bookkeeper stores before it finishes the request and frees
+`engine/step/pooling.py`), which the bookkeeper stores before it finishes the request and frees
 its blocks. It reports once, when it ends: its result, or empty data with finish_reason
 'abort' or 'error'.
 """
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from workbench.engine.handlers.base import KindHandler
-from workbench.engine.outputs import PoolingOutput, PoolingRequestOutput
-from workbench.engine.pooling import finish as pool_finish
-from workbench.engine.pooling import pooling_request
+from workbench.engine.requests.outputs import PoolingOutput, PoolingRequestOutput
+from workbench.engine.step.pooling import finish as pool_finish
+from workbench.engine.step.pooling import pooling_request
 
 if TYPE_CHECKING:
-    from workbench.engine.input_processor import InputProcessor, PromptInput
-    from workbench.engine.request import Request, Sequence
-    from workbench.engine.runner import LogitRows
-    from workbench.engine.step_results import StepResults
+    from workbench.engine.requests.input_processor import InputProcessor, PromptInput
+    from workbench.engine.requests.request import Request, Sequence
+    from workbench.engine.requests.step_results import StepResults
+    from workbench.engine.step.runner import LogitRows
     from workbench.pooling_params import PoolingParams
 
 

@@ -46,7 +46,7 @@ def pair_up(first: list[str], second: list[str], names: tuple[str, str] = ("quer
 
 
 def cosine(a: Any, b: Any) -> float:
-    from workbench.engine.pooling import cosine as tensor_cosine  # deferred: imports torch
+    from workbench.engine.step.pooling import cosine as tensor_cosine  # deferred: imports torch
 
     return float(tensor_cosine(a.reshape(-1), b.reshape(-1)))
 
@@ -100,8 +100,8 @@ class ScoreServing(PoolingServing):
     def judgement_prompt(self, query: str, document: str, instruction: str | None,
                          **kwargs: Any) -> EnginePrompt:
         """The engine's relevance prompt (chat-templated: no extra special tokens)."""
-        # deferred: workbench.engine.pooling imports torch
-        from workbench.engine.pooling import JUDGEMENT_INSTRUCTION, judgement_prompt
+        # deferred: workbench.engine.step.pooling imports torch
+        from workbench.engine.step.pooling import JUDGEMENT_INSTRUCTION, judgement_prompt
 
         text = judgement_prompt(query, document, self.tokenizer,
                                 instruction=instruction or JUDGEMENT_INSTRUCTION)

@@ -126,7 +126,7 @@ PromptLogprobs = list[dict[int, PromptLogprob] | None]
 # (JSON that only a workbench server sends; vLLM's clients never see them)
 InsideWire = Annotated[dict[str, Any] | None, Field(default=None, exclude_if=lambda v: v is None)]
 
-# `token_stats` (`workbench.engine.outputs.TokenStats.to_json()`: entropy, rank, margin,
+# `token_stats` (`workbench.engine.requests.outputs.TokenStats.to_json()`: entropy, rank, margin,
 # top_k_mass) per position of a choice's logprobs (`token_stats`) or of the prompt
 # (`prompt_token_stats`, None for the first position); a workbench extra, absent unless asked
 TokenStatsWire = Annotated[list[dict[str, float | int] | None] | None,

@@ -1,0 +1,69 @@
+"""The small operators between the projections in C (`csrc/layer_ops.c`): a residual add with the
+RMSNorm after it, rotary embedding with the KV write, SiLU gating; float32 and bfloat16. None
+where the C library or the layout is not there (the caller falls back to torch's ops).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.engine.kernels import c_library
+
+_DTYPES = (torch.float32, torch.bfloat16)  # what the C functions compute in
+
+
+def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A pre-norm layer's residual add and RMSNorm in one pass (`wb_add_rms_norm`): hidden,
+    delta [M, H] contiguous, weight [H], all float32 or all bfloat16 -> (hidden + delta, or
+    hidden itself without delta; transformers' RMSNorm of that with `weight`). None where the C
+    function does not take them (another dtype or layout, a hidden size not a multiple of 8)."""
+    m, h = hidden.shape
+    if not (hidden.dtype == weight.dtype in _DTYPES and hidden.is_contiguous()
+            and (delta is None or (delta.dtype == hidden.dtype and delta.is_contiguous()))):
+        return None
+    out = torch.empty_like(hidden) if delta is not None else hidden
+    normed = torch.empty_like(hidden)
+    code = c_library.function("wb_add_rms_norm")(
+        hidden.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
+        out.data_ptr(), normed.data_ptr(), m, h, eps, hidden.dtype == torch.bfloat16,
+        torch.get_num_threads())
+    return (out, normed) if code == 0 else None
+
+
+def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
+    """A step's rotary embedding and KV-cache write in one pass (`wb_rope_write_kv`): qkv
+    [T, (Hq + 2 Hkv) D] (rows may be strided), cos and signed_sin [T, D] (the decoder's
+    `_signed_sin`), slots [T] int64 -> the rotated queries [T, Hq, D]; the rotated keys and the
+    values are written at `slots` of k_cache and v_cache [S, Hkv, D]. Bit for bit the
+    decoder's `_rotate` and `index_copy_`. None where the C function does not take them (other
+    dtypes or layouts, a head size not a multiple of 16): the caller computes it otherwise."""
+    t, width = qkv.shape
+    d = k_cache.shape[-1]
+    if not (qkv.dtype == cos.dtype == signed_sin.dtype == k_cache.dtype == v_cache.dtype
+            in _DTYPES and qkv.stride(1) == 1 and cos.is_contiguous()
+            and signed_sin.is_contiguous() and slots.dtype == torch.int64
+            and slots.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and width == (num_heads + 2 * num_kv_heads) * d and cos.shape == (t, d)):
+        return None
+    q = torch.empty((t, num_heads, d), dtype=qkv.dtype)
+    code = c_library.function("wb_rope_write_kv")(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(), slots.data_ptr(),
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), t, num_heads, num_kv_heads, d,
+        qkv.dtype == torch.bfloat16, torch.get_num_threads())
+    return q if code == 0 else None
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """`silu(gate) * up` of a fused gate/up projection's output [M, 2F] (`wb_silu_mul`) ->
+    [M, F], as torch's two ops within the last bit of silu's exp. None where the C function does
+    not take it (another dtype or layout, F not a multiple of 8)."""
+    m, width = gate_up.shape
+    if not (gate_up.dtype in _DTYPES and gate_up.is_contiguous()):
+        return None
+    out = torch.empty((m, width // 2), dtype=gate_up.dtype)
+    code = c_library.function("wb_silu_mul")(gate_up.data_ptr(), out.data_ptr(), m, width // 2,
+                             gate_up.dtype == torch.bfloat16, torch.get_num_threads())
+    return out if code == 0 else None

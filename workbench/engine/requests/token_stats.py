@@ -1,0 +1,28 @@
+"""`token_stats`: the whole next-token distribution of some rows, summed up exactly.
+
+Computed from the same full-vocabulary raw logprobs the rows' logprobs come from (the sampler's
+for generated positions, the prompt-logprob path's for prompt positions), so entropy, rank and
+margin are those of the model's distribution whatever top-k the request returns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.engine.requests.outputs import TokenStats
+
+
+def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int]) -> list[TokenStats]:
+    """One `TokenStats` per row of `logprobs` [R, V] (log_softmax over the whole vocabulary):
+    `ranks` [R] are the rows' tokens' ranks, `ks` each row's returned top-k count."""
+    probs = logprobs.exp()
+    # 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy
+    entropy = -torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs)).sum(-1)  # [R]
+    width = min(max(max(ks, default=0), 2), logprobs.shape[1])
+    top = logprobs.topk(width, dim=-1).values  # [R, width], best first
+    margin = top[:, 0] - top[:, 1] if width > 1 else torch.full_like(entropy, float("inf"))
+    mass = top.exp().cumsum(-1)  # [R, width]: the mass of the top 1, 2, ...
+    at_k = mass.gather(1, (torch.tensor(ks, device=mass.device) - 1).clamp(min=0).unsqueeze(1))
+    columns = zip(entropy.tolist(), ranks.tolist(), margin.tolist(), at_k.squeeze(1).tolist(), ks)
+    return [TokenStats(entropy=e, rank=int(r), margin=m, top_k_mass=k_mass if k > 0 else 0.0)
+            for e, r, m, k_mass, k in columns]  # one transfer per column, not per number

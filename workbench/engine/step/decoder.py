@@ -1,0 +1,303 @@
+"""The decoder stack of a Llama-family model in one lean loop: same modules, a third of the ops.
+
+transformers' decoder layer spends more time around its arithmetic than in it for a small model
+decoding one token: views and transposes to `[1, heads, T, head_dim]` and back, keyword plumbing
+and decorators per call, rotary embeddings applied to queries and keys apart. `DecoderStack`
+runs the same computation on the packed `[T, hidden]` row with the layer's own modules (its
+RMSNorms, fused projections, activation) and `attention.attend`, in the same order and the same
+dtypes, so the result is bit-identical to calling the layers (`tests/engine/test_decoder.py`),
+with about a third of the operator calls per layer. Where the kernel choice's ops are "c", the
+small operators between the projections run in C instead (`engine/gemv.py`: each residual add
+with the norm after it, rotary embedding with the KV write, SiLU gating; the norm and SiLU
+within the last bit of torch's, `tests/engine/test_c_ops.py`).
+
+It is used in every dtype once `engine/step/fusion.py` has fused Q/K/V and gate/up, for models whose
+layers have the modules of pre-norm attention + gated MLP (`supports`) and compute with them
+what the loop computes: the runner's probe step at start-up (`runner.probe`) runs a few tokens
+both ways and keeps the loop only where the final hidden states are equal bit for bit (Granite,
+say, has Llama's modules but scales its residuals; Gemma scales its embeddings). Anything else
+goes through transformers' layers.
+Projections are looked up per call, so LoRA wrappers (`workbench/lora/layers.py`) apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.engine.kernels import c_decode_stack, c_layer_ops
+from workbench.engine.step.attention import AttentionContext, attend
+from workbench.engine.step.fusion import C_KERNELS, FastLinear, FusedPart
+
+
+def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """transformers' Llama-family `RMSNorm` module `norm` applied to `x` with torch's fused
+    kernel: the same ops in the same dtypes (normalise in float32, cast back, then scale),
+    bit-identical (`tests/engine/test_decoder.py`) in about a third of the time."""
+    return _rms_norm(x, norm.weight, norm.variance_epsilon)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` on the norm's weight and epsilon, looked up once (`DecoderStack._plan`)."""
+    return torch.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight
+
+
+def _renorm(hidden: torch.Tensor, x: torch.Tensor, rows: list[int], weight: torch.Tensor,
+            eps: float) -> torch.Tensor:
+    """x with the norm of the residual rows an intervention changed computed again (the
+    others' untouched: bit for bit what they were)."""
+    if rows:
+        index = torch.tensor(sorted(set(rows)), device=hidden.device)
+        x = x.clone()
+        x[index] = _rms_norm(hidden[index], weight, eps)
+    return x
+
+
+def _is_rms_norm(norm) -> bool:
+    return type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon")
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """transformers' `apply_rotary_pos_emb` on `[T, heads, D]` with `cos` `[T, 1, D]` and
+    `signed_sin` from `_signed_sin`: `cat(-x2, x1) * sin` is `cat(x2, x1) * cat(-sin1, sin2)`
+    bit for bit (negation is exact), one operator fewer per layer."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((x2, x1), dim=-1) * signed_sin
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin [..., D] with its first half negated (once per step, for `_rotate`)."""
+    s1, s2 = sin.chunk(2, dim=-1)
+    return torch.cat((-s1, s2), dim=-1)
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """What the loop calls in one layer, looked up once (module attribute lookups cost more
+    than the small ops between them): the norms' weights and epsilons, the projections'
+    forward methods (LoRA wrappers included), the activation, the scaling and the window."""
+
+    norm1: tuple[torch.Tensor, float]
+    qkv: Any
+    o: Any
+    norm2: tuple[torch.Tensor, float]
+    gate_up: Any
+    down: Any
+    act: Any
+    scaling: float
+    window: int | None
+
+
+@dataclass(frozen=True)
+class CLayer:
+    """One layer's modules when a decode step can run in one C call (`DecoderStack._c_step`):
+    its two RMSNorms and its four projections, each a plain `FastLinear` with C products."""
+
+    input_norm: Any
+    qkv: FastLinear
+    o: FastLinear
+    post_norm: Any
+    gate_up: FastLinear
+    down: FastLinear
+
+    @property
+    def projections(self) -> tuple[FastLinear, FastLinear, FastLinear, FastLinear]:
+        return self.qkv, self.o, self.gate_up, self.down
+
+
+class DecoderStack:
+    """Runs `model.model.layers` on a packed row (see the module docstring)."""
+
+    c_layers: list[CLayer] | None  # see `_c_layers`
+    _c_tables_for: list | None = None  # the KV caches `_c_tables` holds the addresses of
+    _c_tables: tuple[Any, Any]
+
+    windows: list[int | None]  # each layer's sliding window (the runner's probe says)
+
+    def __init__(self, model, layers, c_ops: bool = False, one_call_rows: int | None = None):
+        self.layers = list(layers)
+        # decode steps of at most this many rows (None: any the C products take) in one C call
+        # (`_c_step`): a batch-invariant engine's, the rows its products' dot products take,
+        # where each row's bits are the loop's whatever the count
+        self.one_call_rows = one_call_rows
+        self.windows = [None] * len(self.layers)
+        # where the kernel choice's ops are "c": rotary embedding and the KV write in C
+        # (`c_layer_ops.rope_write_kv`, bit for bit torch's), each residual add with the norm after it
+        # (`c_layer_ops.add_rms_norm`) and SiLU's gating (`c_layer_ops.silu_mul`): these two not bit-identical
+        # to the layers (the mean's order, exp's last bit)
+        self.c_ops = c_ops
+        self.silu = all(type(layer.mlp.act_fn).__name__ in ("SiLU", "SiLUActivation")
+                        for layer in self.layers)  # what `c_layer_ops.silu_mul` computes
+        cfg = model.config
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.refresh()
+
+    @staticmethod
+    def supports(model, layers: Any) -> bool:
+        """Whether every layer has the modules of the plain pre-norm layer (RMSNorms, fused
+        Q/K/V and equal gate and up, no QK norms), and the base model a rotary embedding and an
+        RMSNorm last (whether they compute what the loop does, the probe step tells)."""
+        base = getattr(model, "model", None)
+        if not (_is_rms_norm(getattr(base, "norm", None)) and hasattr(base, "rotary_emb")
+                and id(getattr(base, "layers", None)) == id(layers)):
+            return False
+        for layer in layers:
+            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            if any(hasattr(attn, name) for name in ("q_norm", "k_norm", "q_layernorm")):
+                return False
+            gate = getattr(mlp, "gate_proj", None)
+            if not (isinstance(getattr(attn, "q_proj", None), FusedPart)
+                    and isinstance(gate, FusedPart) and len(set(gate.group.sizes)) == 1
+                    and hasattr(mlp, "act_fn") and _is_rms_norm(layer.input_layernorm)
+                    and _is_rms_norm(getattr(layer, "post_attention_layernorm", None))):
+                return False
+        return True
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 ctx: AttentionContext) -> torch.Tensor:
+        """hidden: [T, H]; cos, sin: [T, D] -> [T, H] after the last layer (before the norm)."""
+        t = hidden.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        c_ops = self.c_ops
+        c_silu = c_ops and self.silu
+        cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
+        inspector = ctx.inspector  # a step that records or intervenes: `engine/step/inspection.py`
+        if (c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention
+                and inspector is None):
+            out = self._c_step(hidden, cos_c, sin_c, ctx)
+            if out is not None:
+                return out
+        cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
+        add_norm = self._add_norm
+        delta = None  # the last layer's MLP output, added with the next layer's input norm
+        for i, step in enumerate(self.plan):
+            (w1, eps1), (w2, eps2) = step.norm1, step.norm2
+            qkv_proj, o_proj, scaling, window = step.qkv, step.o, step.scaling, step.window
+            hidden, x = add_norm(hidden, delta, w1, eps1)
+            if inspector is not None:  # hidden is layer i - 1's resid_post and i's resid_pre
+                changed = inspector.visit("resid_post", i - 1, hidden) if i else []
+                x = _renorm(hidden, x, changed + inspector.visit("resid_pre", i, hidden),
+                            w1, eps1)
+            qkv = qkv_proj(x)  # [T, (Hq + 2Hkv) D]
+            q = c_layer_ops.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping, *ctx.kv_caches[i],
+                                   hq, hkv) if c_ops else None
+            if q is not None:  # K/V rotated and written in C
+                out = attend(ctx, i, q, None, None, scaling, window)  # [T, Hq, D]
+            else:
+                qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
+                v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+                out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling, window)
+            if inspector is not None:
+                inspector.visit("z", i, out)
+                attn = o_proj(out.reshape(t, hq * d))
+                inspector.visit("attn_out", i, attn)
+                hidden, x = add_norm(hidden, attn, w2, eps2)
+                x = _renorm(hidden, x, inspector.visit("resid_mid", i, hidden), w2, eps2)
+            else:
+                hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
+            gate_up = step.gate_up(x)
+            y = c_layer_ops.silu_mul(gate_up) if c_silu else None
+            if y is None:
+                gate, up = gate_up.chunk(2, dim=-1)
+                y = step.act(gate) * up
+            delta = step.down(y)
+            if inspector is not None:
+                inspector.visit("mlp_out", i, delta)
+        hidden = hidden if delta is None else hidden + delta
+        if inspector is not None:
+            inspector.visit("resid_post", len(self.plan) - 1, hidden)
+        return hidden
+
+    def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden + delta, its RMSNorm): in C in one pass when `c_ops` (and the C function
+        takes the shape), else torch's ops, bit-identical to the layers'."""
+        if self.c_ops:
+            both = c_layer_ops.add_rms_norm(hidden, delta, weight, eps)
+            if both is not None:
+                return both
+        if delta is not None:
+            hidden = hidden + delta
+        return hidden, _rms_norm(hidden, weight, eps)
+
+    def _c_step(self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                ctx: AttentionContext) -> torch.Tensor | None:
+        """A step of decodes only through every layer in one C call (`c_decode_stack.decode_stack`): the
+        loop's C functions in the loop's order, without the interpreter between them. None
+        where it does not apply (more rows than the C products take, another dtype): the
+        loop runs instead."""
+        assert self.c_layers is not None
+        rows, dtype = hidden.shape[0], hidden.dtype
+        if self.one_call_rows is not None and rows > self.one_call_rows:
+            return None
+        if ctx.decode_slots is None or ctx.decode_lengths is None or any(
+                lin.c_function(rows, dtype) is None for lin in self.c_layers[0].projections):
+            return None
+        if self._c_tables_for is not ctx.kv_caches:  # the caches' addresses, once per runner
+            layers = [(c.input_norm.weight, c.qkv.c_weight(), c.qkv.bias, c.o.c_weight(),
+                       c.o.bias, c.post_norm.weight, c.gate_up.c_weight(), c.gate_up.bias,
+                       c.down.c_weight(), c.down.bias, *kv,
+                       *(lin.c_function(rows, dtype) for lin in c.projections))
+                      for c, kv in zip(self.c_layers, ctx.kv_caches)]
+            eps = [(c.input_norm.variance_epsilon, c.post_norm.variance_epsilon)
+                   for c in self.c_layers]
+            self._c_tables = c_decode_stack.stack_table(layers, eps)
+            self._c_tables_for = ctx.kv_caches
+        return c_decode_stack.decode_stack(self._c_tables, len(self.layers), hidden, cos, signed_sin,
+                                 ctx.slot_mapping, ctx.decode_slots, ctx.decode_lengths,
+                                 self.num_heads, self.num_kv_heads, self.head_dim,
+                                 self.c_layers[0].gate_up.out_features // 2,
+                                 self.scaling or self.head_dim ** -0.5)
+
+    def refresh(self) -> None:
+        """Looks the layers' modules up again (after LoRA wrappers replaced projections)."""
+        self.plan = self._plan()
+        self.c_layers = self._c_layers()
+        self._c_tables_for = None
+
+    def _c_layers(self) -> list[CLayer] | None:
+        """Each layer's `CLayer` when a decode step can run in one C call (`_c_step`): ops "c",
+        SiLU, every projection a plain `FastLinear` (no LoRA wrapper) with C products, each
+        projection on the same kernel in every layer (so that layer 0's say which row counts
+        the step takes), one scaling, no sliding window (the C attention reads whole
+        contexts); else None."""
+        if not (self.c_ops and self.silu) or any(
+                w is not None for w in self.windows):
+            return None
+        layers: list[CLayer] = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            c = CLayer(layer.input_layernorm, attn.q_proj.group.linear, attn.o_proj,
+                       layer.post_attention_layernorm, mlp.gate_proj.group.linear, mlp.down_proj)
+            if not all(type(lin) is FastLinear and lin.c_weight() is not None
+                       and lin.kernel.name in C_KERNELS for lin in c.projections):
+                return None
+            dtypes = {c.input_norm.weight.dtype, c.post_norm.weight.dtype}
+            if len(dtypes) != 1 or not all(t.is_contiguous() for t in (c.input_norm.weight,
+                                                                        c.post_norm.weight)):
+                return None
+            layers.append(c)
+        kernels = {tuple(lin.kernel.name for lin in c.projections) for c in layers}
+        scalings = {layer.self_attn.scaling for layer in self.layers}
+        if len(kernels) != 1 or len(scalings) != 1:
+            return None
+        self.scaling = scalings.pop()
+        return layers
+
+    def _plan(self) -> list[LayerStep]:
+        """Per layer, the norms' weights and the forward methods the loop calls, looked up
+        once (module attribute lookups cost more than the small ops between them)."""
+        plan = []
+        for layer, window in zip(self.layers, self.windows):
+            attn, mlp = layer.self_attn, layer.mlp
+            norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+            plan.append(LayerStep((norm1.weight, norm1.variance_epsilon),
+                                  attn.q_proj.group.linear.forward, attn.o_proj.forward,
+                                  (norm2.weight, norm2.variance_epsilon),
+                                  mlp.gate_proj.group.linear.forward, mlp.down_proj.forward,
+                                  mlp.act_fn.forward, attn.scaling, window))
+        return plan
