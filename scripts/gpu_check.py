@@ -5,7 +5,7 @@ a few packages the engine's GPU tests need. `wheels` (here, with the venv's pyth
 exactly those (`WHEELS`), pinned to the venv's versions, for CPython 3.12 on manylinux x86-64,
 into `.whl/` (ignored by git; carried along with the working tree). `run` (there, with the
 machine's own python3, no venv) installs them into a target folder, puts it and the checkout on
-`PYTHONPATH`, runs the GPU tests (`tests/engine/test_engine_gpu.py`) and then the throughput
+`PYTHONPATH`, runs the GPU tests (`tests/engine/gpu/test_engine_gpu.py`) and then the throughput
 table (`table`, in a child process): each figure on a line of its own, everything in
 `$OUT/gpu-check.json` (`./gpu-check.json` where OUT is unset), the logs beside it.
 
@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL_DIR = ROOT / ".whl"
 TARGET = Path(tempfile.gettempdir()) / "workbench-gpu-site"
-TESTS = ["tests/engine/test_engine_gpu.py", "tests/engine/test_step_graphs.py"]
+TESTS = ["tests/engine/gpu/test_engine_gpu.py", "tests/engine/gpu/test_step_graphs.py"]
 PYTHON_VERSION = "3.12"  # the GPU machine's python3
 GLIBC_MINORS = range(17, 40)  # manylinux_2_17 .. 2_39 (its glibc is 2.39): pip matches N exactly
 
@@ -262,7 +262,8 @@ def table(args: argparse.Namespace) -> int:
     soon as measured, so a run cut short keeps what it had."""
     import torch
 
-    from workbench import LLM, bench
+    from workbench import LLM
+    from workbench.apps import bench
     from workbench.models import tiny_model
 
     device = "cpu" if args.cpu_dry_run else "cuda"

@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The Triton kernels' tests run them under Triton's interpreter
-# (tests/engine/test_triton_kernels.py): triton reads this as it defines each kernel, and any
+# (tests/engine/gpu/test_triton_kernels.py): triton reads this as it defines each kernel, and any
 # test may import it first (transformers' GGUF loader imports torch._dynamo, which imports
 # triton where it is installed). Nothing else in the suite runs Triton; a GPU run that wants
 # compiled kernels sets TRITON_INTERPRET=0.
@@ -68,3 +68,23 @@ def remote(llm):
     with serve_in_kernel(llm, port=0) as server, Workbench(url=server.base_url,
                                                           api_key="unused") as wb:
         yield wb
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2():
+    from workbench.models import tiny_model
+
+    return tiny_model("qwen2", seed=0, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral():
+    from workbench.models import tiny_model
+
+    return tiny_model("mistral", seed=0, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_llama):
+    """The real SmolLM2 tokenizer (the tiny models share it)."""
+    return tiny_llama.tokenizer

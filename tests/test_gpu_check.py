@@ -196,7 +196,7 @@ def test_the_dry_run_takes_every_step_on_the_cpu(gpu_check, tmp_path):
     assert gpu_check.main(["run", "--cpu-dry-run", "--no-wheels", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["mode"] == "cpu-dry-run" and report["tests"]["failed"] == 0
-    # skipped: only the CUDA graph capture (tests/engine/test_step_graphs.py), which has no
+    # skipped: only the CUDA graph capture (tests/engine/gpu/test_step_graphs.py), which has no
     # CPU form
     assert report["tests"]["passed"] >= 10 and report["tests"]["skipped"] == 1
     figures = report["table"]["figures"]

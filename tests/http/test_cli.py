@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import cli
+from workbench.apps import cli
 
 
 def run_serve(monkeypatch, *argv):
@@ -83,7 +83,7 @@ def test_inline_chat_template_is_checked():
 
 def test_bench_delegates_its_arguments(monkeypatch):
     seen = {}
-    monkeypatch.setattr("workbench.bench.main", lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setattr("workbench.apps.bench.main", lambda argv: seen.setdefault("argv", argv) and 0)
     assert cli.main(["bench", "--json", "--quick"]) == 0
     assert seen["argv"] == ["--json", "--quick"]
 

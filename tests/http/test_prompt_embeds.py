@@ -180,7 +180,7 @@ def test_bad_cache_salt_is_400(http):
 
 
 def test_the_cli_flag_reaches_the_server_config(monkeypatch):
-    from workbench import cli
+    from workbench.apps import cli
 
     captured = {}
     monkeypatch.setattr("workbench.http.server.run_server",

@@ -15,7 +15,7 @@ def test_store_size_flag(monkeypatch):
 
 def test_a_negative_store_size_stops_at_start_up(monkeypatch, capsys):
     monkeypatch.setattr("workbench.http.server.run_server", lambda *a, **k: 0)
-    from workbench import cli
+    from workbench.apps import cli
 
     with pytest.raises(SystemExit):
         cli.main(["serve", "--responses-store-size", "-1"])

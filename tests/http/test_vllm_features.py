@@ -347,7 +347,7 @@ def test_prompt_logprobs_true_with_prompt_embeds_is_vllms_refusal():
 
 
 def test_serve_flags_reach_the_server_config():
-    from workbench.cli import build_parser, configs_from_args
+    from workbench.apps.cli import build_parser, configs_from_args
 
     args = build_parser().parse_args([
         "serve", "--root-path", "/llm", "--enable-tokenizer-info-endpoint",

@@ -1,5 +1,5 @@
 """The views of what a request recorded: ActivationCache, AttentionPattern, LogitLens, and the
-wire form of their tensors. Synthetic data here; tests/engine/test_inspection.py checks the
+wire form of their tensors. Synthetic data here; tests/engine/step/test_inspection.py checks the
 values the engine puts in them against transformers."""
 
 import json

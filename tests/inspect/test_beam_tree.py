@@ -84,7 +84,7 @@ def test_plot_draws_with_matplotlib(result):
     # pruned candidates in the grey that reads on light and dark pages (lightgrey did not)
     from matplotlib.colors import to_hex
 
-    from workbench.figure import GREY
+    from workbench.display.figure import GREY
     pruned = {n.id for n in result.tree.nodes if n.status == "pruned"}
     assert pruned and to_hex(GREY) in {to_hex(line.get_color()) for line in ax.lines}
     import matplotlib.pyplot as plt

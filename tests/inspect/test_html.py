@@ -1,6 +1,6 @@
 """Deterministic HTML helpers."""
 
-from workbench.html import content_id
+from workbench.display.html import content_id
 
 
 def test_content_id_ignores_float_noise_but_not_visible_changes():
@@ -11,7 +11,7 @@ def test_content_id_ignores_float_noise_but_not_visible_changes():
 
 
 def test_whitespace_and_control_characters_are_visible_marks():
-    from workbench.html import token_html, visible
+    from workbench.display.html import token_html, visible
 
     assert visible(" ") == "␣" and visible("\n\n") == "⏎⏎" and visible("\t") == "⇥"
     assert visible(" London") == "␣London" and visible("") == "∅"

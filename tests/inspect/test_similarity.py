@@ -93,7 +93,7 @@ def test_one_colour_scale_for_every_kind_in_table_and_heatmap(kind):
     from matplotlib.colors import to_hex
 
     from tests.inspect.contrast import contrast
-    from workbench import html as h
+    from workbench.display import html as h
 
     values = [[1.0, 0.665, 0.083, 0.016, -0.2]]
     m = SimilarityMatrix(["q"], list("abcde"), values, kind)

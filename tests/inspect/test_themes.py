@@ -11,7 +11,7 @@ import pytest
 
 from tests.inspect.contrast import contrast
 from tests.inspect.test_protocol import INSTANCES
-from workbench import html as h
+from workbench.display import html as h
 from workbench.inspect import ParsedOutput
 from workbench.inspect.beam_tree import BeamNode, BeamTree
 from workbench.inspect.logprob_table import Alternative, LogprobRow, LogprobTable
@@ -141,7 +141,7 @@ def test_plots_are_transparent_with_grey_text_that_reads_on_both_pages():
     from matplotlib.colors import to_hex, to_rgba
 
     from tests.inspect.test_protocol import INSTANCES
-    from workbench.figure import GREY
+    from workbench.display.figure import GREY
 
     assert min(contrast(GREY, DARK_PAGE), contrast(GREY, LIGHT_PAGE)) >= 4.0
     for name, obj in INSTANCES.items():

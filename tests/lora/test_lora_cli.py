@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workbench import cli
+from workbench.apps import cli
 from workbench.serving.lora import LoRAModulePath, parse_lora_module
 
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from workbench.soak import INVALID_BODIES, SoakReport, engine_leaks, rss_mb, storm
+from workbench.apps.soak import INVALID_BODIES, SoakReport, engine_leaks, rss_mb, storm
 
 
 @pytest.mark.slow

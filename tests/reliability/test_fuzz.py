@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from workbench.soak import engine_leaks, fuzz
+from workbench.apps.soak import engine_leaks, fuzz
 
 EXAMPLES_PER_ROUTE = 120
 

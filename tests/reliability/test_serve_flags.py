@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.cli import build_parser, configs_from_args
+from workbench.apps.cli import build_parser, configs_from_args
 
 
 def _server(argv, monkeypatch, env=None):

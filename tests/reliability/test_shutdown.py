@@ -183,7 +183,7 @@ def schedule(self):
         raise RuntimeError("injected scheduler bug")
     return real_schedule(self)
 scheduler.Scheduler.schedule = schedule
-from workbench.cli import main
+from workbench.apps.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 

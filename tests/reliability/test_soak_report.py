@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from workbench import bench, soak
-from workbench.soak import SoakReport
+from workbench.apps import bench, soak
+from workbench.apps.soak import SoakReport
 
 
 def test_statuses_are_counted_by_class():
@@ -67,7 +67,7 @@ def test_the_new_checks_fail_the_report():
 def test_burst_latency_and_shutdown_checks_against_a_live_server(make_server, slow_steps):
     import asyncio
 
-    from workbench import soak_checks
+    from workbench.apps import soak_checks
 
     server = make_server(engine={"max_num_seqs": 4})
     slow_steps(server, 0.02)

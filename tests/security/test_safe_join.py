@@ -1,4 +1,4 @@
-"""`workbench.security`: client-supplied paths stay inside their configured root."""
+"""`workbench.lora.security`: client-supplied paths stay inside their configured root."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from workbench.errors import ValidationError
-from workbench.security import is_within, redact, safe_join
+from workbench.lora.security import is_within, redact, safe_join
 
 
 def test_a_relative_name_resolves_inside_the_root(tmp_path):

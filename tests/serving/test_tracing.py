@@ -72,7 +72,7 @@ def test_the_endpoint_flag_builds_an_otlp_tracer(fake_engine):
 
 
 def test_the_flag_reaches_the_server_config():
-    from workbench.cli import build_parser, configs_from_args
+    from workbench.apps.cli import build_parser, configs_from_args
 
     args = build_parser().parse_args(["serve", "--otlp-traces-endpoint", "http://collector:4317"])
     _, server = configs_from_args(args)

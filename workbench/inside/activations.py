@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 from workbench.inside.attention_pattern import AttentionPattern
 from workbench.inside.params import CAPTURE_SITES, site_name
 from workbench.inside.tensors import decode_tensor, encode_tensor

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 
 MAX_HEADS = 8
 MAX_POSITIONS = 24

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 from workbench.inside.tensors import decode_tensor, encode_tensor
 
 HOW_TO_READ = ("row: the layer after which the stream is unembedded (the last on top); column: "

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from workbench import html as h
+from workbench.display import html as h
 from workbench.engine.requests.beam_tree import BeamNode, BeamTreeData
 
 # name -> (light, dark); each colour >= 4.5:1 on its palette's background and selection

@@ -18,9 +18,9 @@ from collections.abc import Collection
 from dataclasses import asdict, fields, replace
 from typing import Any
 
+from workbench.display.figure import GREY, neutral
+from workbench.display.frames import frame
 from workbench.engine.requests.beam_tree import BeamNode, BeamTreeData
-from workbench.figure import GREY, neutral
-from workbench.frames import frame
 from workbench.inspect import beam_svg
 
 __all__ = ["BeamNode", "BeamTree", "with_beam_tree"]  # BeamNode: its import path before the move

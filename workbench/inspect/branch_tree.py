@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any
 
-from workbench import html as h
+from workbench.display import html as h
+from workbench.display.figure import GREY, neutral
+from workbench.display.frames import frame
 from workbench.errors import ValidationError
-from workbench.figure import GREY, neutral
-from workbench.frames import frame
 
 __all__ = ["Branch", "BranchTree", "Path", "PathToken"]
 

@@ -32,9 +32,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench import html as h
-from workbench.figure import GREY, neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import GREY, neutral
+from workbench.display.frames import frame
 from workbench.inspect.logprob_table import LogprobTable
 
 __all__ = ["DivergenceReport", "Divergence", "RunTokens", "Scenario", "compare"]

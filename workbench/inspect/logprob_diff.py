@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 
 
 @dataclass(frozen=True)

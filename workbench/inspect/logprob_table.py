@@ -30,10 +30,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from workbench import html as h
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 from workbench.engine.requests.outputs import TokenStats
-from workbench.figure import neutral
-from workbench.frames import frame
 from workbench.inspect.logprob_diff import LogprobDiff
 
 

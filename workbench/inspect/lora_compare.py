@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workbench import html as h
+from workbench.display import html as h
 from workbench.lora.request import LoRARequest
 
 

@@ -26,9 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 from workbench.inspect.logprob_diff import DiffRow, LogprobDiff
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench import html as h
+from workbench.display import html as h
 from workbench.engine.requests.output_views import card
 
 

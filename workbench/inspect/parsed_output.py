@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 from workbench.serving.chat_tools import ChoiceParser
 from workbench.serving.reasoning import get_reasoning_parser
 from workbench.serving.tool_parsers import get_tool_parser

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench import html as h
-from workbench.figure import neutral
+from workbench.display import html as h
+from workbench.display.figure import neutral
 
 
 @dataclass

@@ -14,9 +14,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 
 import pydantic
 
-from workbench import html as h
-from workbench.figure import neutral
-from workbench.frames import frame
+from workbench.display import html as h
+from workbench.display.figure import neutral
+from workbench.display.frames import frame
 from workbench.serving.base import RequestMeta
 from workbench.serving.errors import error_response, validation_error_body
 from workbench.serving.protocol import ChatCompletionRequest, CompletionRequest

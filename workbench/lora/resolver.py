@@ -19,7 +19,7 @@ from pathlib import Path
 
 from workbench.errors import ValidationError
 from workbench.lora.request import LoRARequest
-from workbench.security import safe_join
+from workbench.lora.security import safe_join
 
 
 class LoRAResolver(ABC):

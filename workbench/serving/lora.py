@@ -34,7 +34,7 @@ from workbench.engine.protocol import EngineClient
 from workbench.errors import ValidationError
 from workbench.lora.request import LoRARequest
 from workbench.lora.resolver import FilesystemResolver, LoRAResolver
-from workbench.security import is_within
+from workbench.lora.security import is_within
 from workbench.serving.errors import ServingError, make_error
 
 logger = logging.getLogger("workbench.lora")

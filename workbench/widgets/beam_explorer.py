@@ -22,7 +22,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench import html as h
+from workbench.display import html as h
 from workbench.errors import ValidationError
 from workbench.inspect.beam_tree import BeamNode, BeamTree
 from workbench.sampling_params import BeamSearchParams

@@ -11,7 +11,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench import html as h
+from workbench.display import html as h
 from workbench.inspect.logprob_table import LogprobTable
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench import html as h
+from workbench.display import html as h
 from workbench.errors import ValidationError
 from workbench.inspect.branch_tree import Branch, BranchTree
 from workbench.widgets.beam_explorer import error_html

@@ -9,7 +9,7 @@ logits through a `torch.where`, and the uniforms are drawn on the logits' device
 default generator for the unseeded rows, one draw of its own generator per seeded row, so a
 seeded request gets the same tokens whatever shares its batch. The truncation masks are the CPU
 sampler's (`truncate`) row for row and the walk down the CDF is its `inverse_cdf`: on the CPU,
-with the same generators, the tokens are the CPU sampler's (`tests/engine/test_device_sampling.py`).
+with the same generators, the tokens are the CPU sampler's (`tests/engine/gpu/test_device_sampling.py`).
 
 Not wired yet: the CUDA runner will call `sample_on_device` where `Sampler.__call__` takes its
 greedy / sampled branches (masks, penalties and logprobs stay as they are).

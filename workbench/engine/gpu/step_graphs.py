@@ -18,7 +18,7 @@ Two back ends capture the same step function over the same buffers: `CudaGraphBa
 attention reads each context's own length) the twin's logits are the eager runner's bit for
 bit; on torch's ops (a GPU's) they are the eager step's of the same padded batch bit for bit,
 within 1e-5 of the unpadded one, as eager steps of different batches differ
-(`tests/engine/test_step_graphs.py`). Its step makes no host sync (`tests/engine/host_sync.py`):
+(`tests/engine/gpu/test_step_graphs.py`). Its step makes no host sync (`tests/engine/host_sync.py`):
 what capture requires of it.
 """
 

@@ -1,7 +1,7 @@
 """Concise notebook cards of the engine's outputs: `RequestOutput`, `CompletionOutput` and the
 pooling outputs (their `_repr_html_`).
 
-Each function returns deterministic HTML (`workbench/html.py`): the text, token counts, finish
+Each function returns deterministic HTML (`workbench/display/html.py`): the text, token counts, finish
 reasons and a few numbers, never timestamps or memory addresses, so Lab shows a small card
 instead of a dataclass dump; the classes' `__repr__` stays vLLM's.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench import html as h
+from workbench.display import html as h
 
 _BOX = "font-family:var(--jp-code-font-family, monospace);font-size:12px"
 

@@ -5,11 +5,11 @@ decoding one token: views and transposes to `[1, heads, T, head_dim]` and back, 
 and decorators per call, rotary embeddings applied to queries and keys apart. `DecoderStack`
 runs the same computation on the packed `[T, hidden]` row with the layer's own modules (its
 RMSNorms, fused projections, activation) and `attention.attend`, in the same order and the same
-dtypes, so the result is bit-identical to calling the layers (`tests/engine/test_decoder.py`),
+dtypes, so the result is bit-identical to calling the layers (`tests/engine/step/test_decoder.py`),
 with about a third of the operator calls per layer. Where the kernel choice's ops are "c", the
 small operators between the projections run in C instead (`engine/gemv.py`: each residual add
 with the norm after it, rotary embedding with the KV write, SiLU gating; the norm and SiLU
-within the last bit of torch's, `tests/engine/test_c_ops.py`).
+within the last bit of torch's, `tests/engine/kernels/test_c_ops.py`).
 
 It is used in every dtype once `engine/step/fusion.py` has fused Q/K/V and gate/up, for models whose
 layers have the modules of pre-norm attention + gated MLP (`supports`) and compute with them
@@ -35,7 +35,7 @@ from workbench.engine.step.fusion import C_KERNELS, FastLinear, FusedPart
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """transformers' Llama-family `RMSNorm` module `norm` applied to `x` with torch's fused
     kernel: the same ops in the same dtypes (normalise in float32, cast back, then scale),
-    bit-identical (`tests/engine/test_decoder.py`) in about a third of the time."""
+    bit-identical (`tests/engine/step/test_decoder.py`) in about a third of the time."""
     return _rms_norm(x, norm.weight, norm.variance_epsilon)
 
 

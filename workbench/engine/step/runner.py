@@ -20,7 +20,7 @@ attended alone against its own context in one fixed order (`attention.QueryConte
 products' dot products take (the loop's bits), and the ops between (norms, activations,
 rotary) are per row already. A request's tokens and logprobs
 are then the same bits whatever shares its step, however its prompt is chunked, with or
-without prefix-cache hits (`tests/engine/test_batch_invariant.py`); what cannot be made so is
+without prefix-cache hits (`tests/engine/kernels/test_batch_invariant.py`); what cannot be made so is
 refused at start-up (`check_batch_invariant`).
 """
 

@@ -5,7 +5,7 @@ The kernels live in `attention.py` and `ops.py`, which import triton at their to
 only once `available(device)` says yes (the engine imports fine where triton is absent, a CPU
 machine without it or macOS). On CPU tensors they run under Triton's interpreter
 (`TRITON_INTERPRET=1`, read by `triton.jit` when those modules are first imported), which is
-how `tests/engine/test_triton_kernels.py` checks them without a GPU. Nothing in the engine
+how `tests/engine/gpu/test_triton_kernels.py` checks them without a GPU. Nothing in the engine
 calls them yet: each kernel's docstring says what it replaces and how the GPU wiring will call
 it.
 """

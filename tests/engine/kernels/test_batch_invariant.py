@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from tests.engine import test_architectures as arch_tests
-from tests.engine import test_inspection as inspection_tests
 from tests.engine.helpers import make_llm
+from tests.engine.step import test_architectures as arch_tests
+from tests.engine.step import test_inspection as inspection_tests
 from workbench.engine.kernels import c_attention, c_products, projections
 from workbench.engine.step.fusion import FastLinear, make_batch_invariant
 from workbench.errors import ValidationError
@@ -228,7 +228,7 @@ def test_the_llm_says_it_is_batch_invariant():
     assert "batch_invariant" not in repr(make_llm(tiny_model("llama", seed=0)))
 
 
-# -- exact against transformers, as the default engine is (tests/engine/test_architectures.py) --
+# -- exact against transformers, as the default engine is (tests/engine/step/test_architectures.py) --
 
 @needs_c
 @pytest.mark.parametrize("family", FAMILIES)

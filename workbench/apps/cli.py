@@ -18,7 +18,7 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from workbench import bench
+from workbench.apps import bench
 from workbench.config import EngineConfig
 from workbench.errors import ValidationError
 from workbench.models import DEFAULT_MODEL, resolve_model
@@ -266,7 +266,7 @@ def _with_loras(server: Any, args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # its own flags belong to workbench.bench
+    if argv[:1] == ["bench"]:  # its own flags belong to workbench.apps.bench
         return bench.main(argv[1:]) or 0
     parser = build_parser()
     args = parser.parse_args(argv)

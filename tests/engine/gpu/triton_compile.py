@@ -1,5 +1,5 @@
 """Compiles the Triton kernels for a CUDA GPU on a machine without one (`python -m
-tests.engine.triton_compile [sm]`, sm 90 by default): Triton's own compiler and the ptxas it
+tests.engine.gpu.triton_compile [sm]`, sm 90 by default): Triton's own compiler and the ptxas it
 ships, from Python down to a cubin. The interpreter tests (`test_triton_kernels.py`) check what
 the kernels compute; this checks what only the GPU compiler sees (loop-carried types, the
 products' shapes and precisions, constexpr branches). Each launch is the one the public

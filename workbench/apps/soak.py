@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import psutil
 
-from workbench import soak_checks
+from workbench.apps import soak_checks
 from workbench.engine.protocol import EngineClient
 
 # a few bodies no server should accept, sent between the storm's streams

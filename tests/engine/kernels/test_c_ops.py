@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.engine.helpers import make_llm
-from tests.engine.test_kernels import every_build, simulated  # noqa: F401 (a fixture)
+from tests.engine.kernels.test_kernels import every_build, simulated  # noqa: F401 (a fixture)
 from workbench.engine.kernels import (
     c_attention,
     c_decode_stack,

@@ -323,11 +323,11 @@ def test_available_reads_the_interpreter_switch(monkeypatch):
 @pytest.mark.slow
 def test_kernels_compile_for_cuda_without_a_gpu(tmp_path):
     """Every launch the public functions make, in each dtype, compiled by Triton's compiler
-    and ptxas for sm_90 (`tests/engine/triton_compile.py`: what the interpreter never sees,
+    and ptxas for sm_90 (`tests/engine/gpu/triton_compile.py`: what the interpreter never sees,
     such as loop-carried types), in a process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
-    result = subprocess.run([sys.executable, "-m", "tests.engine.triton_compile", "90"],
+    result = subprocess.run([sys.executable, "-m", "tests.engine.gpu.triton_compile", "90"],
                             capture_output=True, text=True, env=env, timeout=600,
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr[-3000:]

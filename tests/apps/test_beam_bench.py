@@ -1,9 +1,9 @@
-"""workbench.bench's beam benchmark: both sides make exactly width x tokens tokens (no timing)."""
+"""workbench.apps.bench's beam benchmark: both sides make exactly width x tokens tokens (no timing)."""
 
 from __future__ import annotations
 
 from tests.engine.helpers import make_llm
-from workbench import bench
+from workbench.apps import bench
 
 
 def test_both_beam_sides_make_width_times_tokens(tiny_llama):

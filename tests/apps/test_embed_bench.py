@@ -1,11 +1,11 @@
-"""workbench.bench's embedding benchmark: both sides compute the same embeddings (no timing)."""
+"""workbench.apps.bench's embedding benchmark: both sides compute the same embeddings (no timing)."""
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 
-from workbench import bench
-from workbench.bench_embed import corpus, hf_embed, ours_embed
+from workbench.apps import bench
+from workbench.apps.bench_embed import corpus, hf_embed, ours_embed
 from workbench.llm import LLM
 
 

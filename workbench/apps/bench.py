@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from workbench import bench_embed as embed
-from workbench import soak
-from workbench.bench_embed import EmbedContenders
+from workbench.apps import bench_embed as embed
+from workbench.apps import soak
+from workbench.apps.bench_embed import EmbedContenders
 from workbench.models.registry import DEFAULT_MODEL
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
@@ -63,7 +63,7 @@ class BenchConfig:
     repeats: int = 3
     concurrency: int = 16
     seed: int = 0
-    embed_sentences: int = 512  # the embedding benchmark's corpus (workbench/bench_embed.py)
+    embed_sentences: int = 512  # the embedding benchmark's corpus (workbench/apps/bench_embed.py)
 
     @classmethod
     def quick(cls, **kwargs: Any) -> "BenchConfig":
@@ -373,7 +373,7 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
 
 def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
     """Sentences per second embedding a mixed-length corpus: our encode path vs transformers'
-    padded batches of 32, same pooling and dtype (`workbench/bench_embed.py`)."""
+    padded batches of 32, same pooling and dtype (`workbench/apps/bench_embed.py`)."""
     return embed.bench_embed(side.embed, embed.corpus(config.embed_sentences, config.seed),
                              max(config.repeats, 3))  # short runs: at least 3 turns each
 
@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", default="auto", help="default: the kernel chosen for the dtype")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--soak", action="store_true", help="instead: the soak and fuzz run "
-                        "(workbench/soak.py): disconnect storms, invalid bodies, schemathesis")
+                        "(workbench/apps/soak.py): disconnect storms, invalid bodies, schemathesis")
     args = parser.parse_args(argv)
     if args.soak:
         return soak.main(json_line=args.json, quick=args.quick)

@@ -1,11 +1,11 @@
-"""workbench.bench (lives here with the models it loads): both sides of each measurement count
+"""workbench.apps.bench (lives here with the models it loads): both sides of each measurement count
 the same tokens, and the command prints its figures. No timing is asserted."""
 
 import json
 
 import pytest
 
-from workbench import bench
+from workbench.apps import bench
 from workbench.models import tiny_model
 
 
