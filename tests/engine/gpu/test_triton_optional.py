@@ -16,7 +16,7 @@ def test_the_engine_imports_without_loading_triton():
     nothing they import loads triton."""
     code = ("import sys; sys.modules['triton'] = None\n"  # None in sys.modules: ImportError
             "import workbench.llm, workbench.engine.step.runner, workbench.engine.engine\n"
-            "from workbench.engine import triton\n"
+            "from workbench.engine.gpu import triton\n"
             "assert not triton.available('cuda')\n"
             "assert sys.modules['triton'] is None\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -55,7 +55,7 @@ def isas() -> list[str]:
 
 def linear_function(kind: str, isa: str | None = None):
     """The C product function (ctypes) for block type `kind` on `isa` (default: the best of
-    `isas()`), gemv.c's `wb_linear_f32` signature (a `wb_decode_stack` product function)."""
+    `isas()`), linear_f32.c's `wb_linear_f32` signature (a `wb_decode_stack` product function)."""
     if kind not in BLOCK_TYPES:
         raise ValueError(f"GGUF block type must be one of {sorted(BLOCK_TYPES)}, got {kind!r}")
     if isa is None:

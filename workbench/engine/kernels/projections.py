@@ -10,7 +10,7 @@ x)` computes `x W^T + b`.
 
 | kernel       | dtype    | needs                                               | what it does
 |--------------|----------|-----------------------------------------------------|-------------------------
-| "avx2"       | float32  | AVX2 + FMA, a C compiler (`engine/gemv.py`)         | products of up to 48
+| "avx2"       | float32  | AVX2 + FMA, a C compiler (`c_products.py`)          | products of up to 48
 |              |          |                                                     | rows in C (decoding,
 |              |          |                                                     | beams, small batches);
 |              |          |                                                     | prefill via `F.linear`

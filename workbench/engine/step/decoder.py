@@ -7,7 +7,7 @@ runs the same computation on the packed `[T, hidden]` row with the layer's own m
 RMSNorms, fused projections, activation) and `attention.attend`, in the same order and the same
 dtypes, so the result is bit-identical to calling the layers (`tests/engine/step/test_decoder.py`),
 with about a third of the operator calls per layer. Where the kernel choice's ops are "c", the
-small operators between the projections run in C instead (`engine/gemv.py`: each residual add
+small operators between the projections run in C instead (`engine/kernels/c_layer_ops.py`: each residual add
 with the norm after it, rotary embedding with the KV write, SiLU gating; the norm and SiLU
 within the last bit of torch's, `tests/engine/kernels/test_c_ops.py`).
 

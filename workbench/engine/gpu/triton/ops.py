@@ -4,8 +4,8 @@ On CUDA the lean loop (`engine/step/decoder.py`) runs these as torch's ops, seve
 the residual add and the RMSNorm after it (`_add_norm`: add, cast, rms_norm, cast, multiply),
 rotary embedding and the KV write (`_rotate`: chunk, two products, cat, add; then
 `attend`'s two `index_copy_`), SiLU gating (chunk, silu, multiply). Each function here is one
-launch computing what `gemv.py`'s C function of the same name computes on CPU, with torch's
-roundings in the tensor's dtype (float32, bfloat16, float16): every intermediate that torch
+launch computing what `engine/kernels/c_layer_ops.py`'s C function of the same name computes
+on CPU, with torch's roundings in the tensor's dtype (float32, bfloat16, float16): every intermediate that torch
 rounds to that dtype is rounded here too (`rounding.round_to`), in float32 between, and no
 product is fused into an FMA (`enable_fp_fusion=False`: torch's separate ops round each), so
 rotary + KV write is bit for bit torch's in every dtype.

@@ -3,7 +3,7 @@
  * y[m, n] = sum_k x[m, k] * dequant(w)[n, k] (+ b[n]) for the block types Q4_0, Q4_1, Q8_0,
  * Q4_K, Q5_K and Q6_K, one function per type and ISA: wb_linear_<type>_avx2 (the library's base
  * flags, -mavx2 -mfma: no AVX-512 instruction) and wb_linear_<type>_avx512 (AVX-512F and F16C,
- * through target attributes), the signature of gemv.c's wb_linear_f32 (so wb_decode_stack can
+ * through target attributes), the signature of linear_f32.c's wb_linear_f32 (so wb_decode_stack can
  * call them). Row n of w is its K / block_size blocks, contiguous.
  *
  * Each block is cut into groups of 32 weights, and each group is dequantized in registers into
@@ -27,7 +27,7 @@
  * broadcast from memory, and codes are widened straight from memory (no byte shuffles). On a
  * 2-core AMD EPYC (Zen 4) slice: SmolLM2-135M's projections and LM head (96 MB of Q4_1 and
  * Q8_0 blocks) at one row, 2 threads, ~5 ms a token (AVX-512; AVX2 ~7.5), ~2 ns per group of
- * 32 weights per thread; the same products on bf16 weights (gemv.c) ~14.5 ms.
+ * 32 weights per thread; the same products on bf16 weights (linear_bf16.c) ~14.5 ms.
  */
 #include <immintrin.h>
 #include <stdint.h>
