@@ -329,6 +329,6 @@ def test_kernels_compile_for_cuda_without_a_gpu(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
     result = subprocess.run([sys.executable, "-m", "tests.engine.gpu.triton_compile", "90"],
                             capture_output=True, text=True, env=env, timeout=600,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "30 launches compiled for sm_90" in result.stdout

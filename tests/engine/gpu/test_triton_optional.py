@@ -20,7 +20,7 @@ def test_the_engine_imports_without_loading_triton():
             "assert not triton.available('cuda')\n"
             "assert sys.modules['triton'] is None\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, cwd=Path(__file__).resolve().parents[2])
+                            timeout=120, cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr
 
 

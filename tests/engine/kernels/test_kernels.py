@@ -141,7 +141,7 @@ def test_portable_runs_cover_every_other_runnable_kernel(monkeypatch, every_buil
     import sys
     from pathlib import Path
 
-    path = Path(__file__).parents[2] / "scripts" / "test_portable.py"
+    path = Path(__file__).parents[3] / "scripts" / "test_portable.py"
     spec = importlib.util.spec_from_file_location("test_portable", path)
     script = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "test_portable", script)  # its dataclass looks itself up
