@@ -215,7 +215,7 @@ def kv_heads(config: Any) -> int:
         if config.new_decoder_architecture:
             return config.num_kv_heads
         return 1 if config.multi_query else config.num_attention_heads
-    if "num_key_value_heads" in IGNORED_LAYOUT_KEYS.get(model_type, ()):
+    if "num_key_value_heads" in IGNORED_LAYOUT_KEYS.get(model_type or "", ()):
         return config.num_attention_heads
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
@@ -223,7 +223,7 @@ def kv_heads(config: Any) -> int:
 def head_size(config: Any) -> int:
     """The size of each key / value head (checked by the probe step as `kv_heads`)."""
     heads = config.num_attention_heads
-    if "head_dim" in IGNORED_LAYOUT_KEYS.get(getattr(config, "model_type", None), ()):
+    if "head_dim" in IGNORED_LAYOUT_KEYS.get(getattr(config, "model_type", None) or "", ()):
         return config.hidden_size // heads
     return getattr(config, "head_dim", None) or config.hidden_size // heads
 
@@ -231,7 +231,7 @@ def head_size(config: Any) -> int:
 def stray_layout_keys(config: Any) -> list[str]:
     """`key=value` for each KV-layout key the config sets that its family's attention does
     not read (`IGNORED_LAYOUT_KEYS`), for a refusal to name."""
-    keys = IGNORED_LAYOUT_KEYS.get(getattr(config, "model_type", None), ())
+    keys = IGNORED_LAYOUT_KEYS.get(getattr(config, "model_type", None) or "", ())
     return [f"{key}={config.__dict__[key]!r}" for key in keys
             if config.__dict__.get(key) is not None]
 
