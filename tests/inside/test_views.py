@@ -184,3 +184,33 @@ def test_the_logit_lens_renders():
     assert ax.get_ylabel() == "layer" and [t.get_text() for t in ax.texts][-1] == "␣Paris"
     ax = lz.plot_rank(9, position=5)
     assert list(ax.lines[0].get_ydata()) == [4, 2]
+
+
+def test_heatmaps_show_the_page_in_their_empty_cells():
+    """JupyterLab's dark theme: a pattern's or a lens's cells are one colour at the weight's
+    opacity (`figure.fading`), so a zero weight (a key after its query) is transparent, not a
+    white block, on a transparent figure; the strongest cell is opaque."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    n = 6
+    weights = torch.rand(2, n, n, generator=torch.Generator().manual_seed(3)).tril()
+    view = AttentionPattern(0, [0, 1], weights / weights.sum(-1, keepdim=True), list(range(n)),
+                            [f"t{i}" for i in range(n)])
+    for ax in (view.plot(), lens().plot()):
+        try:
+            assert ax.figure.patch.get_alpha() == 0.0
+            assert to_rgba(ax.get_facecolor())[3] == 0.0
+            image = ax.images[0]
+            assert image.cmap(0.0)[3] == 0.0 and image.cmap(1.0)[3] == 1.0
+            assert image.cmap.get_bad()[3] == 0.0
+            cells = image.to_rgba(image.get_array())  # [rows, cols, RGBA]
+            values = image.get_array()
+            assert (cells[..., 3][values == 0] == 0).all()
+            assert abs(cells[..., 3].max() - values.max()) < 0.01  # opacity is the weight
+        finally:
+            plt.close(ax.figure)
+    ax = view.plot(heads=[0])
+    empty = ax.images[0].to_rgba(ax.images[0].get_array())[0, n - 1]  # query 0, key n - 1
+    assert empty[3] == 0
+    plt.close(ax.figure)

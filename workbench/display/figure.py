@@ -3,7 +3,9 @@
 The kernel cannot know the page's theme, so every `plot()` ends with `neutral(ax)`: the figure
 and its axes (a colorbar's too) on a transparent background, and text, ticks, spines and
 legends in one mid-grey that reads on a white and on a near-black page. Colours inside the
-drawing (bars, lines, a heatmap's cells) stay the plot's own.
+drawing (bars, lines, a heatmap's cells) stay the plot's own; a heatmap of weights takes
+`fading(colour)`, one colour at the weight's opacity (as the HTML grids draw their cells), so
+its empty and low cells show the page, not a white block on a dark one.
 """
 
 from __future__ import annotations
@@ -11,6 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 GREY = "#7a7a7a"  # >= 4:1 on JupyterLab's light (#ffffff) and dark (#111111) pages, tested
+
+
+def fading(colour: str, steps: int = 256) -> Any:
+    """A colormap from transparent (0) to `colour` (1) by opacity alone: a cell shows the page
+    behind it as much as its weight is low; masked and NaN cells are transparent too."""
+    from matplotlib.colors import ListedColormap, to_rgb  # optional: only plots need it
+
+    r, g, b = to_rgb(colour)
+    cmap = ListedColormap([(r, g, b, i / (steps - 1)) for i in range(steps)],
+                          name=f"fading{colour}")
+    cmap.set_bad((0.0, 0.0, 0.0, 0.0))
+    return cmap
 
 
 def neutral(ax: Any) -> Any:

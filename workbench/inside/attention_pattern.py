@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from workbench.display import html as h
-from workbench.display.figure import neutral
+from workbench.display.figure import fading, neutral
 from workbench.display.frames import frame
 
 MAX_HEADS = 8
@@ -80,8 +80,8 @@ class AttentionPattern:
         axes = np.atleast_1d(ax).ravel()
         keys = self.pattern.shape[-1]
         for a, head in zip(axes, chosen):
-            a.imshow(self.pattern_of(head).numpy(), cmap="Blues", vmin=0.0, vmax=1.0,
-                     aspect="auto")
+            a.imshow(self.pattern_of(head).numpy(), cmap=fading(BLUE), vmin=0.0, vmax=1.0,
+                     aspect="auto", interpolation="nearest")
             a.set_title(f"L{self.layer}H{head}", fontsize=9)
             if keys <= 32:
                 a.set_xticks(range(keys), [h.visible(t)[:8] for t in self.tokens[:keys]],

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 
 from workbench.display import html as h
-from workbench.display.figure import neutral
+from workbench.display.figure import GREY, fading, neutral
 from workbench.display.frames import frame
 from workbench.inside.tensors import decode_tensor, encode_tensor
 
 HOW_TO_READ = ("row: the layer after which the stream is unembedded (the last on top); column: "
                "the input token; cell: the next token it predicts; hover for the top k")
 MAX_POSITIONS = 16  # columns of the notebook table (the last ones); `html(last=...)` for more
+GREEN = "#15803d"  # the plot's cells: this at the top-1 probability's opacity (`figure.fading`)
 
 
 @dataclass
@@ -112,19 +113,24 @@ class LogitLens:
         """The top token's probability after each layer (rows, the last layer on top) at the
         last `last` positions (columns), each cell labelled with that token."""
         import matplotlib.pyplot as plt  # optional: deferred, only plots need matplotlib
+        from matplotlib.patheffects import withStroke
 
         cols = list(range(len(self.positions)))[-last:]
         probs = self.top_probs[:, cols, 0].numpy() if self.layers else [[]]
         if ax is None:
             _, ax = plt.subplots(figsize=(min(2 + 0.8 * len(cols), 16),
                                           1.2 + 0.35 * len(self.layers)))
-        image = ax.imshow(probs, cmap="Greens", vmin=0.0, vmax=1.0, aspect="auto",
-                          origin="lower")
+        image = ax.imshow(probs, cmap=fading(GREEN), vmin=0.0, vmax=1.0, aspect="auto",
+                          origin="lower", interpolation="nearest")
         for li in range(len(self.layers)):
             for ci, pi in enumerate(cols):
-                p = float(self.top_probs[li, pi, 0])
+                # a cell shows the page as much as p is low: grey text there (both pages),
+                # white outlined in the cells' green where the green dominates
+                strong = float(self.top_probs[li, pi, 0]) > 0.6
                 ax.text(ci, li, h.visible(self.top_tokens[li][pi][0])[:8], ha="center",
-                        va="center", fontsize=6, color="white" if p > 0.6 else h.INK)
+                        va="center", fontsize=6, color="white" if strong else GREY,
+                        path_effects=[withStroke(linewidth=1.5, foreground=GREEN)] if strong
+                        else None)
         ax.set_xticks(range(len(cols)), [h.visible(self.tokens[self.positions[c]])[:10]
                                          for c in cols], rotation=60, ha="right", fontsize=7)
         ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers], fontsize=7)

@@ -196,13 +196,44 @@ def sites_of(arch: Architecture, config: Any) -> tuple[Sites, dict[str, str]]:
     return sites, missing
 
 
+# The KV-layout keys a family's attention never reads, though a config may carry them (one
+# converted or merged by another tool; transformers keeps any unknown key as an attribute): its
+# layers compute `hidden_size // num_attention_heads` per head, one key / value head per query
+# head (Falcon: its own `num_kv_heads` / `multi_query`). StableLM's rotary embedding does read
+# `head_dim`, its attention does not (transformers' own forward fails where they differ).
+IGNORED_LAYOUT_KEYS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
+    family: ("num_key_value_heads", "head_dim")
+    for family in ("gpt2", "gpt_neox", "opt", "gptj", "bloom", "falcon")} | {
+    "stablelm": ("head_dim",)})
+
+
 def kv_heads(config: Any) -> int:
-    """How many key / value heads a layer writes to the KV cache."""
-    if getattr(config, "model_type", None) == "falcon":  # its `_split_heads`
+    """How many key / value heads a layer writes to the KV cache (the runner's probe step
+    checks it against what the layers compute)."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "falcon":  # its `_split_heads`
         if config.new_decoder_architecture:
             return config.num_kv_heads
         return 1 if config.multi_query else config.num_attention_heads
+    if "num_key_value_heads" in IGNORED_LAYOUT_KEYS.get(model_type or "", ()):
+        return config.num_attention_heads
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def head_size(config: Any) -> int:
+    """The size of each key / value head (checked by the probe step as `kv_heads`)."""
+    heads = config.num_attention_heads
+    if "head_dim" in IGNORED_LAYOUT_KEYS.get(getattr(config, "model_type", None) or "", ()):
+        return config.hidden_size // heads
+    return getattr(config, "head_dim", None) or config.hidden_size // heads
+
+
+def stray_layout_keys(config: Any) -> list[str]:
+    """`key=value` for each KV-layout key the config sets that its family's attention does
+    not read (`IGNORED_LAYOUT_KEYS`), for a refusal to name."""
+    keys = IGNORED_LAYOUT_KEYS.get(getattr(config, "model_type", None) or "", ())
+    return [f"{key}={config.__dict__[key]!r}" for key in keys
+            if config.__dict__.get(key) is not None]
 
 
 def module_at(root: Any, path: str) -> Any:

@@ -186,6 +186,9 @@ def attend(ctx: AttentionContext, layer_idx: int, q: torch.Tensor, k: torch.Tens
     if ctx.probe is not None:  # the runner's probe step: what each layer asks for
         assert k is not None
         ctx.probe[layer_idx] = LayerAttention(scaling, window, softcap, tuple(k.shape[1:]))
+        if ctx.kv_caches[layer_idx][0].shape[1:] != k.shape[1:]:  # scratch, as its keys are
+            scratch = k.new_zeros(ctx.kv_caches[layer_idx][0].shape[0], *k.shape[1:])
+            ctx.kv_caches[layer_idx] = (scratch, scratch.clone())
     k_cache, v_cache = ctx.kv_caches[layer_idx]
     if k is not None and v is not None:  # written first, so that the reads below see them
         k_cache.index_copy_(0, ctx.slot_mapping, k)

@@ -44,10 +44,12 @@ from workbench.errors import ValidationError
 from workbench.models.architectures import (
     apply_logits,
     architecture_of,
+    head_size,
     kv_heads,
     module_at,
     refuse,
     sites_of,
+    stray_layout_keys,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,7 +69,15 @@ def probe(runner: ModelRunner, stack: DecoderStack | None, kv_shape: tuple[int, 
     embeds = runner.embed(ids.to(runner.device))
     pos = torch.arange(PROBE_TOKENS, device=runner.device).unsqueeze(0)
     ctx = runner._probe_context(PROBE_TOKENS, kv_shape)
-    reference = runner.forward(embeds, pos, ctx, lean=False)
+    try:
+        reference = runner.forward(embeds, pos, ctx, lean=False)
+    except Exception as error:  # transformers' own forward fails too: say which keys may
+        stray = stray_layout_keys(runner.config)
+        if not stray:
+            raise
+        raise refuse(runner.config, f"its forward fails ({error}) with config keys its "
+                                    f"family's attention does not read: {', '.join(stray)}; "
+                                    "remove them from config.json") from error
     assert ctx.probe is not None
     if len(ctx.probe) != len(runner.layers):  # it would compute without the cache
         raise refuse(runner.config, f"{len(runner.layers) - len(ctx.probe)} of its layers do not "
@@ -133,11 +143,40 @@ class LogitRows:
 
 
 def kv_shape(config) -> tuple[int, int]:
-    """(KV heads, head size) of a decoder's keys and values, from its config (the runner's
-    probe step checks it against what the layers compute)."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return kv_heads(config), head_dim
+    """(KV heads, head size) of a decoder's keys and values, from its config as its family's
+    attention reads it (what sizes the cache's memory; the runner's probe step checks it
+    against what the layers compute, and lays the cache out from that)."""
+    return kv_heads(config), head_size(config)
+
+
+def check_layout(config, layer_attention: dict[int, attention.LayerAttention]) -> tuple[int, int]:
+    """The (KV heads, head size) every layer's keys have in the probe step, the cache's
+    layout; refuses (naming the config key) a config whose KV layout or sliding window
+    disagrees with what the layers compute, which the cache could not serve as transformers'
+    `generate` does."""
+    shapes = {a.kv_shape for a in layer_attention.values()}
+    expected = kv_shape(config)
+    if len(shapes) != 1 or shapes != {expected}:
+        computed = ", ".join(f"{h} of size {d}" for h, d in sorted(shapes))
+        keys = [f"{key}={config.__dict__[key]!r}" for key in (
+            "num_key_value_heads", "num_kv_heads", "head_dim") if key in config.__dict__]
+        raise refuse(config, f"its layers' keys have {computed} KV heads where its config "
+                             f"({', '.join(keys) or 'num_attention_heads, hidden_size'}) says "
+                             f"{expected[0]} of size {expected[1]}")
+    window = getattr(config, "sliding_window", None)
+    if window is not None:  # transformers' KV cache keeps each layer's as its config says
+        types = getattr(config, "layer_types", None) or ["sliding_attention"] * len(
+            layer_attention)
+        cached = [window if kind == "sliding_attention" else None for kind in types]
+        computed_windows = [layer_attention[i].sliding_window for i in range(len(cached))]
+        if cached != computed_windows:
+            raise refuse(config, f"its config's sliding_window={window!r} windows the layers' "
+                                 f"KV cache in transformers' generate (by layer: {cached}) "
+                                 f"where their attention applies {computed_windows} (a forward "
+                                 "and a generate would disagree); remove the key from "
+                                 "config.json if the family does not use it")
+    layout = next(iter(shapes))
+    return layout[0], layout[1]
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -208,8 +247,6 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         cfg = self.config
-        shape = (num_blocks * block_size, *kv_shape(cfg))
-        self.kv_caches = allocate_kv_caches(shape, cfg.num_hidden_layers, self.dtype, self.device)
         self._arange_block = torch.arange(block_size, device=self.device)
         # what each layer's attention asks for (scaling, window, softcap), and whether the
         # lean loop computes what the base model does, bit for bit: one probe step tells
@@ -218,11 +255,10 @@ class ModelRunner:
                              one_call_rows=invariant_c_rows(model) if batch_invariant
                              else None) \
             if DecoderStack.supports(model, self.layers) else None
-        self.layer_attention, stack_matches = probe(self, stack, (shape[1], shape[2]))
-        shapes = {a.kv_shape for a in self.layer_attention.values()}
-        if shapes != {shape[1:]}:
-            raise refuse(cfg, f"its layers' keys have (heads, size) {sorted(shapes)} where its "
-                              f"config says {shape[1:]}")
+        self.layer_attention, stack_matches = probe(self, stack, kv_shape(cfg))
+        # the cache laid out as the layers compute their keys (the config agrees, or refused)
+        shape = (num_blocks * block_size, *check_layout(cfg, self.layer_attention))
+        self.kv_caches = allocate_kv_caches(shape, cfg.num_hidden_layers, self.dtype, self.device)
         if stack is not None and stack_matches:
             self.stack = stack
         windows = [a.sliding_window for a in self.layer_attention.values()]
