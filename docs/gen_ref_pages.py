@@ -56,7 +56,10 @@ def main() -> None:
             "reference", *parts[:-1], f"{parts[-1]}.md")
         nav[parts] = page.relative_to("reference").as_posix()
         with mkdocs_gen_files.open(page, "w") as out:
-            out.write(f"# `{'.'.join(parts)}`\n\n::: {'.'.join(parts)}\n")
+            # the module's own heading is the page's title
+            out.write(f"::: {'.'.join(parts)}\n    options:\n      heading_level: 1\n")
+            if parts == (PACKAGE,):  # its names are the Public API page's; here the docstring
+                out.write("      members: false\n")
         source = ROOT.joinpath(*parts, "__init__.py") if is_package else ROOT.joinpath(
             *parts[:-1], f"{parts[-1]}.py")
         mkdocs_gen_files.set_edit_path(page, source.relative_to(ROOT))
