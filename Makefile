@@ -61,7 +61,7 @@ lint: install
 	$(BIN)/lint-imports pyproject.toml importlinter-runtime.toml
 
 test: install lint
-	$(MKDOCS) build --strict --quiet --site-dir site
+	$(MKDOCS) build --strict --site-dir site
 	$(BIN)/pytest tests
 ifneq ($(NOTEBOOKS),)
 	$(BIN)/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/
