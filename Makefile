@@ -10,7 +10,7 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 CHROMIUM := /usr/bin/chromium
 QEMU := /usr/bin/qemu-x86_64
 
-.PHONY: install lab serve lint test test-portable gpu-wheels gpu-check
+.PHONY: install lab serve docs lint test test-portable gpu-wheels gpu-check
 
 install: $(STAMP) $(CHROMIUM)
 
@@ -43,6 +43,15 @@ lab: install
 serve: install
 	$(BIN)/workbench serve --host 127.0.0.1 --port 8000
 
+# The manual (mkdocs.yml, docs/): MkDocs with the Material theme, the API reference generated from
+# the package tree's docstrings (docs/gen_ref_pages.py). Offline: no web fonts, scripts or
+# inventories. `make docs` builds it into site/; `make test` builds it with --strict, so a broken
+# link, a missing reference or a stale name fails the run.
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
+
+docs: install
+	$(MKDOCS) build --strict --site-dir site
+
 # pyflakes, isort and bugbear (ruff), types of the engine and serving layers (mypy), and the
 # layering of docs/structure.md (import-linter): config in pyproject.toml, and the run-time
 # torch-free contract in importlinter-runtime.toml
@@ -52,6 +61,7 @@ lint: install
 	$(BIN)/lint-imports pyproject.toml importlinter-runtime.toml
 
 test: install lint
+	$(MKDOCS) build --strict --site-dir site
 	$(BIN)/pytest tests
 ifneq ($(NOTEBOOKS),)
 	$(BIN)/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/

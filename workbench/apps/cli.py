@@ -1,6 +1,6 @@
 """`workbench`: the command line. `serve` runs the OpenAI-compatible server, `bench` the benchmark.
 
-Flags follow `vllm serve` (the README's Serving section lists them). Unknown tool or reasoning
+Flags follow `vllm serve` (docs/serving.md lists them). Unknown tool or reasoning
 parser names stop the command at start-up, listing the valid ones, and LoRA flags without
 `--enable-lora` stop it as well.
 """

@@ -25,7 +25,7 @@ from typing import Any
 
 from workbench.errors import refuse
 
-# site -> what the engine records there (the README's table)
+# site -> what the engine records there (the table in docs/inside.md)
 RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 LAYER_SITES = (*RESIDUAL_SITES, "pattern")
 CAPTURE_SITES = (*LAYER_SITES, "normalized")

@@ -42,9 +42,9 @@ class Architecture:
     base: str  # the base model: its forward is embeddings -> layers -> final norm
     embed: str  # the token embedding module
     layers: str  # the decoder layers (a ModuleList)
-    positions: str  # how positions enter (documentation: the README's table)
+    positions: str  # how positions enter (documentation: the table in docs/models.md)
     logits: tuple[str, str] | None = None  # (op, config attribute) after the LM head
-    features: str = ""  # what else its layers do (documentation: the README's table)
+    features: str = ""  # what else its layers do (documentation: the table in docs/models.md)
     attention: str | None = None  # the engine's stand-in for its attention module's forward
     sites: Sites | None = None  # where TransformerLens's hook points are (None: `LLAMA_SITES`)
 

@@ -39,7 +39,7 @@ class ServerConfig:
     tool_call_parser: str | None = None  # a name of workbench.serving.tool_parsers
     reasoning_parser: str | None = None  # a name of workbench.serving.reasoning
     enable_prompt_embeds: bool = False  # accept `prompt_embeds` on /v1/completions
-    # limits and security (README "Limits and security")
+    # limits and security (docs/limits-and-security.md)
     api_key_exempt: tuple[str, ...] = ("health", "metrics")  # first path segments left open
     max_request_body_bytes: int = 8 * 2**20  # larger bodies: 413
     max_waiting_requests: int | None = None  # a full waiting queue: 503 + Retry-After

@@ -11,7 +11,7 @@ through transformers' own embeddings and `BertLayer`s, so the linear layers neve
 Only attention needs the sequences apart: `encoder_attention` (registered with transformers'
 `AttentionInterface`) runs one unmasked SDPA call per run of equal lengths, on a view of the
 packed Q/K/V: the attention of each sentence alone, no padding anywhere (faster than one padded,
-key-masked SDPA call over the step: the README's Benchmark section). Called without a context it is plain SDPA (with SDPA's masks), so the same model object
+key-masked SDPA call over the step: docs/benchmark.md). Called without a context it is plain SDPA (with SDPA's masks), so the same model object
 still works in a normal transformers forward. In bfloat16 on CPU the linears are prepacked for
 oneDNN (`engine/step/fusion.py`'s `FastLinear`, bit-identical to `F.linear`).
 """

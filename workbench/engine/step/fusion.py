@@ -7,7 +7,7 @@ Two changes, in every dtype:
   their slice of it (the same products, each output a dot product of the same two rows).
 - Kernels: every projection (and the LM head) becomes a `FastLinear` on the kernel chosen for
   this machine and dtype (`engine/kernels/projections.py`: one class per kernel, its weights prepared once).
-The README's Benchmark section has what each measured. A batch-invariant engine's projections
+The manual's Benchmark page (docs/benchmark.md) has what each measured. A batch-invariant engine's projections
 compute in fixed tiles on any of them (`make_batch_invariant`, `FastLinear.tile_rows`).
 """
 
