@@ -8,8 +8,9 @@ import inspect
 
 import pytest
 
-from workbench.backend import Backend
-from workbench.workbench import _Local, _Remote
+from workbench.backends.base import Backend
+from workbench.backends.local import _Local
+from workbench.backends.remote import _Remote
 
 METHODS = ["generate", "generate_many", "stream", "call", "respond", "stream_respond", "pooling",
            "compare", "validate", "beam_search", "tokenizer", "close"]
