@@ -46,9 +46,16 @@ from workbench.sampling_params import BeamSearchParams, RequestOutputKind, Sampl
 from workbench.serving import compare as cmp
 from workbench.serving.chat_template import ChatRenderer
 from workbench.serving.protocol.chat import ChatMessageParam
-from workbench.verbs import branch
 from workbench.verbs.beams import BeamPlan
-from workbench.verbs.branch import BranchPlan
+from workbench.verbs.branch import (
+    Answer,
+    BranchPlan,
+    Continue,
+    Probe,
+    check_params,
+    continuation_params,
+    probe_params,
+)
 from workbench.verbs.compare import ComparePlan, offline_variant
 from workbench.verbs.scores import ScorePlan, text_spans, turn_spans
 
@@ -139,29 +146,31 @@ class LLM:
         """
         tok = self.get_tokenizer()
         plan = BranchPlan.of(output, tok, position, index)
-        base = branch.check_params(params if params is not None
-                                   else self._params.get(output.request_id), output.request_id)
+        base = check_params(params if params is not None
+                            else self._params.get(output.request_id), output.request_id)
         plan = plan.forcing(tokens, top, self.llm_engine.vocab_size)
         lora_request = output.lora_request
-        if plan.probe is not None:  # no logprobs in the output: ask the model for the best
+        probe = plan.probe
+        if probe is not None:  # no logprobs in the output: ask the model for the best
             cap = self.config.max_logprobs
-            if cap != -1 and top + 1 > cap:
-                raise ValidationError(f"top={top} asks the model for the {top + 1} best tokens "
-                                      f"at position {plan.position}, over this engine's "
+            if cap != -1 and probe.logprobs > cap:
+                raise ValidationError(f"top={top} asks the model for the {probe.logprobs} best "
+                                      f"tokens at position {plan.position}, over this engine's "
                                       f"max_logprobs={cap}.", parameter="top", value=top)
-            plan = plan.probed(self._answers([plan.probe], None, lora_request, use_tqdm)[0])
-        cont = branch.continuation_params(base)
+            plan = plan.probed(self._answers([probe], None, lora_request, use_tqdm)[0])
+        cont = continuation_params(base)
         answers = self._answers(plan.requests, cont, lora_request, use_tqdm)
         return plan.assemble(answers, cont.skip_special_tokens)
 
-    def _answers(self, requests: list[branch.Continue | branch.Probe], cont: SamplingParams | None,
-                 lora_request: Any, use_tqdm: bool) -> list[branch.Answer]:
+    def _answers(self, requests: list[Continue | Probe], cont: SamplingParams | None,
+                 lora_request: Any, use_tqdm: bool) -> list[Answer]:
         """A branch plan's requests as one batch: each `Continue` with `cont`, each `Probe` one
         greedy token; their `Answer`s in order."""
         engine = self.llm_engine
 
-        def adder(ask: branch.Continue | branch.Probe):
-            p = branch.probe_params(ask) if isinstance(ask, branch.Probe) else cont
+        def adder(ask: Continue | Probe):
+            p = probe_params(ask) if isinstance(ask, Probe) else cont
+            assert p is not None, "a continuation needs its params"
 
             def add(rid: str, collect: Callable) -> Any:
                 self._remember(rid, p)
@@ -172,7 +181,7 @@ class LLM:
 
         outs = self._drive([adder(a) for a in requests], "branch", use_tqdm)
         text = bt.token_texts(self.get_tokenizer())
-        return [branch.Answer(bt.path_of_output(o.outputs[0], text), o.num_cached_tokens, o)
+        return [Answer(bt.path_of_output(o.outputs[0], text), o.num_cached_tokens, o)
                 for o in outs]
 
     def beam_search(self, prompts: Any, params: BeamSearchParams, lora_request: Any = None,

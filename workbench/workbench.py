@@ -43,9 +43,15 @@ from workbench.inspect.lora_compare import compare_lora, served_name
 from workbench.inspect.similarity import SimilarityMatrix
 from workbench.inspect.validation_report import ValidationReport, endpoint_of
 from workbench.serving.errors import error_response
-from workbench.verbs import branch
 from workbench.verbs.beams import BeamPlan
-from workbench.verbs.branch import BranchPlan
+from workbench.verbs.branch import (
+    Answer,
+    BranchPlan,
+    Continue,
+    Probe,
+    continuation_fields,
+    probe_fields,
+)
 from workbench.verbs.compare import ComparePlan, variants_of_body, workbench_variant
 from workbench.verbs.replay import ReplayPlan
 from workbench.verbs.scores import ScorePlan, text_spans, turn_spans
@@ -100,24 +106,24 @@ class Workbench:
         naming the parameter, an error answer `RuntimeError` with the server's envelope."""
         tok = tokenizer if tokenizer is not None else self.get_tokenizer()
         plan = BranchPlan.of(result, tok, position, index)
-        fields = branch.continuation_fields(dict(result.request or {}), body)
+        fields = continuation_fields(dict(result.request or {}), body)
         plan = plan.forcing(tokens, top, len(tok))
         text = bt.token_texts(tok)
 
-        def probe(ask: branch.Probe) -> branch.Answer:
-            answer = self._backend.generate("completions", branch.probe_fields(ask))
+        def probe(ask: Probe) -> Answer:
+            answer = self._backend.generate("completions", probe_fields(ask))
             if not answer.ok:
                 raise RuntimeError("the request for the position's logprobs failed: "
                                    f"{answer.error}")
             choice = answer.response["choices"][0]
-            return branch.Answer(bt.path_of_choice(choice, text), None, choice)
+            return Answer(bt.path_of_choice(choice, text), None, choice)
 
         if plan.probe is not None:  # no logprobs in the result: ask the server for the best
             plan = plan.probed(probe(plan.probe))
         asks = plan.requests
-        probes = {i: probe(a) for i, a in enumerate(asks) if isinstance(a, branch.Probe)}
+        probes = {i: probe(a) for i, a in enumerate(asks) if isinstance(a, Probe)}
         answer = self._backend.generate("completions", {
-            **fields, "prompt": [a.prompt_token_ids for a in asks if isinstance(a, branch.Continue)],
+            **fields, "prompt": [a.prompt_token_ids for a in asks if isinstance(a, Continue)],
             "return_token_ids": True, "return_tokens_as_token_ids": True})
         if not answer.ok:
             raise RuntimeError(f"the branches' request failed: {answer.error}")
@@ -126,7 +132,7 @@ class Workbench:
         for i in range(len(asks)):  # in the plan's order: each probe's, or the next choice's
             choice = None if i in probes else next(choices)
             answers.append(probes[i] if choice is None else
-                           branch.Answer(bt.path_of_choice(choice, text), None, choice))
+                           Answer(bt.path_of_choice(choice, text), None, choice))
         return plan.assemble(answers, fields.get("skip_special_tokens", True))
 
     def chat(self, messages: list[dict[str, Any]], **body: Any) -> Result:

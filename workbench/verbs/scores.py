@@ -40,7 +40,7 @@ def conversations_of(conversations: list[dict[str, Any]] | list[list[dict[str, A
                      ) -> list[list[dict[str, Any]]]:
     """One conversation or a list of them -> a list."""
     if conversations and isinstance(conversations[0], list):
-        return conversations  # type: ignore[return-value]
+        return conversations
     return [conversations]  # type: ignore[list-item]
 
 
