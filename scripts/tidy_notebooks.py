@@ -4,7 +4,7 @@
 the kernelspec named as ipykernel names it, saved progress bars (a widget view whose text is
 `NN%|`) removed, and the widget state that no saved view reaches (the loading bars' models,
 which nbclient keeps after `notebook_setup` cleared their views) dropped.
-`tests/test_workbench_notebooks.py` checks all three.
+`tests/test_notebooks.py` checks all three.
 """
 
 from __future__ import annotations

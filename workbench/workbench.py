@@ -12,67 +12,49 @@ arguments and returning a `Result`: `.response` (the JSON body, a dict), `.logpr
 (`LogprobTable`, when the response has logprobs), `.report` (`ValidationReport`), `.trace`
 (`Trace`), `.error` (the error envelope, instead of raising).
 
-Two back ends, same bodies in and out:
-- `Workbench(llm)`: in the kernel, without HTTP. Requests go through the same serving objects
-  as the server (`workbench.serving.Servings`) on an `AsyncLLMEngine` over the LLM's engine;
-  the coroutines run on the Workbench's own event-loop thread, so calls work inside a running
-  Jupyter loop. The report and trace come from the pipeline's recorder.
+Two back ends, same bodies in and out (`workbench/backends/`, behind `backends.base.Backend`):
+- `Workbench(llm)`: in the kernel, without HTTP (`backends/local.py`): the same serving
+  objects as the server on an `AsyncLLMEngine` over the LLM's engine, on the back end's own
+  event-loop thread, so calls work inside a running Jupyter loop.
 - `Workbench(url="http://host:port/v1", api_key=...)`: any OpenAI-compatible server (ours,
-  vLLM) over httpx. The trace is the client's round trip; `validate` needs our `/v1/validate`,
-  and so do `capture`, `logit_lens`, `interventions` (`.activations`, `.logit_lens`) and
-  `token_stats`: another server would ignore them, so they are refused client-side
-  (`Result.error`, in the report).
+  vLLM) over httpx (`backends/remote.py`); our extras (`capture`, `logit_lens`,
+  `interventions`, `token_stats`, `validate`) are refused client-side against another.
+
+The research verbs (`branch`, `score_text` / `score_chat`, `compare` / `compare_chat`,
+`replay`, `beam_search`) are plans of `workbench/verbs/`, as the offline `LLM`'s: this facade
+only runs each plan's requests on its back end and hands the plan their answers.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import json
-import re
-import threading
-import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
 from typing import Any
 
-import httpx
-import pydantic
-from pydantic import TypeAdapter
-
-from workbench.backend import Backend
-from workbench.engine.async_engine import AsyncLLMEngine
-from workbench.engine.protocol import EngineClient
+from workbench.backends.base import Backend, compared, with_model
+from workbench.backends.local import _Local, kernel_words
+from workbench.backends.remote import _Remote
+from workbench.backends.result import Result
 from workbench.engine.requests.beam_search import BeamSearchOutput
 from workbench.errors import ValidationError
 from workbench.inspect import branch_tree as bt
-from workbench.inspect.beam_tree import with_beam_tree
 from workbench.inspect.branch_tree import BranchTree
 from workbench.inspect.divergence import TIE, DivergenceReport
 from workbench.inspect.lora_compare import compare_lora, served_name
-from workbench.inspect.model_compare import ModelComparison, body_from_tables
-from workbench.inspect.remote_beam import remote_beam_search
-from workbench.inspect.replay import replay
-from workbench.inspect.scoring import ScoredSpan, last_turn, score_body, scored_table
 from workbench.inspect.similarity import SimilarityMatrix
-from workbench.inspect.tool_loop import ToolLoopTrace
-from workbench.inspect.trace import Span, Trace
-from workbench.inspect.validation_report import ValidationReport, endpoint_of, parse, validate
-from workbench.lora.request import LoRARequest
-from workbench.models import resolve_model
-from workbench.result import Result
-from workbench.sampling_params import BeamSearchParams
-from workbench.serving import ServerConfig, Servings
-from workbench.serving.base import RequestMeta
-from workbench.serving.compare import Variant, check_variants, variant_name
-from workbench.serving.errors import error_response, validation_error_body
-from workbench.serving.protocol import DetokenizeRequest, TokenizeRequest
-from workbench.serving.protocol import pooling as proto
-from workbench.serving.protocol.compare import CompareRequest
-from workbench.serving.protocol.responses import ResponsesRequest
-from workbench.serving.recorder import Check, PipelineRecorder
-from workbench.serving.unsupported import WORKBENCH_FIELDS
+from workbench.inspect.validation_report import ValidationReport, endpoint_of
+from workbench.serving.errors import error_response
+from workbench.verbs.beams import BeamPlan
+from workbench.verbs.branch import (
+    Answer,
+    BranchPlan,
+    Continue,
+    Probe,
+    continuation_fields,
+    probe_fields,
+)
+from workbench.verbs.compare import ComparePlan, variants_of_body, workbench_variant
+from workbench.verbs.replay import ReplayPlan
+from workbench.verbs.scores import ScorePlan, text_spans, turn_spans
 
 
 class Workbench:
@@ -123,61 +105,35 @@ class Workbench:
         branch's `output` is its choice of the answer; a refusal raises `ValidationError`
         naming the parameter, an error answer `RuntimeError` with the server's envelope."""
         tok = tokenizer if tokenizer is not None else self.get_tokenizer()
-        tree = bt.BranchTree.of(result, tok, index)
-        original = tree.original
-        bt.check_position(original, position)
-        position = int(position)
-        sent = dict(result.request or {})
-        for name in _NOT_IN_A_BRANCH:
-            value = body[name] if name in body else sent.get(name)
-            if value is not None and value is not False and (name not in ("n", "best_of")
-                                                            or value != 1):
-                raise ValidationError(f"a branch is one plain completion: `{name}` "
-                                      f"({value!r}) is not allowed.", parameter=name, value=value)
-        ids = list(tree.prompt_token_ids) + original.token_ids[:position]
-        forced = bt.forced_tokens(original, position, tokens, top, len(tok))
+        plan = BranchPlan.of(result, tok, position, index)
+        fields = continuation_fields(dict(result.request or {}), body)
+        plan = plan.forcing(tokens, top, len(tok))
         text = bt.token_texts(tok)
-        pairs = original.tokens[position].top
-        if forced is None:  # no logprobs in the result: ask the server for the position's best
-            probe = self._probe(ids, {"logprobs": top + 1})
-            pairs = bt.path_of_choice(probe, text).tokens[0].top
-            forced = bt.alternatives(pairs, original.token_ids[position], top, position)
-        known = dict(pairs)
-        unknown = [t for t in forced if t not in known]
-        if unknown:
-            probe = self._probe(ids, {"logprobs": 1, "logprob_token_ids": unknown})
-            probed = dict(bt.path_of_choice(probe, text).tokens[0].top)
-            known.update({t: probed.get(t) for t in unknown})
-        fields = {k: v for k, v in {**sent, **body}.items()
-                  if k != "prompt" and k not in _NOT_IN_A_BRANCH}
-        if fields.get("logprobs") is None:
-            fields["logprobs"] = 0  # every branch carries its tokens' logprobs
+
+        def probe(ask: Probe) -> Answer:
+            answer = self._backend.generate("completions", probe_fields(ask))
+            if not answer.ok:
+                raise RuntimeError("the request for the position's logprobs failed: "
+                                   f"{answer.error}")
+            choice = answer.response["choices"][0]
+            return Answer(bt.path_of_choice(choice, text), None, choice)
+
+        if plan.probe is not None:  # no logprobs in the result: ask the server for the best
+            plan = plan.probed(probe(plan.probe))
+        asks = plan.requests
+        probes = {i: probe(a) for i, a in enumerate(asks) if isinstance(a, Probe)}
         answer = self._backend.generate("completions", {
-            **fields, "prompt": [ids + [t] for t in forced], "return_token_ids": True,
-            "return_tokens_as_token_ids": True})
+            **fields, "prompt": [a.prompt_token_ids for a in asks if isinstance(a, Continue)],
+            "return_token_ids": True, "return_tokens_as_token_ids": True})
         if not answer.ok:
             raise RuntimeError(f"the branches' request failed: {answer.error}")
-        choices = sorted(answer.response["choices"], key=lambda c: c["index"])
-        branches = []
-        for t, choice in zip(forced, choices):
-            token = bt.PathToken(t, text(t), known[t], pairs)
-            continuation = bt.path_of_choice(choice, text)
-            whole = tok.decode(original.token_ids[:position] + [t],
-                               skip_special_tokens=fields.get("skip_special_tokens", True)
-                               ) + continuation.text
-            branches.append(bt.Branch(position, bt.forced_path(original, position, token,
-                                                               continuation, whole),
-                                      None, choice))
-        return tree.with_branches(branches)
-
-    def _probe(self, ids: list[int], fields: dict[str, Any]) -> dict[str, Any]:
-        """One greedy token after `ids` with `fields` (logprobs): its choice."""
-        answer = self._backend.generate("completions", {
-            "prompt": ids, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True,
-            "return_tokens_as_token_ids": True, **fields})
-        if not answer.ok:
-            raise RuntimeError(f"the request for the position's logprobs failed: {answer.error}")
-        return answer.response["choices"][0]
+        choices = iter(sorted(answer.response["choices"], key=lambda c: c["index"]))
+        answers = []
+        for i in range(len(asks)):  # in the plan's order: each probe's, or the next choice's
+            choice = None if i in probes else next(choices)
+            answers.append(probes[i] if choice is None else
+                           Answer(bt.path_of_choice(choice, text), None, choice))
+        return plan.assemble(answers, fields.get("skip_special_tokens", True))
 
     def chat(self, messages: list[dict[str, Any]], **body: Any) -> Result:
         """`/v1/chat/completions`; the result keeps the body it sent (`.request`)."""
@@ -204,7 +160,11 @@ class Workbench:
                                       "Workbench.chat (it keeps the body it sent).",
                                       parameter="result")
             body = {**result.request, **body}
-        return replay(self._backend, body, others, tie, self.url or "in-kernel engine")
+        plan = ReplayPlan.of(body, self._backend.ours, others)
+        alone = plan.scenario("alone", self._backend.generate(plan.endpoint, plan.reference))
+        warm = plan.scenario("warm", self._backend.generate(plan.endpoint, plan.reference))
+        batch = self._backend.generate_many(plan.endpoint, plan.batch)  # the others first
+        return plan.assemble(alone, warm, batch, tie, self.url or "in-kernel engine")
 
     def respond(self, input: Any, **body: Any) -> Result:
         """`/v1/responses` (text or items, tools, `previous_response_id`, ...): the body, and
@@ -279,17 +239,13 @@ class Workbench:
         text (logprob, rank, entropy; `logprobs` alternatives each). The tokens come from the
         server's `/tokenize`, so this works against any server with both (vLLM too; the
         entropy there is over the returned top-k). `body`: more completions fields."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        contexts = [prompts] * len(texts) if isinstance(prompts, str) else list(prompts)
-        if len(contexts) != len(texts):
-            raise ValueError(f"Got {len(contexts)} prompts for {len(texts)} texts.")
         try:
-            spans = [_refusing(ScoredSpan.of_text, self._tokens({"prompt": c}),
-                               self._tokens({"prompt": t, "add_special_tokens": False}))
-                     for c, t in zip(contexts, texts)]
+            spans = text_spans(prompts, texts, self._text_tokens)
+        except ValidationError as exc:
+            return _refusal(exc)
         except _Refused as refused:
             return refused.result
-        return self._score(spans, logprobs, body)
+        return self._score(ScorePlan(spans, logprobs), body)
 
     def score_chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
                    logprobs: int = 0, chat_template_kwargs: dict[str, Any] | None = None,
@@ -297,34 +253,36 @@ class Workbench:
         """The last message (the assistant's) of one conversation or each of a list scored
         given the messages before it, through the server's chat template (`/tokenize` of
         both renderings): only the turn's tokens, in `.scores` as `score_text`'s."""
-        convs = conversations if conversations and isinstance(conversations[0], list) \
-            else [conversations]
-        render = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
         try:
-            spans = []
-            for conv in convs:
-                before, whole = _refusing(last_turn, conv)
-                spans.append(_refusing(
-                    ScoredSpan.of_turn,
-                    self._tokens({"messages": before, "add_generation_prompt": True, **render}),
-                    self._tokens({"messages": whole, "add_generation_prompt": False, **render})))
+            spans = turn_spans(conversations, self._turn_tokens(chat_template_kwargs))
+        except ValidationError as exc:
+            return _refusal(exc)
         except _Refused as refused:
             return refused.result
-        return self._score(spans, logprobs, body)
+        return self._score(ScorePlan(spans, logprobs), body)
 
     def _tokens(self, body: dict[str, Any]) -> list[int]:
         """The server's `/tokenize` of a prompt or messages; a failure raises `_Refused`."""
-        result = self._backend.call("tokenize", _with_model(body, self.model))
+        result = self._backend.call("tokenize", with_model(body, self.model))
         if not result.ok:
             raise _Refused(result)
         return list(result.response["tokens"])
 
-    def _score(self, spans: list[ScoredSpan], logprobs: int, body: dict[str, Any]) -> Result:
-        request = {**score_body(spans, logprobs, token_stats=self._backend.ours), **body}
-        result = self._backend.generate("completions", request)
+    def _text_tokens(self, text: str, special: bool) -> list[int]:
+        return self._tokens({"prompt": text} if special else
+                            {"prompt": text, "add_special_tokens": False})
+
+    def _turn_tokens(self, chat_template_kwargs: dict[str, Any] | None) -> Any:
+        """The server's tokens of messages through its chat template, as `turn_spans` asks."""
+        render = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
+        return lambda messages, generation_prompt: self._tokens(
+            {"messages": messages, "add_generation_prompt": generation_prompt, **render})
+
+    def _score(self, plan: ScorePlan, body: dict[str, Any]) -> Result:
+        result = self._backend.generate("completions",
+                                        {**plan.body(token_stats=self._backend.ours), **body})
         if result.ok:
-            result.scores = [scored_table(result.response, span, i)
-                             for i, span in enumerate(spans)]
+            result.scores = plan.assemble([result.response] * len(plan.spans))
         return result
 
     # -- variants of the model on the same tokens (`workbench/serving/compare.py`) -----------
@@ -351,74 +309,38 @@ class Workbench:
 
     def _compare(self, what: dict[str, Any], variants: list[Any], reference: int) -> Result:
         try:
-            given = [self._variant_body(v, i) for i, v in enumerate(variants)]
+            given = [workbench_variant(v, i, lambda lora: served_name(self, lora))
+                     for i, v in enumerate(variants)]
         except ValidationError as exc:
-            error = error_response(exc).model_dump()
-            return Result(None, error["error"]["code"], error)
+            return _refusal(exc)
         body = {**what, "variants": given, "reference": reference}
         if self._backend.ours:
             return self._backend.compare(body)
         return self._compare_with_prompt_logprobs(body)
 
-    def _variant_body(self, variant: Any, index: int) -> dict[str, Any]:
-        if variant is None:
-            return {}
-        if isinstance(variant, str):
-            return {"model": variant}
-        if isinstance(variant, LoRARequest):
-            return {"model": served_name(self, variant)}
-        if isinstance(variant, dict):
-            out = dict(variant)
-            lora = out.pop("lora_request", None)
-            if lora is not None:
-                out["model"] = served_name(self, lora)
-            return out
-        raise ValidationError(f"variants[{index}]: None, a model name, a LoRARequest or a dict "
-                              f"of model, interventions, name; got {type(variant).__name__}.",
-                              parameter=f"variants[{index}]")
-
     def _compare_with_prompt_logprobs(self, body: dict[str, Any]) -> Result:
         """The comparison against a server that is not ours (see `compare`)."""
         try:
-            for i, v in enumerate(body["variants"]):
-                if v.get("interventions"):
-                    raise ValidationError(
-                        f"variants[{i}].interventions need a workbench server: {self.url} is "
-                        "not one, and an OpenAI-compatible server such as vLLM ignores them; "
-                        "nothing was sent.", parameter=f"variants[{i}].interventions")
-            variants = [Variant(variant_name(v.get("name"), v.get("model") or self.model, None),
-                                v.get("model") or self.model) for v in body["variants"]]
-            check_variants(variants, body["reference"])
-            span = self._span(body)
+            variants = variants_of_body(body, self.model, str(self.url))
+            if "messages" in body:
+                render = body.get("chat_template_kwargs")
+                (span,) = turn_spans(body["messages"], self._turn_tokens(render))
+            else:
+                (span,) = text_spans(body["prompt"], body["text"], self._text_tokens)
         except ValidationError as exc:
-            error = error_response(exc).model_dump()
-            return Result(None, error["error"]["code"], error)
+            return _refusal(exc)
         except _Refused as refused:
             return refused.result
-        tables = []
-        for v in variants:
-            result = self._backend.generate("completions", {
-                **score_body([span], 1, token_stats=False), "model": v.model})
+        plan = ComparePlan(variants, span, body["reference"], self.model)
+        responses = []
+        for request in plan.bodies():
+            result = self._backend.generate("completions", request)
             if not result.ok:
                 return result
-            tables.append(scored_table(result.response, span))
+            responses.append(result.response)
         reason = (f"{self.url} is not a workbench server: its prompt logprobs are the top-k of "
                   "each position, not the whole distribution KL needs")
-        return _compared(Result(body_from_tables(
-            tables, [v.name for v in variants], [v.model for v in variants], span.token_ids,
-            span.start, body["reference"], self.model, reason)))
-
-    def _span(self, body: dict[str, Any]) -> ScoredSpan:
-        """The compared tokens of a comparison body, through the server's `/tokenize`."""
-        if "messages" not in body:
-            return _refusing(ScoredSpan.of_text, self._tokens({"prompt": body["prompt"]}),
-                             self._tokens({"prompt": body["text"], "add_special_tokens": False}))
-        render = {k: body[k] for k in ("chat_template_kwargs",) if k in body}
-        before, whole = _refusing(last_turn, body["messages"])
-        return _refusing(
-            ScoredSpan.of_turn,
-            self._tokens({"messages": before, "add_generation_prompt": True, **render}),
-            self._tokens({"messages": whole, "add_generation_prompt": False, **render}))
+        return compared(Result(plan.assemble_tables(responses, reason)))
 
     def validate(self, body: dict[str, Any] | None = None, **fields: Any) -> ValidationReport:
         """Dry run of a completions or chat body (chat when it has `messages`)."""
@@ -436,9 +358,8 @@ class Workbench:
         """Beam search with its `BeamTree` (`.tree`): in the engine locally; against a remote
         server, the same algorithm client-side over `/v1/completions` (needs the served model's
         tokenizer: pass it, or the model must be one of our aliases or a local directory)."""
-        params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens,
-                                  length_penalty=length_penalty, ignore_eos=ignore_eos)
-        return with_beam_tree(self._backend.beam_search(prompt, params, tokenizer))
+        plan = BeamPlan.of([prompt], beam_width, max_tokens, length_penalty, ignore_eos)
+        return plan.assemble([self._backend.beam_search(prompt, plan.params, tokenizer)])[0]
 
     def close(self) -> None:
         self._backend.close()
@@ -454,27 +375,6 @@ class Workbench:
         return f"Workbench({where}, model={self.model!r})"
 
 
-# fields refused in a branch: one plain completion (a grammar would start afresh after the token)
-_NOT_IN_A_BRANCH = ("stream", "echo", "n", "best_of", "use_beam_search", "response_format",
-                    "structured_outputs")
-_FLAG = re.compile(r"--([a-z][a-z0-9-]+)")
-
-
-def kernel_words(error: dict[str, Any]) -> dict[str, Any]:
-    """An error envelope whose message names server flags (`--tool-call-parser`), with the
-    keyword arguments a notebook passes for them added (`ServerConfig` / `serve_in_kernel`)."""
-    message = error.get("error", {}).get("message") or ""
-    known = {f.name for f in fields(ServerConfig)}
-    names = list(dict.fromkeys(m.replace("-", "_") for m in _FLAG.findall(message)))
-    names = [n for n in names if n in known]
-    if not names:
-        return error
-    keywords = ", ".join(f"{n}=..." for n in names)
-    hint = (f" (in a notebook: ServerConfig({keywords}) for Workbench, or "
-            f"serve_in_kernel(llm, {keywords}))")
-    return {**error, "error": {**error["error"], "message": message + hint}}
-
-
 class _Refused(Exception):
     """A scoring's step failed before its request: `result` says why (the error envelope)."""
 
@@ -483,373 +383,10 @@ class _Refused(Exception):
         self.result = result
 
 
-def _refusing(fn: Any, *args: Any) -> Any:
-    """`fn(*args)`, a `ValidationError` turned into `_Refused` with its 400 envelope."""
-    try:
-        return fn(*args)
-    except ValidationError as exc:
-        error = error_response(exc).model_dump()
-        raise _Refused(Result(None, error["error"]["code"], error)) from exc
+def _refusal(exc: ValidationError) -> Result:
+    """A refusal before any request: its 400 envelope as the `Result`."""
+    error = error_response(exc).model_dump()
+    return Result(None, error["error"]["code"], error)
 
 
-class _Local(Backend):
-    """The `Backend` of the serving objects on an async engine, driven from a private
-    event-loop thread."""
-
-    ours = True  # our serving objects: every workbench extra applies
-
-    def __init__(self, llm: Any, config: Any, tool_server: Any = None):
-        self._owns_engine = not isinstance(llm, EngineClient)  # an `LLM`: served by a front
-        self.engine: EngineClient = AsyncLLMEngine.from_llm(llm) if self._owns_engine else llm
-        self.servings = Servings.build(self.engine, config or ServerConfig(),
-                                       tool_server=tool_server)
-        self.model = self.servings.completions.model_name
-        self._beam_ids = itertools.count()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                        name="workbench-facade-loop")
-        self._thread.start()
-
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def _parse(self, endpoint: str, body: dict[str, Any]):
-        """Body -> ((request, serving, meta), None), or (None, the schema failure's report)."""
-        request, rec, endpoint = parse(body, endpoint)
-        if request is None:
-            return None, ValidationReport.from_recorder(rec, endpoint)
-        serving = self.servings.chat if endpoint == "chat" else self.servings.completions
-        return (request, serving, RequestMeta(recorder=rec)), None
-
-    def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
-        return self.run(self._generate(endpoint, body))
-
-    def generate_many(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[Result]:
-        """All of `bodies` at once: their coroutines gathered on the loop, so the engine
-        schedules them side by side, in the same steps."""
-        async def gather() -> list[Result]:
-            return list(await asyncio.gather(*(self._generate(endpoint, b) for b in bodies)))
-
-        return self.run(gather())
-
-    async def _generate(self, endpoint: str, body: dict[str, Any]) -> Result:
-        body = _with_model(body, self.model)
-        parsed, report = self._parse(endpoint, body)
-        if parsed is None:
-            return _failed(report)
-        request, serving, meta = parsed
-        try:
-            response = (await serving.create(request, meta)).model_dump(mode="json")
-        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
-            error = kernel_words((meta.recorder.error or error_response(exc)).model_dump())
-            meta.recorder.error = meta.recorder.error or error_response(exc)
-            return Result(None, error["error"]["code"], error,
-                          ValidationReport.from_recorder(meta.recorder, endpoint))
-        return Result(response, 200, None,
-                      ValidationReport.from_recorder(meta.recorder, endpoint),
-                      Trace.from_recorder(meta.recorder))
-
-    def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        body = _with_model({**body, "stream": True}, self.model)
-        parsed, report = self._parse(endpoint, body)
-        if parsed is None:
-            yield report.error
-            return
-        request, serving, meta = parsed
-        try:
-            chunks = self.run(serving.create_stream(request, meta))
-        except Exception as exc:  # noqa: BLE001
-            yield kernel_words((meta.recorder.error or error_response(exc)).model_dump())
-            return
-        try:
-            while True:
-                try:
-                    chunk = self.run(anext(chunks))
-                except StopAsyncIteration:
-                    return
-                yield json.loads(chunk)
-        finally:
-            self.run(chunks.aclose())
-
-    def call(self, endpoint: str, body: dict[str, Any] | None) -> Result:
-        try:
-            if endpoint == "models":
-                response = self.servings.models.list_models()
-            elif endpoint == "tokenize":
-                response = self.servings.tokenize.tokenize(TypeAdapter(
-                    TokenizeRequest).validate_python(_with_model(body, self.model)))
-            else:
-                response = self.servings.tokenize.detokenize(TypeAdapter(
-                    DetokenizeRequest).validate_python(_with_model(body, self.model)))
-        except Exception as exc:  # noqa: BLE001
-            error = kernel_words(error_response(exc).model_dump())
-            return Result(None, error["error"]["code"], error)
-        return Result(response.model_dump(mode="json"))
-
-    def respond(self, body: dict[str, Any]) -> Result:
-        try:
-            request = ResponsesRequest.model_validate(_with_model(body, self.model))
-            response, loop = self.run(self.servings.responses.run(request, RequestMeta()))
-        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
-            error = kernel_words(error_response(exc).model_dump())
-            return Result(None, error["error"]["code"], error)
-        return Result(response.model_dump(mode="json"), tool_loop=ToolLoopTrace.from_loop(loop))
-
-    def stream_respond(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        try:
-            request = ResponsesRequest.model_validate(
-                _with_model({**body, "stream": True}, self.model))
-            events = self.run(self.servings.responses.create_stream(request, RequestMeta()))
-        except Exception as exc:  # noqa: BLE001
-            yield kernel_words(error_response(exc).model_dump())
-            return
-        try:
-            while True:
-                try:
-                    yield self.run(anext(events))
-                except StopAsyncIteration:
-                    return
-        finally:
-            self.run(events.aclose())
-
-    def validate(self, body: dict[str, Any]) -> ValidationReport:
-        return validate(self.servings, _with_model(body, self.model))
-
-    def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
-        """A pooling endpoint through its serving object, errors as the server answers them."""
-        model = {"embeddings": proto.EmbeddingRequest, "pooling": proto.PoolingRequest,
-                 "classify": proto.ClassificationRequest, "score": proto.ScoreRequest,
-                 "rerank": proto.RerankRequest}[endpoint]
-        rec = PipelineRecorder()
-        try:
-            request = TypeAdapter(model).validate_python(_with_model(body, self.model))
-            serving = getattr(self.servings, endpoint)
-            response = self.run(serving.create(request, RequestMeta(recorder=rec)))
-        except pydantic.ValidationError as exc:
-            error = validation_error_body(list(exc.errors()))
-            return Result(None, error["error"]["code"], error)
-        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
-            rec.error = rec.error or error_response(exc)
-            error = rec.error.model_dump()
-            return Result(None, error["error"]["code"], error,
-                          ValidationReport.from_recorder(rec, endpoint))
-        return Result(response.model_dump(mode="json"), 200, None,
-                      ValidationReport.from_recorder(rec, endpoint), Trace.from_recorder(rec))
-
-    def compare(self, body: dict[str, Any]) -> Result:
-        """`/v1/compare` through its serving object, errors as the server answers them."""
-        try:
-            request = CompareRequest.model_validate(_with_model(body, self.model))
-            serving = self.servings.compare
-            assert serving is not None  # Servings.build makes one
-            response = self.run(serving.create(request, RequestMeta()))
-        except pydantic.ValidationError as exc:
-            error = validation_error_body(list(exc.errors()))
-            return Result(None, error["error"]["code"], error)
-        except Exception as exc:  # noqa: BLE001 - the error envelope, as the server answers
-            error = error_response(exc).model_dump()
-            return Result(None, error["error"]["code"], error)
-        return _compared(Result(response))
-
-    def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
-        async def search() -> BeamSearchOutput:
-            request_id = f"wb-beam-{next(self._beam_ids)}"
-            outs = [o async for o in self.engine.beam_search(prompt, request_id, params)]
-            return outs[-1]
-
-        return self.run(search())
-
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
-
-    def close(self) -> None:
-        if self._owns_engine:
-            self.engine.shutdown()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-
-
-class _Remote(Backend):
-    """The `Backend` of any OpenAI-compatible server over httpx; `url` ends in `/v1`."""
-
-    _PATHS = {"completions": "/completions", "chat": "/chat/completions", "models": "/models",
-              "responses": "/responses"}
-
-    def __init__(self, url: str, api_key: str | None, timeout: float):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.base = url
-        self.root = url[:-3] if url.endswith("/v1") else url  # /tokenize lives at the root
-        self.client = httpx.Client(headers=headers, timeout=timeout)
-        self._model: str | None = None
-        self._ours: bool | None = None  # a workbench server (`ours`), once asked
-        self._tokenizer: Any = None
-
-    @property
-    def model(self) -> str:
-        if self._model is None:
-            self._model = self.call("models", None).response["data"][0]["id"]
-        return self._model
-
-    def _url(self, endpoint: str) -> str:
-        if endpoint in self._PATHS:
-            return self.base + self._PATHS[endpoint]
-        return f"{self.root}/{endpoint}"
-
-    def _result(self, response: Any) -> Result:
-        body = response.json()
-        if response.status_code >= 400:
-            return Result(None, response.status_code, body)
-        return Result(body, response.status_code)
-
-    @property
-    def ours(self) -> bool:
-        """Whether the server is a workbench server: it answers `/v1/validate` (asked once)."""
-        if self._ours is None:
-            try:
-                response = self.client.post(self.base + "/validate",
-                                            json={"model": self.model, "prompt": ""})
-                self._ours = response.status_code == 200 and "checks" in response.json()
-            except (httpx.HTTPError, ValueError):
-                self._ours = False
-        return self._ours
-
-    def _refuse_inside(self, endpoint: str, body: dict[str, Any]) -> Result | None:
-        """`capture`, `logit_lens`, `interventions`, `token_stats` against a server that is not
-        ours: a vLLM drops unknown fields, so they would be silently ignored; refused here
-        instead."""
-        asked = [name for name in WORKBENCH_FIELDS if body.get(name) not in (None, [], False)]
-        if not asked or self.ours:
-            return None
-        name = asked[0]
-        message = (f"`{name}` needs a workbench server (`workbench serve`): {self.base} is not "
-                   "one (it has no /v1/validate), and an OpenAI-compatible server such as vLLM "
-                   f"ignores `{name}`; nothing was sent.")
-        error = {"error": {"message": message, "type": "BadRequestError", "param": name,
-                           "code": 400}}
-        checks = tuple(Check(n, "client", "failed", n, message if n == name else
-                             f"`{n}` needs a workbench server", body[n]) for n in asked)
-        return Result(None, 400, error, ValidationReport(endpoint, checks, error))
-
-    def generate(self, endpoint: str, body: dict[str, Any]) -> Result:
-        refused = self._refuse_inside(endpoint, body)
-        if refused is not None:
-            return refused
-        start = time.time()
-        result = self._result(self.client.post(self._url(endpoint),
-                                               json=_with_model(body, self.model)))
-        result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
-        return result
-
-    def generate_many(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[Result]:
-        """All of `bodies` at once, one thread each on the shared client (its connection
-        pool), so the server has them in flight together."""
-        _ = self.model, self.ours  # asked once, before the threads
-        with ThreadPoolExecutor(max_workers=max(len(bodies), 1),
-                                thread_name_prefix="workbench-remote") as pool:
-            return list(pool.map(lambda body: self.generate(endpoint, body), bodies))
-
-    def respond(self, body: dict[str, Any]) -> Result:
-        result = self._result(self.client.post(self.base + "/responses",
-                                               json=_with_model(body, self.model)))
-        if result.ok:
-            result.tool_loop = ToolLoopTrace.from_response(result.response)
-        return result
-
-    def stream_respond(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        return self.stream("responses", body)  # `data:` lines; the `event:` lines repeat types
-
-    def stream(self, endpoint: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        refused = self._refuse_inside(endpoint, body)
-        if refused is not None:
-            yield refused.error
-            return
-        body = _with_model({**body, "stream": True}, self.model)
-        with self.client.stream("POST", self._url(endpoint), json=body) as response:
-            if response.status_code >= 400:
-                response.read()
-                yield response.json()
-                return
-            for line in response.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    yield json.loads(line[len("data: "):])
-
-    def call(self, endpoint: str, body: dict[str, Any] | None) -> Result:
-        if body is None:
-            return self._result(self.client.get(self._url(endpoint)))
-        return self._result(self.client.post(self._url(endpoint), json=body))
-
-    def beam_search(self, prompt: Any, params: BeamSearchParams, tokenizer: Any) -> BeamSearchOutput:
-        if tokenizer is None:
-            tokenizer = _local_tokenizer(self.model)
-        with httpx.Client(base_url=self.root, headers=self.client.headers,
-                          timeout=self.client.timeout) as client:
-            return remote_beam_search(client, self.model, prompt, params, tokenizer)
-
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            self._tokenizer = _local_tokenizer(self.model)
-        return self._tokenizer
-
-    def pooling(self, endpoint: str, body: dict[str, Any]) -> Result:
-        """`/v1/embeddings` under the base URL; `/pooling`, `/classify`, `/score`, `/rerank` at
-        the server root (where vLLM serves them too)."""
-        url = self.base + "/embeddings" if endpoint == "embeddings" else f"{self.root}/{endpoint}"
-        start = time.time()
-        result = self._result(self.client.post(url, json=_with_model(body, self.model)))
-        result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
-        return result
-
-    def compare(self, body: dict[str, Any]) -> Result:
-        """Our server's `/v1/compare` (`Workbench.compare` asks others otherwise)."""
-        start = time.time()
-        result = self._result(self.client.post(self.base + "/compare",
-                                               json=_with_model(body, self.model)))
-        result.trace = Trace((Span("http round trip", "client", 0.0, time.time() - start),))
-        return _compared(result)
-
-    def validate(self, body: dict[str, Any]) -> ValidationReport:
-        """Our server's `/v1/validate`; other servers have no dry run."""
-        body = _with_model(body, self.model)
-        response = self.client.post(self.base + "/validate", json=body)
-        if response.status_code == 404:
-            raise NotImplementedError(f"{self.base} has no /validate route (not a workbench "
-                                      "server): no dry run is possible remotely.")
-        return ValidationReport.from_dict(response.json())
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def _local_tokenizer(model: str) -> Any:
-    """The tokenizer of a served model we also have here (an alias or a local directory)."""
-    from transformers import AutoTokenizer  # deferred: transformers is heavy
-
-    try:
-        path = resolve_model(model, prepare=False).path
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - say what to do instead
-        raise ValueError(
-            f"Beam search and branches against a remote server need the tokenizer of {model!r}; "
-            "it is not available locally, so pass `tokenizer=` (e.g. "
-            "AutoTokenizer.from_pretrained(...))."
-        ) from exc
-
-
-def _with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
-    body = {k: v for k, v in body.items() if v is not None or k == "max_tokens"}
-    body.setdefault("model", model)
-    return body
-
-
-def _compared(result: Result) -> Result:
-    """A `/v1/compare` answer with its `ModelComparison`."""
-    if result.ok and result.response is not None:
-        result.comparison = ModelComparison.from_body(result.response)
-    return result
-
-
-def _failed(report: ValidationReport) -> Result:
-    return Result(None, report.status_code, report.error, report)
-
-
-__all__ = ["Result", "Workbench", "endpoint_of"]
+__all__ = ["Result", "Workbench", "endpoint_of", "kernel_words"]

@@ -12,7 +12,7 @@ import pytest
 from workbench.errors import ValidationError
 from workbench.inspect import DivergenceReport
 from workbench.inspect.divergence import RunTokens, Scenario, compare
-from workbench.inspect.replay import other_bodies, replay_body
+from workbench.verbs.replay import other_bodies, replay_body
 
 PROMPT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the "
           "deep green forest where")

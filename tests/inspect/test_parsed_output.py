@@ -61,7 +61,7 @@ def test_docstring_examples_run():
 
 
 def test_a_workbench_result_gives_its_parsed_output():
-    from workbench.workbench import Result
+    from workbench.backends.result import Result
 
     body = {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": None},
             "logprobs": {"content": [{"token": t, "logprob": -1.0} for t in TOKENS]}}]}

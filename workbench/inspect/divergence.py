@@ -1,7 +1,7 @@
 """`DivergenceReport`: does the same request give the same bits alone, batched, and cached?
 
 One reproducible request (greedy, or seeded) run in several scenarios (`Workbench.replay`,
-`workbench/inspect/replay.py`): `alone` first, the reference; `batch`, in the same engine
+`workbench/verbs/replay.py`): `alone` first, the reference; `batch`, in the same engine
 steps as other requests of other prompts and lengths; `warm`, right after the reference with
 its prompt in the prefix cache. Each scenario's generated tokens (`RunTokens`: ids, logprobs,
 the returned alternatives, the top-2 margin) are compared with the reference's (`Divergence`):

@@ -23,7 +23,7 @@ class LoRAComparison:
 
     base_model: str
     adapter: str
-    base: Any  # workbench.result.Result
+    base: Any  # workbench.backends.result.Result
     lora: Any
 
     @property

@@ -6,8 +6,8 @@ from it: `.logprobs` / `table(i)` (`LogprobTable`), `.parsed(i)` (`ParsedOutput`
 (`ActivationCache`) and `.logit_lens` (`LogitLens`) of a `capture` / `logit_lens`, `.scores` (a
 `LogprobTable` of each scored text's tokens, `Workbench.score_text` / `score_chat`),
 `.comparison` (a `ModelComparison`, `Workbench.compare`). Both back ends
-(`workbench/backend.py`) return it and `workbench/workbench.py` hands it out, so it lives
-below both.
+(`workbench/backends/local.py`, `remote.py`) return it and `workbench/workbench.py` hands it
+out.
 """
 
 from __future__ import annotations

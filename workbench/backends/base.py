@@ -1,9 +1,9 @@
 """`Backend`: what a `Workbench` needs from where its requests run.
 
-Two implement it (`workbench.workbench`): `_Local`, the serving objects on an in-kernel async
-engine, and `_Remote`, any OpenAI-compatible server over httpx. Both take the same request
-bodies (dicts, as the HTTP API's JSON) and give the same `Result`s (`workbench/result.py`,
-below both), so every `Workbench` method is one call on its backend. `endpoint` names the
+Two implement it: `_Local` (`workbench/backends/local.py`), the serving objects on an in-kernel
+async engine, and `_Remote` (`workbench/backends/remote.py`), any OpenAI-compatible server over
+httpx. Both take the same request bodies (dicts, as the HTTP API's JSON) and give the same
+`Result`s (`workbench/backends/result.py`), so every `Workbench` call runs on its backend. `endpoint` names the
 route: "completions", "chat", "tokenize", "detokenize", "models", "embeddings", "score",
 "rerank", "classify", "pooling"; `compare` is ours (`/v1/compare`).
 """
@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from workbench.inspect.model_compare import ModelComparison
+
 if TYPE_CHECKING:  # annotations only
+    from workbench.backends.result import Result
     from workbench.engine.requests.beam_search import BeamSearchOutput
     from workbench.inspect.validation_report import ValidationReport
-    from workbench.result import Result
     from workbench.sampling_params import BeamSearchParams
 
 
@@ -81,3 +83,17 @@ class Backend(Protocol):
     def close(self) -> None:
         """Releases what the backend holds (its engine, loop thread, or HTTP client)."""
         ...
+
+
+def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """`body` without its None fields (but `max_tokens`), naming `model` unless it names one."""
+    body = {k: v for k, v in body.items() if v is not None or k == "max_tokens"}
+    body.setdefault("model", model)
+    return body
+
+
+def compared(result: Result) -> Result:
+    """A `/v1/compare` answer with its `ModelComparison`."""
+    if result.ok and result.response is not None:
+        result.comparison = ModelComparison.from_body(result.response)
+    return result

@@ -1,7 +1,9 @@
 """`replay`: one request run alone, batched with others and with a warm prefix cache, compared.
 
 `Workbench.replay(result_or_body)` sends the same completions or chat body three times through
-the Workbench's back end (in the kernel, or to any OpenAI-compatible server: ours, vLLM):
+the Workbench's back end (in the kernel, or to any OpenAI-compatible server: ours, vLLM), as
+its `ReplayPlan` says (`ReplayPlan.of(body, ours, others)`: `reference`, the body of the first
+two runs, and `batch`, the third's bodies; `scenario` reads a run, `assemble` compares them):
 
 1. `alone`, the reference, first, on a prefix cache of its own (a fresh `cache_salt`: no
    earlier request's blocks), nothing else sent with it;
@@ -27,12 +29,13 @@ beam search (one choice is compared). The result is a `DivergenceReport`
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from workbench.errors import ValidationError
 from workbench.inspect.divergence import TIE, DivergenceReport, RunTokens, Scenario
 
-__all__ = ["OTHER_PROMPTS", "replay", "replay_body"]
+__all__ = ["OTHER_PROMPTS", "ReplayPlan", "other_bodies", "replay_body"]
 
 # the other requests of the `batch` scenario: prompts of different lengths (a second round
 # repeats each one, longer)
@@ -121,20 +124,46 @@ def _scenario(name: str, result: Any, others: int = 0) -> Scenario:
                     getattr(trace, "max_step_requests", None), others, result)
 
 
-def replay(backend: Any, body: dict[str, Any], others: Any = 7, tie: float = TIE,
-           where: str = "") -> DivergenceReport:
-    """The three runs of `body` on `backend` (a Workbench back end), compared (module
-    docstring)."""
-    endpoint, sent = replay_body(body, backend.ours)
-    extra = other_bodies(endpoint, sent, others)
-    salt = f"wb-replay-{uuid.uuid4().hex}"  # a prefix cache of the replay's own, never shared
-    alone = backend.generate(endpoint, {**sent, "cache_salt": salt})
-    alone = _scenario("alone", alone)
-    warm = _scenario("warm", backend.generate(endpoint, {**sent, "cache_salt": salt}))
-    *batch, mine = backend.generate_many(  # the others first (see the module docstring)
-        endpoint, [*extra, {**sent, "cache_salt": salt + "-batch"}])
-    for i, result in enumerate(batch):
-        if not result.ok:
-            raise RuntimeError(f"the batch's other request {i} failed: {result.error}")
-    return DivergenceReport(alone, [_scenario("batch", mine, len(extra)), warm], tie,
-                            where, sent)
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The three runs of one body (module docstring): `endpoint`, the body `sent` (with what
+    the comparison needs), the `others` of the batch, and the replay's own cache `salt`."""
+
+    endpoint: str
+    sent: dict[str, Any]
+    others: list[dict[str, Any]]
+    salt: str
+
+    @classmethod
+    def of(cls, body: dict[str, Any], ours: bool, others: Any = 7) -> "ReplayPlan":
+        """The plan of `body` for a back end that is ours or not; refuses what cannot be
+        replayed reproducibly, and `others` that are neither a count nor prompts."""
+        endpoint, sent = replay_body(body, ours)
+        extra = other_bodies(endpoint, sent, others)
+        salt = f"wb-replay-{uuid.uuid4().hex}"  # a prefix cache of the replay's own, never shared
+        return cls(endpoint, sent, extra, salt)
+
+    @property
+    def reference(self) -> dict[str, Any]:
+        """The body of `alone`, then of `warm` (the same salt: its prompt's blocks cached)."""
+        return {**self.sent, "cache_salt": self.salt}
+
+    @property
+    def batch(self) -> list[dict[str, Any]]:
+        """The bodies of `batch`, in flight together: the others first, the reference last."""
+        return [*self.others, {**self.sent, "cache_salt": self.salt + "-batch"}]
+
+    def scenario(self, name: str, result: Any) -> Scenario:
+        """A run's `Scenario` from its `Result`; a failed run raises `RuntimeError`."""
+        return _scenario(name, result)
+
+    def assemble(self, alone: Scenario, warm: Scenario, batch: list[Any], tie: float = TIE,
+                 where: str = "") -> DivergenceReport:
+        """The report from the `alone` and `warm` scenarios and the `batch`'s `Result`s (in the
+        order of `batch`); a failed other raises `RuntimeError`."""
+        *extra, mine = batch
+        for i, result in enumerate(extra):
+            if not result.ok:
+                raise RuntimeError(f"the batch's other request {i} failed: {result.error}")
+        return DivergenceReport(alone, [_scenario("batch", mine, len(extra)), warm], tie,
+                                where, self.sent)

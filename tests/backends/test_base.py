@@ -1,6 +1,6 @@
 """`Backend`: both of the Workbench's back ends implement the declared protocol, method by
 method, with the protocol's parameters (checked on the classes, and on live instances in
-`tests/test_workbench.py`'s style: a tiny model in the kernel and over HTTP)."""
+`tests/backends/test_local_and_remote.py`'s style: a tiny model in the kernel and over HTTP)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import inspect
 
 import pytest
 
-from workbench.backend import Backend
-from workbench.workbench import _Local, _Remote
+from workbench.backends.base import Backend
+from workbench.backends.local import _Local
+from workbench.backends.remote import _Remote
 
 METHODS = ["generate", "generate_many", "stream", "call", "respond", "stream_respond", "pooling",
            "compare", "validate", "beam_search", "tokenizer", "close"]

@@ -103,7 +103,7 @@ def test_in_kernel_errors_name_the_keyword_arguments_beside_the_flags(local):
 
 
 def test_kernel_words_leave_other_errors_alone():
-    from workbench.workbench import kernel_words
+    from workbench.backends.local import kernel_words
 
     plain = {"error": {"message": "max_tokens must be at least 1, got 0.", "code": 400}}
     assert kernel_words(plain) == plain
