@@ -153,7 +153,7 @@ class Workbench:
         reference's top-2 margin below `tie` nats or twice the noise before it). Needs greedy
         or seeded sampling (else a `ValidationError` naming `temperature`); forces logprobs
         (top 2), token ids, and with our back end `token_stats`
-        (`workbench.inspect.replay`). A failed run raises `RuntimeError` with its envelope."""
+        (`workbench.verbs.replay`). A failed run raises `RuntimeError` with its envelope."""
         if result is not None:
             if result.request is None:
                 raise ValidationError("replay takes a Result of Workbench.completions or "
