@@ -38,7 +38,7 @@ def tiny_llm(tiny_llama, steering):  # overrides conftest's: this module's engin
 
 
 def _decode(wire):
-    from workbench.inside.activations import ActivationCache
+    from workbench.inspect.activations import ActivationCache
 
     return ActivationCache.from_wire(wire)
 
@@ -115,7 +115,7 @@ def test_chat_capture_through_the_sdk(tiny_sdk, tiny_model_name):
 
 
 def test_the_logit_lens_decodes(tiny_http):
-    from workbench.inside.logit_lens import LogitLens
+    from workbench.inspect.logit_lens import LogitLens
 
     body = {"prompt": PROMPT, "max_tokens": 2, "temperature": 0,
             "logit_lens": {"layers": [1], "top_k": 2}}
