@@ -55,7 +55,7 @@ def test_the_report_lists_the_capture(local):
 def test_a_bad_capture_is_the_servers_error(local, remote):
     for wb in (local, remote):
         result = wb.completions(PROMPT, max_tokens=2, capture={"sites": ["nope"]})
-        assert result.status_code == 400 and result.error["error"]["param"] == "capture"
+        assert result.status_code == 400 and result.error["error"]["param"] == "capture.sites"
 
 
 def test_results_without_them_have_none(local):
