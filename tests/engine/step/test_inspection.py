@@ -1,5 +1,5 @@
 """Inside the model per request: captures, attention patterns, the logit lens and interventions
-(`workbench/inside/params.py`, `engine/step/inspection.py`), exact against transformers.
+(`workbench/inside/`, `engine/step/inspection.py`), exact against transformers.
 
 Activations equal transformers' `output_hidden_states` (and its modules' outputs, through forward
 hooks on an untouched copy) to within a few float32 ulps of their scale, for a request batched
