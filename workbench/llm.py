@@ -37,6 +37,7 @@ from workbench.engine.requests.outputs import (
 from workbench.engine.step.pooling import bi_encoder_score, judgement_prompt, score_pairs
 from workbench.errors import EngineStepError, ValidationError
 from workbench.inspect import branch_tree as bt
+from workbench.inspect.activations import with_views
 from workbench.inspect.logprob_table import LogprobTable
 from workbench.inspect.model_compare import ModelComparison
 from workbench.inspect.output_views import llm_html, llm_repr
@@ -396,7 +397,7 @@ class LLM:
             raise
         finally:
             bar.close()
-        outputs = [finals[rid] for rid in ids]
+        outputs = [with_views(finals[rid]) for rid in ids]  # activations' data as views
         errors = {rid: out.error for rid, out in zip(ids, outputs) if out.error is not None}
         if errors:
             raise EngineStepError(errors, outputs)

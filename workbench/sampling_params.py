@@ -17,12 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import refuse
-from workbench.inside.params import (
-    CaptureParams,
-    InsideParams,
-    Intervention,
-    LogitLensParams,
-)
+from workbench.inside import resolve as inside_resolve
+from workbench.inside.resolve import Inside, ModelShape
+from workbench.inside.spec import CaptureParams, Intervention, LogitLensParams, parse_inside
 
 MAX_N_SEQUENCES = 16384
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's limit on `logprob_token_ids`
@@ -209,11 +206,14 @@ class SamplingParams:
     # a constraint on the output (JSON schema, regex, choice, grammar): `StructuredOutputsParams`
     # or a dict of its fields; not with beam search
     structured_outputs: StructuredOutputsParams | None = None
-    # what to see or change inside the model (`workbench/capture_params.py`, TransformerLens's
-    # names): activations to record, the logit lens, interventions on this request's rows
+    # what to see or change inside the model (`workbench/inside/spec.py`, TransformerLens's
+    # names): activations to record, the logit lens, interventions on this request's rows;
+    # parsed here, resolved against the model once (`resolve_inside`)
     capture: CaptureParams | None = None
     logit_lens: LogitLensParams | None = None
     interventions: list[Intervention] | None = None
+    # filled by `resolve_inside`: the three resolved for the model, which later stages read
+    _inside: Inside | None = field(default=None, repr=False, compare=False)
     # filled by the engine: token-id sequences of `bad_words`, the model's extra EOS ids
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -232,10 +232,8 @@ class SamplingParams:
             self.logit_bias = self._parse_logit_bias(self.logit_bias)
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
-        inside = InsideParams.parse(self.capture, self.logit_lens, self.interventions)
-        if inside is not None:
-            self.capture, self.logit_lens = inside.capture, inside.logit_lens
-            self.interventions = inside.interventions or None
+        self.capture, self.logit_lens, self.interventions = parse_inside(
+            self.capture, self.logit_lens, self.interventions)
         self._verify_args()
         if 0 < self.temperature < _MIN_TEMPERATURE:
             self.temperature = _MIN_TEMPERATURE
@@ -356,8 +354,7 @@ class SamplingParams:
             refuse(f"n must be 1 when using greedy sampling, got {self.n}.", "n", self.n)
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
             refuse("allowed_token_ids is not None and empty!", "allowed_token_ids", self.allowed_token_ids)
-        inside = self.inside
-        if inside is not None and inside.records and self.n > 1:
+        if (self.capture is not None or self.logit_lens is not None) and self.n > 1:
             name = "capture" if self.capture is not None else "logit_lens"
             refuse(f"{name} records one sequence: n must be 1, got {self.n}.", name, self.n)
 
@@ -392,11 +389,22 @@ class SamplingParams:
                   "allowed_token_ids", self.allowed_token_ids)
 
     @property
-    def inside(self) -> InsideParams | None:
-        """Its capture, logit lens and interventions together; None when it has none."""
-        if self.capture is None and self.logit_lens is None and not self.interventions:
+    def wants_inside(self) -> bool:
+        """Whether it records or intervenes inside the model."""
+        return self.capture is not None or self.logit_lens is not None or bool(self.interventions)
+
+    def resolve_inside(self, shape: ModelShape, num_positions: int) -> Inside | None:
+        """Its capture, logit lens and interventions resolved against the model for sequences
+        of at most `num_positions` (`workbench.inside.resolve`), once: kept on the params (and
+        their clones), so a later stage asking again for the same model and length gets the
+        same `Inside`. None when it has none; a `ValidationError` naming the field."""
+        if not self.wants_inside:
             return None
-        return InsideParams(self.capture, self.logit_lens, self.interventions or [])
+        done = self._inside
+        if done is None or not done.resolved_for(shape, num_positions):
+            done = self._inside = inside_resolve.resolve(
+                self.capture, self.logit_lens, self.interventions or [], shape, num_positions)
+        return done
 
     @property
     def greedy(self) -> bool:

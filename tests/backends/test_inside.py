@@ -22,7 +22,7 @@ def llm(tiny_llama):
 
 
 def test_activations_from_both_back_ends_equal_the_offline_engine(llm, local, remote):
-    from workbench.inside.activations import ActivationCache
+    from workbench.inspect.activations import ActivationCache
 
     offline = llm.generate(PROMPT, SamplingParams(max_tokens=3, temperature=0,
                                                   capture=CAPTURE))[0].activations
@@ -35,7 +35,7 @@ def test_activations_from_both_back_ends_equal_the_offline_engine(llm, local, re
 
 
 def test_chat_logit_lens_from_both_back_ends(local, remote):
-    from workbench.inside.logit_lens import LogitLens
+    from workbench.inspect.logit_lens import LogitLens
 
     wires = []
     for wb in (local, remote):
@@ -55,7 +55,7 @@ def test_the_report_lists_the_capture(local):
 def test_a_bad_capture_is_the_servers_error(local, remote):
     for wb in (local, remote):
         result = wb.completions(PROMPT, max_tokens=2, capture={"sites": ["nope"]})
-        assert result.status_code == 400 and result.error["error"]["param"] == "capture"
+        assert result.status_code == 400 and result.error["error"]["param"] == "capture.sites"
 
 
 def test_results_without_them_have_none(local):

@@ -38,7 +38,7 @@ def tiny_llm(tiny_llama, steering):  # overrides conftest's: this module's engin
 
 
 def _decode(wire):
-    from workbench.inside.activations import ActivationCache
+    from workbench.inspect.activations import ActivationCache
 
     return ActivationCache.from_wire(wire)
 
@@ -115,7 +115,7 @@ def test_chat_capture_through_the_sdk(tiny_sdk, tiny_model_name):
 
 
 def test_the_logit_lens_decodes(tiny_http):
-    from workbench.inside.logit_lens import LogitLens
+    from workbench.inspect.logit_lens import LogitLens
 
     body = {"prompt": PROMPT, "max_tokens": 2, "temperature": 0,
             "logit_lens": {"layers": [1], "top_k": 2}}
@@ -124,23 +124,26 @@ def test_the_logit_lens_decodes(tiny_http):
     assert isinstance(LogitLens.from_wire(choice["logit_lens"]), LogitLens)
 
 
-@pytest.mark.parametrize("capture, words", [
-    ({"sites": ["resid_sideways"]}, "unknown site"),
-    ({"sites": ["resid_post"], "layers": [2]}, "out of range"),
-    ({"sites": ["blocks.7.hook_resid_post"]}, "out of range"),
+@pytest.mark.parametrize("capture, words, param", [
+    ({"sites": ["resid_sideways"]}, "unknown site", "capture.sites"),
+    ({"sites": ["resid_post"], "layers": [2]}, "out of range", "capture.layers"),
+    ({"sites": ["blocks.7.hook_resid_post"]}, "out of range", "capture.sites"),
     ({"sites": ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"]},
-     "--max-capture-mb"),
-    ({"sites": ["resid_post"], "bogus": 1}, "unknown field"),
+     "--max-capture-mb", "capture"),
+    ({"sites": ["resid_post"], "bogus": 1}, "unknown field", "capture"),
+    ({"sites": ["resid_post"], "positions": [0, -2]}, "integers >= 0", "capture.positions"),
+    ({"sites": ["resid_post"], "positions": {"start": 3, "stop": 1}}, "0 <= start < stop",
+     "capture.positions"),
 ])
 @pytest.mark.parametrize("path, body", [
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 90}),
     ("/v1/chat/completions", {"messages": MSG, "max_tokens": 90}),
 ])
-def test_a_bad_capture_is_a_400_naming_capture(tiny_http, path, body, capture, words):
+def test_a_bad_capture_is_a_400_naming_capture(tiny_http, path, body, capture, words, param):
     r = tiny_http.post(path, json={**body, "capture": capture})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "capture" and words in error["message"], error
+    assert error["param"] == param and words in error["message"], error
     assert error["type"] == "BadRequestError"
 
 
@@ -150,14 +153,14 @@ def test_a_bad_capture_through_the_sdk(tiny_sdk, tiny_model_name):
     with pytest.raises(openai.BadRequestError) as info:
         tiny_sdk.completions.create(model=tiny_model_name, prompt=PROMPT, max_tokens=2,
                                     extra_body={"capture": {"sites": ["nope"]}})
-    assert info.value.body["param"] == "capture"
+    assert info.value.body["param"] == "capture.sites"
 
 
 def test_a_streamed_bad_capture_is_refused_before_the_stream(tiny_http):
     r = tiny_http.post("/v1/completions", json={"prompt": PROMPT, "stream": True,
                                                 "capture": {"sites": ["resid_post"],
                                                             "layers": [5]}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "capture"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "capture.layers"
 
 
 @pytest.mark.parametrize("vector", [[1.0] * (HIDDEN - 1), [[1.0] * HIDDEN] * 2])
@@ -251,8 +254,9 @@ def test_the_validation_report_lists_what_is_captured_and_changed(tiny_http):
 def test_the_validation_report_names_a_failed_capture(tiny_http):
     body = {"prompt": PROMPT, "capture": {"sites": ["resid_post"], "layers": [9]}}
     report = tiny_http.post("/v1/validate", json=body).json()
-    assert not report["ok"] and report["error"]["error"]["param"] == "capture"
-    assert [c for c in report["checks"] if c["status"] == "failed"][0]["param"] == "capture"
+    assert not report["ok"] and report["error"]["error"]["param"] == "capture.layers"
+    assert [c for c in report["checks"] if c["status"] == "failed"][0]["param"] == \
+        "capture.layers"
 
 
 def test_inline_vectors_and_wire_tensors_are_accepted(tiny_http):
@@ -278,3 +282,62 @@ def test_httpx_and_sdk_give_the_same_json(tiny_http, tiny_sdk, tiny_model_name):
     via = tiny_sdk.completions.create(model=tiny_model_name, prompt=PROMPT, max_tokens=3,
                                       temperature=0, extra_body={"capture": CAPTURE})
     assert via.choices[0].model_extra["activations"] == raw
+
+
+@pytest.fixture
+def resolutions(monkeypatch):
+    """Every resolution against the model (`workbench.inside.resolve.resolve`), counted."""
+    import workbench.inside.resolve as module
+
+    calls = []
+    real = module.resolve
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "resolve", counted)
+    return calls
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": PROMPT}),
+    ("/v1/chat/completions", {"messages": MSG}),
+    ("/v1/completions", {"prompt": PROMPT, "stream": True}),
+    ("/v1/validate", {"prompt": PROMPT}),
+])
+def test_over_http_a_request_is_resolved_once(tiny_http, resolutions, path, body):
+    """The serving layer resolves the capture, lens and interventions against the model (a
+    400 before anything is queued, the report's rows); the engine reuses that resolution
+    instead of resolving and checking again."""
+    body = {**body, "max_tokens": 3, "temperature": 0, "capture": CAPTURE,
+            "logit_lens": {"layers": [1], "top_k": 2, "positions": [0, 2]},
+            "interventions": [{"site": "resid_post", "layer": 0, "op": "scale", "scale": 0.5,
+                               "positions": {"start": 1, "stop": 3}}]}
+    r = tiny_http.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert len(resolutions) == 1
+
+
+def test_a_compared_variant_is_resolved_once(tiny_http, resolutions, tiny_model_name):
+    body = {"prompt": PROMPT, "text": " Paris", "variants": [
+        {}, {"interventions": [{"site": "resid_post", "layer": 0, "op": "zero"}]}]}
+    r = tiny_http.post("/v1/compare", json=body)
+    assert r.status_code == 200, r.text
+    assert len(resolutions) == 1  # the variant with interventions; the base has none
+
+
+def test_logit_lens_positions_take_a_list_and_a_range(tiny_http):
+    from workbench.inspect.logit_lens import LogitLens
+
+    base = {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    for positions, expected in (([0, 3], [0, 3]), ({"start": 1, "stop": 3}, [1, 2])):
+        choice = tiny_http.post("/v1/completions", json={
+            **base, "logit_lens": {"layers": [0], "positions": positions}}).json()["choices"][0]
+        assert LogitLens.from_wire(choice["logit_lens"]).positions == expected
+    r = tiny_http.post("/v1/completions", json={**base, "logit_lens": {"positions": "first"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_lens.positions"
+    r = tiny_http.post("/v1/completions", json={**base, "interventions": [
+        {"site": "resid_post", "layer": 0, "op": "zero"},
+        {"site": "resid_post", "layer": 0, "op": "zero", "positions": [1, 1]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "interventions[1].positions"

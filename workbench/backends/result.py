@@ -63,7 +63,7 @@ class Result:
 
     @property
     def activations(self) -> Any:
-        """Choice 0's `capture` as an `ActivationCache` (`workbench.inside`), decoded from the
+        """Choice 0's `capture` as an `ActivationCache` (`workbench.inspect`), decoded from the
         response's wire form; None when the request asked for none."""
         return self._inside(0, "activations")
 
@@ -78,10 +78,10 @@ class Result:
         if wire is None:
             return None
         if key == "activations":  # deferred: the views load lazily (no pandas at import)
-            from workbench.inside.activations import ActivationCache
+            from workbench.inspect.activations import ActivationCache
 
             return ActivationCache.from_wire(wire)
-        from workbench.inside.logit_lens import LogitLens
+        from workbench.inspect.logit_lens import LogitLens
 
         return LogitLens.from_wire(wire)
 

@@ -109,9 +109,9 @@ class AsyncLLMEngine:
 
     @property
     def model_shape(self) -> Any:
-        """What captures and interventions are checked against (`workbench.inside.params.
+        """What captures and interventions are resolved against (`workbench.inside.resolve.
         ModelShape`; None for an encoder). Not part of `EngineClient`: a server without it
-        leaves those checks to the engine."""
+        leaves the resolution to the engine."""
         return self.engine.inputs.model_shape
 
     def stats(self) -> EngineStats:

@@ -46,7 +46,8 @@ from workbench.engine.step.pooling import label_token_ids
 from workbench.engine.step.runner import ModelRunner, kv_shape
 from workbench.engine.step.sampler import Sampler
 from workbench.errors import ValidationError
-from workbench.inside.params import ModelShape, load_vector
+from workbench.inside.resolve import ModelShape
+from workbench.inside.vectors import load_vector
 from workbench.lora.request import LoRARequest
 from workbench.models.loader import load_model
 from workbench.pooling_params import PoolingParams

@@ -3,7 +3,7 @@
 Exact (the bits of the tensor, not decimal text) and a third the size of a JSON list of
 floats. `dtype` is numpy's name (`float32`, `int64`, ...); bfloat16, which numpy lacks, is sent
 as float32 (every bfloat16 is one, exactly). A request's inline vector may use the same form
-(`workbench.inside.params`).
+(`workbench.inside.vectors`).
 
 >>> import torch
 >>> wire = encode_tensor(torch.tensor([[1.5, -2.0]]))

@@ -29,10 +29,10 @@ _NAMES = {
     "ParsedOutput": "workbench.inspect.parsed_output",
     "ToolLoopTrace": "workbench.inspect.tool_loop",
     "SimilarityMatrix": "workbench.inspect.similarity",
-    # what a request saw inside the model (`workbench.inside`), here beside the other views
-    "ActivationCache": "workbench.inside.activations",
-    "AttentionPattern": "workbench.inside.attention_pattern",
-    "LogitLens": "workbench.inside.logit_lens",
+    # what a request saw inside the model (the data: `workbench.inside.recorded`)
+    "ActivationCache": "workbench.inspect.activations",
+    "AttentionPattern": "workbench.inspect.attention_pattern",
+    "LogitLens": "workbench.inspect.logit_lens",
 }
 
 

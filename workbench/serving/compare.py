@@ -208,8 +208,8 @@ class CompareServing(EngineServing):
             try:
                 p = compare_params(start, len(ids), self.engine.vocab_size, v.interventions,
                                    len(variants))
-                if shape is not None and p.inside is not None:
-                    p.inside.resolve(shape, len(ids) + 1)
+                if shape is not None:  # resolved once: the engine reuses it
+                    p.resolve_inside(shape, len(ids) + 1)
             except ValidationError as exc:
                 if exc.parameter and exc.parameter.startswith("interventions"):
                     exc.parameter = f"variants[{i}].{exc.parameter}"

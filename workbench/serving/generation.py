@@ -65,19 +65,17 @@ class GenerationServing(OpenAIServing):
 
     def resolve_inside(self, ctx: ServeContext, prompts: list[EnginePrompt],
                        params: list[SamplingParams]) -> None:
-        """A capture, logit lens or interventions checked against the model here, with the
-        engine's own `resolve` (so a bad site or layer, a capture over --max-capture-mb or a
-        wrong-size vector is a 400 before anything is queued), and recorded as resolved: the
-        names captured, the lens, each intervention's site."""
-        shape = getattr(self.engine, "model_shape", None)  # none: the engine checks alone
+        """A capture, logit lens or interventions resolved against the model here, once per
+        prompt (`SamplingParams.resolve_inside`: the engine reuses it), so a bad site or layer,
+        a capture over --max-capture-mb or a wrong-size vector is a 400 before anything is
+        queued; recorded as resolved: the names captured, the lens, each intervention's site."""
+        shape = getattr(self.engine, "model_shape", None)  # none: the engine resolves alone
         seen: set[str] = set()
         for prompt, p in zip(prompts, params):
-            inside = p.inside
-            if inside is None:
+            if shape is None or not p.wants_inside:
                 continue
-            if shape is not None:
-                assert p.max_tokens is not None  # resolved by the sampling_params hook
-                inside.resolve(shape, len(prompt.token_ids) + p.max_tokens)
+            assert p.max_tokens is not None  # resolved by the sampling_params hook
+            inside = p.resolve_inside(shape, len(prompt.token_ids) + p.max_tokens)
             for row in inside_checks(inside):
                 key = repr(row)
                 if key not in seen:  # one row per distinct resolution (several prompts)
@@ -225,8 +223,9 @@ class GenerationServing(OpenAIServing):
 
 
 def inside_checks(inside: Any) -> list[tuple[str, str, str, str, str, Any]]:
-    """The report's rows of what a request sees and changes inside the model, as
-    `PipelineRecorder.add` arguments: (name, stage, status, param, reason, value)."""
+    """The report's rows of what a request sees and changes inside the model (its resolved
+    `Inside`), as `PipelineRecorder.add` arguments: (name, stage, status, param, reason,
+    value)."""
     rows = []
     stage = "sampling params"
     if inside.capture is not None:

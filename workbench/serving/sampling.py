@@ -70,7 +70,7 @@ def build_sampling_params(request: Any, *, max_tokens: int, logprobs: int | None
         # per-step outputs to hand to the event loop, merge and drop
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         structured_outputs=structured_outputs_from_request(request),
-        # inside the model (`workbench.inside.params`): parsed and checked here, by name
+        # inside the model (`workbench.inside.spec`): parsed here, resolved by the pipeline
         capture=request.capture, logit_lens=request.logit_lens,
         interventions=request.interventions,
         # the whole distribution at each position with logprobs (checked by SamplingParams)

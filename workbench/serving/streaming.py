@@ -31,8 +31,8 @@ class ChoiceDelta:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     # what the request's capture / logit lens recorded: on the delta that finishes the choice
-    activations: Any = None  # `workbench.inside.activations.ActivationCache`
-    logit_lens: Any = None  # `workbench.inside.logit_lens.LogitLens`
+    activations: Any = None  # `workbench.inside.recorded.ActivationData`
+    logit_lens: Any = None  # `workbench.inside.recorded.LogitLensData`
     token_stats: list[Any] | None = None  # `TokenStats` beside `logprobs`, when asked
 
     def extend(self, delta: "ChoiceDelta") -> None:

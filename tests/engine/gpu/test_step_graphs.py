@@ -20,6 +20,7 @@ from workbench.engine.gpu.step_graphs import (
 )
 from workbench.engine.requests.scheduler import ScheduledSequence, SchedulerOutput
 from workbench.engine.step.runner import ModelRunner
+from workbench.inside.resolve import ModelShape
 from workbench.models import tiny_model
 from workbench.sampling_params import SamplingParams
 
@@ -187,8 +188,14 @@ def _step(runner, count=2, tokens=1):
 
 
 def _with(decodes, **params):
+    """The first sequence's request with these params (a capture resolved onto the request,
+    as the input processor does)."""
     request = decodes[0].seq.request
     request.params = SamplingParams(**params)
+    if request.params.wants_inside:
+        shape = ModelShape(num_layers=8, hidden_size=1 << 16, num_heads=1, head_dim=1,
+                           vocab_size=1 << 20)  # room for any site the tests name
+        request.inside = request.params.resolve_inside(shape, 64)
     return decodes
 
 

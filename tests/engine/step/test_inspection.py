@@ -1,5 +1,5 @@
 """Inside the model per request: captures, attention patterns, the logit lens and interventions
-(`workbench/inside/params.py`, `engine/step/inspection.py`), exact against transformers.
+(`workbench/inside/`, `engine/step/inspection.py`), exact against transformers.
 
 Activations equal transformers' `output_hidden_states` (and its modules' outputs, through forward
 hooks on an untouched copy) to within a few float32 ulps of their scale, for a request batched
@@ -179,11 +179,19 @@ def test_attention_patterns_equal_eager_output_attentions(family, overrides):
 def test_pattern_heads_and_query_positions_are_chosen():
     loaded, _ = pristine()
     out = make_llm(loaded).generate([PROMPTS[0]], greedy(2, capture={
-        "sites": ["blocks.1.attn.hook_pattern"], "heads": [1], "positions": [2, 4]}))[0]
+        "sites": ["blocks.1.attn.hook_pattern"], "heads": [1],
+        "positions": {"start": 2, "stop": 4}}))[0]
     pattern = out.activations["pattern", 1]
     assert pattern.shape == (1, 2, 4)  # one head, queries 2 and 3, keys 0..3
     assert out.activations.positions == [2, 3]
     torch.testing.assert_close(pattern.sum(-1), torch.ones(1, 2))
+    listed = make_llm(loaded).generate([PROMPTS[0]], greedy(2, capture={
+        "sites": ["blocks.1.attn.hook_pattern", "blocks.0.hook_resid_post"], "heads": [1],
+        "positions": [4, 2]}))[0].activations  # a list: those two positions, not a range
+    assert listed.positions == [2, 4]
+    assert listed["pattern", 1].shape == (1, 2, 5)  # queries 2 and 4, keys 0..4
+    torch.testing.assert_close(listed["pattern", 1][0, 0, :4], pattern[0, 0])  # query 2
+    assert listed["resid_post", 0].shape[0] == 2
 
 
 def test_logit_lens_at_the_last_layer_is_the_output_distribution():
@@ -320,10 +328,13 @@ def test_named_steering_vectors_load_at_start_and_apply(tmp_path):
 
 
 @pytest.mark.parametrize("inside, parameter", [
-    ({"capture": {"sites": ["blocks.9.hook_resid_post"]}}, "capture"),
-    ({"capture": {"sites": ["hook_nonsense"]}}, "capture"),
+    ({"capture": {"sites": ["blocks.9.hook_resid_post"]}}, "capture.sites"),
+    ({"capture": {"sites": ["hook_nonsense"]}}, "capture.sites"),
     ({"capture": ["resid_post"], "n": 2, "temperature": 1.0}, "capture"),
-    ({"logit_lens": {"top_k": 0}}, "logit_lens"),
+    ({"logit_lens": {"top_k": 0}}, "logit_lens.top_k"),
+    ({"capture": {"sites": ["resid_post"], "positions": {"start": 4, "stop": 2}}},
+     "capture.positions"),
+    ({"logit_lens": {"positions": [-1]}}, "logit_lens.positions"),
     ({"interventions": [{"site": "resid_post", "layer": 0, "op": "add", "vector": [1.0]}]},
      "interventions[0].vector"),
     ({"interventions": [{"site": "resid_post", "layer": 0, "op": "add",
@@ -346,7 +357,7 @@ def test_a_site_the_family_does_not_have_is_refused_and_captures_are_bounded():
     llm = make_llm(loaded, max_capture_mb=0.01)
     with pytest.raises(ValidationError, match="parallel") as err:
         llm.generate([PROMPTS[0]], greedy(2, capture=["resid_mid"]))
-    assert err.value.parameter == "capture"
+    assert err.value.parameter == "capture.sites"
     with pytest.raises(ValidationError, match="max-capture-mb") as err:
         llm.generate([PROMPTS[0]], greedy(200, capture=["resid_post", "pattern"]))
     assert err.value.parameter == "capture"

@@ -194,7 +194,7 @@ class DecodeGraphs:
             request = seq.request
             if s.num_tokens != 1 or not s.completes_tokens:
                 return "a prefill row"
-            if request.params.inside is not None:
+            if request.inside is not None:
                 return "a request that records or intervenes"
             if request.prompt_embeds is not None and c < seq.num_prompt_tokens:
                 return "a prompt given as embeddings"

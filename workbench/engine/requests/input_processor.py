@@ -15,7 +15,7 @@ from workbench.engine.requests.recording import Recording
 from workbench.engine.requests.request import Request
 from workbench.engine.requests.structured import GrammarCompiler
 from workbench.errors import ValidationError
-from workbench.inside.params import ModelShape, interventions_key
+from workbench.inside.resolve import ModelShape
 from workbench.sampling_params import SamplingParams
 
 PromptInput = str | list[int] | dict[str, Any]
@@ -90,22 +90,22 @@ class InputProcessor:
 
     def _resolve_inside(self, params: SamplingParams, num_prompt: int,
                         request_kwargs: dict[str, Any]) -> None:
-        """Checks a capture, logit lens or interventions against the model; the request's
-        `Recording` and the key its interventions give its cached blocks."""
-        inside = params.inside
-        if inside is None:
+        """A capture, logit lens or interventions resolved against the model (once: params the
+        serving layer resolved already carry their `Inside`), and the request's `Recording`."""
+        if not params.wants_inside:
             return
         if self.model_shape is None:
-            name = next(iter(inside.to_json()))
+            name = "capture" if params.capture is not None else \
+                "logit_lens" if params.logit_lens is not None else "interventions"
             raise ValidationError(f"{name} needs a decoder whose layers the engine runs; this "
                                   "model has none.", parameter=name, value=None)
         assert params.max_tokens is not None  # resolved just before
-        inside.resolve(self.model_shape, num_prompt + params.max_tokens)
+        inside = params.resolve_inside(self.model_shape, num_prompt + params.max_tokens)
+        assert inside is not None
+        request_kwargs["inside"] = inside
         if inside.records:
             request_kwargs["recording"] = Recording(inside, num_prompt,
                                                   self.model_shape.num_layers)
-        if inside.interventions:
-            request_kwargs["interventions_key"] = interventions_key(inside.interventions)
 
     def _truncate(self, ids: list[int], keep: int | None) -> list[int]:
         if keep is None:

@@ -194,24 +194,16 @@ class OutputProcessor:
             **(self._inside(req) if finished and req.recording is not None else {}))
 
     def _inside(self, req: Request) -> dict[str, Any]:
-        """A finished request's `activations` and `logit_lens`, with its tokens' texts."""
-        from workbench.inside.activations import ActivationCache  # deferred: views load pandas
-        from workbench.inside.logit_lens import LogitLens  # lazily, the engine needs neither
-
+        """A finished request's `activations` and `logit_lens` as data (`ActivationData`,
+        `LogitLensData`), with its tokens' texts; the facades make views of them."""
         recording, seq = req.recording, req.sequences[0]
         assert recording is not None
         tokens = [self.texts(t) for t in seq.token_ids]
         out: dict[str, Any] = {}
         if recording.inside.capture is not None:
-            out["activations"] = ActivationCache(
-                tokens=tokens, num_layers=recording.num_layers,
-                **recording.activations(len(seq.token_ids)))
+            out["activations"] = recording.activations(tokens)
         if recording.inside.logit_lens is not None:
-            lens = recording.lens()
-            top = lens["top_ids"]
-            out["logit_lens"] = LogitLens(
-                tokens=tokens, top_tokens=[[[self.texts(int(t)) for t in cell] for cell in row]
-                                           for row in top.tolist()], **lens)
+            out["logit_lens"] = recording.lens(tokens, self.texts)
         return out
 
     def _completion(self, seq: Sequence, delta: bool) -> CompletionOutput | None:

@@ -15,8 +15,7 @@ from workbench.engine.requests.output_views import completion_html, pooling_html
 if TYPE_CHECKING:  # only an annotation: this module stays torch-free at run time
     import torch
 
-    from workbench.inside.activations import ActivationCache
-    from workbench.inside.logit_lens import LogitLens
+    from workbench.inside.recorded import ActivationData, LogitLensData
 
 PositionLogprobs = dict[int, "Logprob"]
 
@@ -122,9 +121,11 @@ class RequestOutput:
     # finish_reason "error": why the engine failed the request ("RuntimeError: ..."; the
     # engine's log has the traceback under its request id). `LLM` raises it instead.
     error: str | None = None
-    # what its `capture` and `logit_lens` recorded (`workbench.inside`), once it has finished
-    activations: ActivationCache | None = field(default=None, repr=False)
-    logit_lens: LogitLens | None = field(default=None, repr=False)
+    # what its `capture` and `logit_lens` recorded (`workbench.inside.recorded`), once it has
+    # finished: the engine's data; `LLM` hands them over as their views (`ActivationCache`,
+    # `LogitLens`: `workbench.inspect`)
+    activations: ActivationData | None = field(default=None, repr=False)
+    logit_lens: LogitLensData | None = field(default=None, repr=False)
     # `token_stats` with `prompt_logprobs`: one `TokenStats` per prompt position, beside
     # `prompt_logprobs` (None for the first position, as there)
     prompt_token_stats: list[TokenStats | None] | None = field(default=None, repr=False)

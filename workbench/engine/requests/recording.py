@@ -3,19 +3,20 @@
 Each engine step that computes some of the request's positions adds their rows (`add`,
 `add_pattern`, `add_lens`), keyed by absolute position: a position computed again (after a
 preemption, whose sequence is recomputed) replaces what it had. When the request finishes,
-`activations()` and `lens()` assemble them into the tensors of an `ActivationCache` and a
-`LogitLens`, with what is absent stated: the last sampled token is never run through the model,
-so it has no activations.
+`activations()` and `lens()` assemble them into the engine's plain data, `ActivationData` and
+`LogitLensData` (`workbench.inside.recorded`), with what is absent stated: the last sampled
+token is never run through the model, so it has no activations.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from workbench.inside.params import InsideParams
+from workbench.inside.recorded import ActivationData, LogitLensData
+from workbench.inside.resolve import Inside
 
 
 @dataclass
@@ -32,7 +33,7 @@ class LensCell:
 class Recording:
     """A request's recorded rows (see the module docstring)."""
 
-    inside: InsideParams
+    inside: Inside  # the request's, resolved
     num_prompt: int
     num_layers: int  # of the model
     rows: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)  # name -> pos -> [W]
@@ -54,8 +55,9 @@ class Recording:
     def add_lens(self, layer: int, position: int, cell: LensCell) -> None:
         self.lens_cells.setdefault(layer, {})[position] = cell
 
-    def activations(self, total_tokens: int) -> dict[str, Any]:
-        """The fields of an `ActivationCache` (but `tokens`) for a sequence of `total_tokens`."""
+    def activations(self, tokens: list[str]) -> ActivationData:
+        """What the capture recorded, for a sequence of `tokens` (texts, prompt then
+        generated)."""
         capture = self.inside.capture
         assert capture is not None
         computed = sorted({p for store in self.rows.values() for p in store}
@@ -76,23 +78,23 @@ class Recording:
                     tensors[name] = _reduce(stacked, capture.reduce)
                     continue
             missing[name] = "no position it asked for was computed"
-        last = total_tokens - 1
+        last = len(tokens) - 1
         if capture.positions.selects(last, self.num_prompt) and last not in computed:
             missing[f"position {last}"] = ("the last token is sampled, never run through the "
                                            "model: no position after it needs its activations")
         positions = sorted({p for store in self.rows.values() for p in store}) or \
             sorted({p for store in self.patterns.values() for p in store})
         heads = capture.heads
-        return {"tensors": tensors, "positions": positions, "reduce": capture.reduce,
-                "missing": missing, "pattern_heads": {
-                    int(n.split(".")[1]): list(heads) if heads else list(
-                        range(tensors[n].shape[0]))
-                    for n in tensors if n.endswith("hook_pattern")}}
+        return ActivationData(
+            tokens=tokens, num_layers=self.num_layers, tensors=tensors, positions=positions,
+            reduce=capture.reduce, missing=missing, pattern_heads={
+                int(n.split(".")[1]): list(heads) if heads else list(range(tensors[n].shape[0]))
+                for n in tensors if n.endswith("hook_pattern")})
 
-    def lens(self) -> dict[str, Any]:
-        """The fields of a `LogitLens` (but the token strings)."""
+    def lens(self, tokens: list[str], text: Callable[[int], str]) -> LogitLensData:
+        """What the logit lens recorded, for a sequence of `tokens`; `text(id)`: a token's."""
         lens = self.inside.logit_lens
-        assert lens is not None and lens.layers is not None
+        assert lens is not None
         positions = sorted({p for cells in self.lens_cells.values() for p in cells})
         layers = [layer for layer in lens.layers if layer in self.lens_cells]
         grid = [[self.lens_cells[layer][p] for p in positions] for layer in layers]
@@ -102,10 +104,13 @@ class Recording:
                 if grid and positions else torch.zeros(len(layers), 0, 0)
 
         ranks, probs = stack("ranks"), stack("probs")
-        return {"layers": layers, "positions": positions, "top_ids": stack("top_ids"),
-                "top_probs": stack("top_probs"),
-                "token_ranks": {t: ranks[..., i] for i, t in enumerate(lens.token_ids)},
-                "token_probs": {t: probs[..., i] for i, t in enumerate(lens.token_ids)}}
+        top = stack("top_ids")
+        return LogitLensData(
+            tokens=tokens, layers=layers, positions=positions, top_ids=top,
+            top_probs=stack("top_probs"),
+            top_tokens=[[[text(int(t)) for t in cell] for cell in row] for row in top.tolist()],
+            token_ranks={t: ranks[..., i] for i, t in enumerate(lens.token_ids)},
+            token_probs={t: probs[..., i] for i, t in enumerate(lens.token_ids)})
 
 
 def _reduce(stacked: torch.Tensor, how: str | None) -> torch.Tensor:

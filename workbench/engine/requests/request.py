@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # torch and the engine's heavier modules stay out of this one
     from workbench.engine.requests.recording import Recording
     from workbench.engine.requests.structured import CompiledGrammar, SequenceGrammar
     from workbench.engine.requests.thinking import ThinkingBudget
+    from workbench.inside.resolve import Inside
     from workbench.lora.request import LoRARequest
     from workbench.pooling_params import PoolingParams
 
@@ -70,10 +71,16 @@ class Request:
     pooling: PoolingParams | None = None  # a pooling request: it ends when its prompt is
     pooled: torch.Tensor | None = None  # computed, with this result instead of sampled tokens
     kind: RequestKind = "generate"
-    # what its capture and logit lens recorded (`SamplingParams.inside`), and a key of its
-    # interventions: the prefix cache shares blocks only between requests with the same
+    # its capture, logit lens and interventions resolved (`SamplingParams.resolve_inside`),
+    # and what the capture and lens recorded so far
+    inside: Inside | None = None
     recording: Recording | None = None
-    interventions_key: str | None = None
+
+    @property
+    def interventions_key(self) -> str | None:
+        """A digest of its interventions: the prefix cache shares blocks only between requests
+        with the same (None: none)."""
+        return None if self.inside is None else self.inside.key
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

@@ -2,7 +2,7 @@
 on the rows of the requests that asked, and only those.
 
 The runner builds a `StepInspector` for a step in which some scheduled request has a capture, a
-logit lens or interventions (`SamplingParams.inside`); other steps run exactly as before. Each
+logit lens or interventions (`Request.inside`, resolved); other steps run exactly as before. Each
 hook point hands it the step's packed rows (`visit(site, layer, rows)`: `[T, W]`, or `[T, Hq, D]`
 for `z`): it applies the interventions of the requests whose rows they are, in place and in
 order, then copies the rows asked for into each request's `Recording` (so a capture sees what
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from workbench.engine.requests.recording import LensCell, Recording
-from workbench.inside.params import InsideParams, Intervention, site_name
+from workbench.inside.resolve import Inside, ResolvedIntervention
+from workbench.inside.sites import site_name, split_name
 from workbench.models.architectures import Sites, module_at
 
 
@@ -33,7 +34,7 @@ class InspectedRows:
     """One scheduled sequence of an inspecting request: where its rows are this step."""
 
     recording: Recording | None  # None: it only intervenes
-    inside: InsideParams
+    inside: Inside
     start: int  # its first row in the packed step
     count: int  # its rows this step
     first: int  # the position of its first row
@@ -61,14 +62,13 @@ class StepInspector:
                 self.sites.add((i.site, i.layer))
             if inside.capture is not None:
                 for name in inside.capture.names:
-                    site, layer = _split(name)
+                    site, layer = split_name(name)
                     if site == "pattern":
                         assert layer is not None
                         self.pattern_layers.add(layer)
                     else:
                         self.sites.add((site, layer))
             if inside.logit_lens is not None:
-                assert inside.logit_lens.layers is not None
                 self.lens_layers.update(inside.logit_lens.layers)
                 self.sites.update(("resid_post", layer) for layer in inside.logit_lens.layers)
 
@@ -92,10 +92,10 @@ class StepInspector:
             capture, lens = seq.inside.capture, seq.inside.logit_lens
             if capture is not None and name in capture.names:
                 self._record(seq, name, mine, capture.positions.selects)
-            if lens is not None and site == "resid_post" and layer in (lens.layers or ()):
+            if lens is not None and site == "resid_post" and layer in lens.layers:
                 at = seq.rows_of(lens.positions.selects)
                 if at:
-                    self._lens_rows[(index, layer)] = mine[at].clone()  # type: ignore[index]
+                    self._lens_rows[(index, layer)] = mine[at].clone()
         return changed
 
     @staticmethod
@@ -163,14 +163,7 @@ class StepInspector:
                 seq.recording.add_pattern(layer, position, probs[:, j, :position + 1])
 
 
-def _split(name: str) -> tuple[str, int | None]:
-    if name == "ln_final.hook_normalized":
-        return "normalized", None
-    parts = name.split(".")
-    return parts[-1].removeprefix("hook_"), int(parts[1])
-
-
-def _apply(intervention: Intervention, mine: torch.Tensor, seq: InspectedRows) -> list[int]:
+def _apply(intervention: ResolvedIntervention, mine: torch.Tensor, seq: InspectedRows) -> list[int]:
     """Applies one intervention to a sequence's rows [n, W] (or [n, Hq, D] for z) in place;
     returns the offsets of the rows it changed."""
     at = seq.rows_of(intervention.positions.selects)

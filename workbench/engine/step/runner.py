@@ -403,7 +403,7 @@ class ModelRunner:
         rows, start = [], 0
         for s in ordered:
             seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
-            inside = seq.request.params.inside
+            inside = seq.request.inside
             if inside is not None:
                 rows.append(InspectedRows(seq.request.recording, inside, start, n, c,
                                           seq.num_prompt_tokens,

@@ -146,8 +146,8 @@ class ChatCompletionRequest(OpenAIBaseModel):
     return_mm_kwargs: bool | None = None
     repetition_detection: dict[str, Any] | None = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
-    # workbench's inside-the-model extras (`workbench.inside.params`; parsed and checked by
-    # `SamplingParams`, against the model by the engine): activations to record, the logit
+    # workbench's inside-the-model extras (`workbench.inside.spec`; parsed and checked by
+    # `SamplingParams`, resolved against the model once): activations to record, the logit
     # lens, interventions on this request's rows. Not with beam search.
     capture: Any | None = None
     logit_lens: Any | None = None

@@ -9,12 +9,13 @@ over the full distribution. At the last layer it is the model's own next-token d
 `_repr_html_` is the classic table (layers down, positions across, each cell the top token,
 coloured by its probability, its top-k on hover), `to_frame()` one row per layer, position and
 rank, `plot()` the top-1 probability as a heatmap labelled with its tokens, `plot_rank(id)` a
-token's rank through the layers. `to_wire()` / `from_wire()`: the HTTP form.
+token's rank through the layers. `to_wire()` / `from_wire()`: the HTTP form. It is the
+engine's `LogitLensData` (`workbench.inside.recorded`) as a view.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from workbench.display import html as h
 from workbench.display.figure import GREY, fading, neutral
 from workbench.display.frames import frame
-from workbench.inside.tensors import decode_tensor, encode_tensor
+from workbench.inside.recorded import LogitLensData
 
 HOW_TO_READ = ("row: the layer after which the stream is unembedded (the last on top); column: "
                "the input token; cell: the next token it predicts; hover for the top k")
@@ -31,17 +32,9 @@ GREEN = "#15803d"  # the plot's cells: this at the top-1 probability's opacity (
 
 
 @dataclass
-class LogitLens:
-    """The logit lens of one request (see the module docstring)."""
-
-    tokens: list[str]  # the sequence's tokens, prompt then generated
-    layers: list[int]
-    positions: list[int]
-    top_ids: torch.Tensor  # [layers, positions, k] int64
-    top_probs: torch.Tensor  # [layers, positions, k] float32
-    top_tokens: list[list[list[str]]]  # [layers][positions][k] texts of top_ids
-    token_ranks: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> [layers, positions]
-    token_probs: dict[int, torch.Tensor] = field(default_factory=dict)
+class LogitLens(LogitLensData):
+    """The logit lens of one request (see the module docstring): `LogitLensData`'s fields,
+    `to_wire()` and `from_wire()`, with lookups and drawings."""
 
     def rank(self, token_id: int) -> torch.Tensor:
         """`[layers, positions]` rank of a tracked token (0: the most likely)."""
@@ -82,31 +75,9 @@ class LogitLens:
                    *(f"rank_{t}" for t in self.token_ranks)]
         return frame(records, columns)
 
-    def to_wire(self) -> dict[str, Any]:
-        """The HTTP form: plain JSON, the tensors' exact bits (`workbench.inside.tensors`)."""
-        return {"tokens": list(self.tokens), "layers": list(self.layers),
-                "positions": list(self.positions), "top_ids": encode_tensor(self.top_ids),
-                "top_probs": encode_tensor(self.top_probs), "top_tokens": self.top_tokens,
-                "token_ranks": {str(t): encode_tensor(v) for t, v in self.token_ranks.items()},
-                "token_probs": {str(t): encode_tensor(v) for t, v in self.token_probs.items()}}
-
-    to_dict = to_wire  # Inspectable's plain data is the wire form
-
-    @classmethod
-    def from_wire(cls, wire: dict[str, Any]) -> LogitLens:
-        """The lens of a response choice's `logit_lens`."""
-        try:
-            return cls(tokens=list(wire["tokens"]), layers=[int(x) for x in wire["layers"]],
-                       positions=[int(p) for p in wire["positions"]],
-                       top_ids=decode_tensor(wire["top_ids"]),
-                       top_probs=decode_tensor(wire["top_probs"]),
-                       top_tokens=wire["top_tokens"],
-                       token_ranks={int(t): decode_tensor(v)
-                                    for t, v in (wire.get("token_ranks") or {}).items()},
-                       token_probs={int(t): decode_tensor(v)
-                                    for t, v in (wire.get("token_probs") or {}).items()})
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"not a `logit_lens` object: {error}") from error
+    def to_dict(self) -> dict[str, Any]:
+        """Inspectable's plain data: the wire form."""
+        return self.to_wire()
 
     # -- rendering --------------------------------------------------------------------------
     def plot(self, ax: Any = None, last: int = 24) -> Any:

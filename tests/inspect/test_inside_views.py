@@ -8,10 +8,10 @@ import matplotlib
 import pytest
 import torch
 
-from workbench.inside.activations import ActivationCache
-from workbench.inside.attention_pattern import AttentionPattern
-from workbench.inside.logit_lens import LogitLens
 from workbench.inside.tensors import decode_array, decode_tensor, encode_tensor
+from workbench.inspect.activations import ActivationCache
+from workbench.inspect.attention_pattern import AttentionPattern
+from workbench.inspect.logit_lens import LogitLens
 from workbench.inspect.protocol import Inspectable
 
 matplotlib.use("Agg")
@@ -214,3 +214,35 @@ def test_heatmaps_show_the_page_in_their_empty_cells():
     empty = ax.images[0].to_rgba(ax.images[0].get_array())[0, n - 1]  # query 0, key n - 1
     assert empty[3] == 0
     plt.close(ax.figure)
+
+
+def test_the_engine_hands_data_and_the_facades_make_views_of_it():
+    """`RequestOutput.activations` / `.logit_lens` are the engine's plain data; `with_views`
+    (as `LLM` hands outputs over) makes the views of the same fields, whose wire form is the
+    data's, bit for bit; the views answer from `workbench.inspect` (and, for notebooks written
+    before they moved, from `workbench.inside`)."""
+    import workbench.inside as inside_pkg
+    from workbench.engine.requests.outputs import RequestOutput
+    from workbench.inside.recorded import ActivationData, LogitLensData
+    from workbench.inspect import ActivationCache as A
+    from workbench.inspect import AttentionPattern as P
+    from workbench.inspect import LogitLens as L
+    from workbench.inspect.activations import with_views
+
+    assert (A, P, L) == (ActivationCache, AttentionPattern, LogitLens)
+    assert inside_pkg.ActivationCache is A and inside_pkg.LogitLens is L
+    view, tables = cache(), lens()
+    data = ActivationData.of(view)
+    lens_data = LogitLensData.of(tables)
+    assert type(data) is ActivationData and not hasattr(data, "stack")
+    out = RequestOutput("r", "p", [1], None, [], True, activations=data, logit_lens=lens_data)
+    assert with_views(out) is out
+    assert isinstance(out.activations, ActivationCache)
+    assert isinstance(out.logit_lens, LogitLens)
+    assert json.dumps(out.activations.to_wire()) == json.dumps(data.to_wire())
+    assert json.dumps(out.logit_lens.to_wire()) == json.dumps(lens_data.to_wire())
+    torch.testing.assert_close(out.activations["resid_post", -1],
+                               data.tensors["blocks.2.hook_resid_post"])
+    assert with_views(out).activations is out.activations  # already views: kept
+    assert isinstance(ActivationCache.from_wire(data.to_wire()), ActivationCache)
+    assert isinstance(ActivationData.from_wire(data.to_wire()), ActivationData)

@@ -14,12 +14,16 @@ so it has no activations. `stack(site)` is `[layers, ...]` (TransformerLens's
 `stack_activation`), `pattern(layer)` an `AttentionPattern`, `to_frame()` one row per name and
 position, `plot()` the residual stream's norm by layer and position, `to_wire()` / `from_wire()`
 the HTTP form (`workbench.inside.tensors`: exact bits).
+
+It is the engine's `ActivationData` (`workbench.inside.recorded`) as a view: the facades turn
+the data of an output into it (`with_views`, as `LLM` hands outputs over); a response's
+`activations` decode into it (`ActivationCache.from_wire`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,22 +31,16 @@ import torch
 from workbench.display import html as h
 from workbench.display.figure import neutral
 from workbench.display.frames import frame
-from workbench.inside.attention_pattern import AttentionPattern
-from workbench.inside.params import CAPTURE_SITES, site_name
-from workbench.inside.tensors import decode_tensor, encode_tensor
+from workbench.inside.recorded import ActivationData
+from workbench.inside.sites import CAPTURE_SITES, site_name
+from workbench.inspect.attention_pattern import AttentionPattern
+from workbench.inspect.logit_lens import LogitLens
 
 
 @dataclass
-class ActivationCache:
-    """A request's captured activations (see the module docstring)."""
-
-    tokens: list[str]  # every token of the sequence, prompt then generated, as text
-    num_layers: int  # of the model
-    tensors: dict[str, torch.Tensor]  # TransformerLens name -> tensor
-    positions: list[int]  # the absolute positions the rows are of
-    reduce: str | None = None  # mean | last: one row per name, reduced over `positions`
-    missing: dict[str, str] = field(default_factory=dict)  # asked, absent -> why
-    pattern_heads: dict[int, list[int]] = field(default_factory=dict)  # layer -> heads kept
+class ActivationCache(ActivationData):
+    """A request's captured activations (see the module docstring): `ActivationData`'s
+    fields, `to_wire()` and `from_wire()`, with lookups and drawings."""
 
     # -- access -----------------------------------------------------------------------------
     def name(self, key: Any) -> str:
@@ -139,28 +137,9 @@ class ActivationCache:
         return frame(records, ["name", "layer", "site", "position", "reduce", "token", "norm",
                                "mean", "max_abs"], {"layer": "Int64", "position": "Int64"})
 
-    def to_wire(self) -> dict[str, Any]:
-        """The HTTP form: plain JSON, each tensor's exact bits (`workbench.inside.tensors`)."""
-        return {"tokens": list(self.tokens), "num_layers": self.num_layers,
-                "positions": list(self.positions), "reduce": self.reduce,
-                "missing": dict(self.missing),
-                "pattern_heads": {str(k): list(v) for k, v in self.pattern_heads.items()},
-                "tensors": {name: encode_tensor(t) for name, t in self.tensors.items()}}
-
-    to_dict = to_wire  # Inspectable's plain data is the wire form
-
-    @classmethod
-    def from_wire(cls, wire: dict[str, Any]) -> ActivationCache:
-        """The cache of a response choice's `activations`."""
-        try:
-            return cls(tokens=list(wire["tokens"]), num_layers=int(wire["num_layers"]),
-                       tensors={k: decode_tensor(v) for k, v in wire["tensors"].items()},
-                       positions=[int(p) for p in wire["positions"]], reduce=wire["reduce"],
-                       missing=dict(wire.get("missing") or {}),
-                       pattern_heads={int(k): list(v) for k, v in
-                                      (wire.get("pattern_heads") or {}).items()})
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"not an `activations` object: {error}") from error
+    def to_dict(self) -> dict[str, Any]:
+        """Inspectable's plain data: the wire form."""
+        return self.to_wire()
 
     # -- rendering --------------------------------------------------------------------------
     def plot(self, site: str = "resid_post", ax: Any = None) -> Any:
@@ -233,3 +212,15 @@ def _spans(positions: list[int]) -> str:
             spans.append(str(start) if start == prev else f"{start}–{prev}")
         start = prev = p
     return ", ".join(spans) or "none"
+
+
+def with_views(output: Any) -> Any:
+    """An engine output with its `activations` and `logit_lens` data as their views
+    (`ActivationCache`, `LogitLens`): what the facades hand to users. Anything else as it is."""
+    data = getattr(output, "activations", None)
+    if isinstance(data, ActivationData) and not isinstance(data, ActivationCache):
+        output.activations = ActivationCache.of(data)
+    lens = getattr(output, "logit_lens", None)
+    if lens is not None and not isinstance(lens, LogitLens):
+        output.logit_lens = LogitLens.of(lens)
+    return output

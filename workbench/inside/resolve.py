@@ -1,0 +1,260 @@
+"""A request's capture, logit lens and interventions checked against the model, once.
+
+`resolve(capture, logit_lens, interventions, shape, num_positions)` checks the parsed asks
+(`workbench.inside.spec`) against the model (`ModelShape`: its layers, widths, which sites its
+layers have, the server's capture limit and steering vectors), expands layers and site names,
+reads vectors into float32 tensors and digests the interventions for the prefix cache: an
+`Inside`, what every later stage reads (the engine's recording and step, the validation report).
+`SamplingParams.resolve_inside` calls it and keeps the result on the params, so a request is
+resolved once however many stages look (over HTTP: the serving layer, then the engine). Refusals
+name the request field (`capture.sites`, `logit_lens.token_ids`, `interventions[0].vector`, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import refuse
+from workbench.inside.positions import Positions
+from workbench.inside.sites import parse_site, site_name
+from workbench.inside.spec import CaptureParams, Intervention, LogitLensParams
+from workbench.inside.vectors import to_tensor
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What resolution needs to know of the model (the engine builds it once)."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    vocab_size: int
+    missing_sites: dict[str, str] = field(default_factory=dict)  # site -> why this model has none
+    max_capture_bytes: int = 256 << 20  # a request's capture and lens at most (a server flag)
+    steering_vectors: dict[str, Any] = field(default_factory=dict)  # name -> [hidden] tensor
+
+
+@dataclass
+class ResolvedCapture:
+    """A capture for this model: the full names it records."""
+
+    names: list[str]
+    positions: Positions
+    reduce: str | None
+    heads: list[int] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sites": list(self.names), "positions": self.positions.to_json(),
+                "reduce": self.reduce, "heads": self.heads}
+
+
+@dataclass
+class ResolvedLens:
+    """A logit lens for this model: its layers, each in [0, num_layers)."""
+
+    layers: list[int]
+    top_k: int
+    positions: Positions
+    token_ids: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "top_k": self.top_k,
+                "positions": self.positions.to_json(), "token_ids": list(self.token_ids)}
+
+
+@dataclass
+class ResolvedIntervention:
+    """An intervention for this model: its layer in [0, num_layers), its vector a float32
+    tensor ([W], or [P, W] for a list of P positions) or None."""
+
+    site: str
+    layer: int
+    op: str
+    vector: Any
+    name: str | None
+    scale: float
+    positions: Positions
+    heads: list[int] | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"site": site_name(self.site, self.layer), "op": self.op,
+                               "positions": self.positions.to_json()}
+        if self.name is not None:
+            out["name"] = self.name
+        elif self.vector is not None:
+            out["vector_shape"] = list(self.vector.shape)
+        if self.op in ("add", "scale"):
+            out["scale"] = self.scale
+        if self.heads is not None:
+            out["heads"] = self.heads
+        return out
+
+
+@dataclass(eq=False)
+class Inside:
+    """A request's resolved capture, logit lens and interventions (see the module docstring).
+    Read-only once built: copies of the params share it (`copy.deepcopy` returns it)."""
+
+    capture: ResolvedCapture | None
+    logit_lens: ResolvedLens | None
+    interventions: list[ResolvedIntervention]
+    shape: ModelShape  # what it was resolved against
+    num_positions: int  # the longest sequence it was sized for
+    nbytes: int  # what its capture and lens may record, at most
+    key: str | None  # the interventions' digest (`interventions_key`); None without any
+
+    @property
+    def records(self) -> bool:
+        """Whether it records anything (else it only intervenes)."""
+        return self.capture is not None or self.logit_lens is not None
+
+    def resolved_for(self, shape: ModelShape, num_positions: int) -> bool:
+        return self.shape is shape and self.num_positions == num_positions
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.capture is not None:
+            out["capture"] = self.capture.to_json()
+        if self.logit_lens is not None:
+            out["logit_lens"] = self.logit_lens.to_json()
+        if self.interventions:
+            out["interventions"] = [i.to_json() for i in self.interventions]
+        return out
+
+    def __deepcopy__(self, memo: dict) -> Inside:
+        return self
+
+    def __copy__(self) -> Inside:
+        return self
+
+
+def resolve(capture: CaptureParams | None, logit_lens: LogitLensParams | None,
+            interventions: list[Intervention], shape: ModelShape, num_positions: int) -> Inside:
+    """The request's asks for this model, sequences of at most `num_positions` (see the module
+    docstring); refuses a capture and lens over `shape.max_capture_bytes` together."""
+    size = 0
+    resolved_capture = resolved_lens = None
+    if capture is not None:
+        resolved_capture, bytes_ = _capture(capture, shape, num_positions)
+        size += bytes_
+    if logit_lens is not None:
+        resolved_lens, bytes_ = _lens(logit_lens, shape, num_positions)
+        size += bytes_
+    if size > shape.max_capture_bytes:
+        name = "capture" if capture is not None else "logit_lens"
+        refuse(f"{name}: this request could record {size / 2**20:.1f} MiB "
+               f"({num_positions} positions), more than the server's limit of "
+               f"{shape.max_capture_bytes / 2**20:.0f} MiB (--max-capture-mb); ask for "
+               "fewer sites, layers or positions, or a reduction.", name, size)
+    changes = [_intervention(i, shape, index) for index, i in enumerate(interventions)]
+    return Inside(resolved_capture, resolved_lens, changes, shape, num_positions, size,
+                  interventions_key(changes) if changes else None)
+
+
+def _layers(layers: list[int] | None, num_layers: int, parameter: str) -> list[int]:
+    if layers is None:
+        return list(range(num_layers))
+    bad = [layer for layer in layers if not -num_layers <= layer < num_layers]
+    if bad:
+        refuse(f"{parameter}: layer(s) {bad} out of range: the model has {num_layers} layers "
+               f"(0..{num_layers - 1}, or negative from the end).", parameter, bad)
+    return sorted({layer % num_layers for layer in layers})
+
+
+def _capture(capture: CaptureParams, shape: ModelShape, num_positions: int
+             ) -> tuple[ResolvedCapture, int]:
+    """Expands the sites to full names for this model; with the bytes it may take (float32,
+    `num_positions` at most)."""
+    layers = _layers(capture.layers, shape.num_layers, "capture.layers")
+    names: list[str] = []
+    for given in capture.sites:
+        site, layer = parse_site(given, "capture.sites")
+        if site == "z":
+            refuse("capture.sites: hook_z is an intervention site only; capture attn_out or "
+                   "hook_pattern.", "capture.sites", given)
+        if site in shape.missing_sites:
+            refuse(f"capture.sites: {site_name(site, layer or 0)} does not exist in this model: "
+                   f"{shape.missing_sites[site]}.", "capture.sites", given)
+        if layer is not None:
+            _layers([layer], shape.num_layers, "capture.sites")
+        over = [None] if site == "normalized" else \
+            [layer % shape.num_layers] if layer is not None else layers
+        names.extend(site_name(site, at) for at in over)
+    names = list(dict.fromkeys(names))
+    if capture.heads is not None and max(capture.heads) >= shape.num_heads:
+        refuse(f"capture.heads: the model has {shape.num_heads} heads, got {capture.heads}.",
+               "capture.heads", capture.heads)
+    rows = 1 if capture.reduce else capture.positions.most(num_positions)
+    heads = len(capture.heads) if capture.heads else shape.num_heads
+    size = sum(4 * (heads * rows * num_positions if name.endswith("hook_pattern")
+                    else rows * shape.hidden_size) for name in names)
+    return ResolvedCapture(names, capture.positions, capture.reduce,
+                           None if capture.heads is None else list(capture.heads)), size
+
+
+def _lens(lens: LogitLensParams, shape: ModelShape, num_positions: int
+          ) -> tuple[ResolvedLens, int]:
+    layers = _layers(lens.layers, shape.num_layers, "logit_lens.layers")
+    bad = [t for t in lens.token_ids if t >= shape.vocab_size]
+    if bad:
+        refuse(f"logit_lens.token_ids: {bad} out of the vocabulary of {shape.vocab_size}.",
+               "logit_lens.token_ids", bad)
+    cells = len(layers) * lens.positions.most(num_positions)
+    return (ResolvedLens(layers, lens.top_k, lens.positions, list(lens.token_ids)),
+            cells * (12 * lens.top_k + 12 * len(lens.token_ids)))
+
+
+def _intervention(given: Intervention, shape: ModelShape, index: int) -> ResolvedIntervention:
+    """Checks one intervention against the model; its vector read into a float32 tensor."""
+    p = f"interventions[{index}]"
+    layer = _layers([given.layer], shape.num_layers, f"{p}.layer")[0]
+    if given.site in shape.missing_sites:
+        refuse(f"{p}: {site_name(given.site, layer)} does not exist in this model: "
+               f"{shape.missing_sites[given.site]}.", f"{p}.site", given.site)
+    if given.heads is not None and max(given.heads) >= shape.num_heads:
+        refuse(f"{p}.heads: the model has {shape.num_heads} heads, got {given.heads}.",
+               f"{p}.heads", given.heads)
+    width = shape.head_dim if given.site == "z" else shape.hidden_size
+    vector = given.vector
+    if given.name is not None:
+        if given.name not in shape.steering_vectors:
+            known = sorted(shape.steering_vectors) or "none (--steering-vectors)"
+            refuse(f"{p}.name: no steering vector {given.name!r}; loaded: {known}.",
+                   f"{p}.name", given.name)
+        vector = shape.steering_vectors[given.name]
+    if vector is not None:
+        vector = _vector(vector, given, width, p)
+    return ResolvedIntervention(given.site, layer, given.op, vector, given.name, given.scale,
+                                given.positions, given.heads)
+
+
+def _vector(value: Any, given: Intervention, width: int, p: str) -> Any:
+    torch = importlib.import_module("torch")  # deferred, so importing this loads no torch
+    vector = to_tensor(value, f"{p}.vector")
+    rows = len(given.positions.items) if given.positions.kind == "list" else None
+    if vector.dim() == 2 and given.op == "set" and rows is not None:
+        ok = vector.shape == (rows, width)
+    else:
+        ok = vector.dim() == 1 and vector.shape[0] == width
+    if not ok:
+        per = f" or [{rows}, {width}] (one row per listed position)" if rows else ""
+        refuse(f"{p}.vector must have shape [{width}]{per}, got {list(vector.shape)}.",
+               f"{p}.vector", list(vector.shape))
+    if not torch.isfinite(vector).all():
+        refuse(f"{p}.vector must be finite.", f"{p}.vector", "non-finite")
+    return vector
+
+
+def interventions_key(interventions: list[ResolvedIntervention]) -> str:
+    """A digest of what resolved interventions do (vectors included): equal keys, equal KV."""
+    digest = hashlib.sha256()
+    for intervention in interventions:
+        digest.update(json.dumps(intervention.to_json(), sort_keys=True).encode())
+        if intervention.vector is not None:
+            digest.update(intervention.vector.numpy().tobytes())
+    return digest.hexdigest()

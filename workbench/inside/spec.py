@@ -1,0 +1,226 @@
+"""What a request asks to see or change inside the model, as given: `CaptureParams`,
+`LogitLensParams`, `Intervention` (`SamplingParams.capture` / `logit_lens` / `interventions`).
+
+Parsing checks what the values alone decide and refuses naming the exact field (`capture.sites`,
+`logit_lens.top_k`, `interventions[1].positions`, ...); sites by `workbench.inside.sites`,
+positions by `workbench.inside.positions`. Checking against a model, and expanding layers and
+names, is `workbench.inside.resolve`'s, once per request.
+
+>>> CaptureParams.parse({"sites": ["resid_post"], "layers": [0, -1]}).sites
+['resid_post']
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import refuse
+from workbench.inside.positions import Positions, parse_positions
+from workbench.inside.sites import INTERVENTION_SITES, parse_site
+
+OPS = ("add", "set", "scale", "zero")
+REDUCTIONS = ("mean", "last")
+MAX_INTERVENTIONS = 64
+MAX_LENS_TOP_K = 20
+MAX_LENS_TOKEN_IDS = 128
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_layers(value: Any, parameter: str) -> list[int] | None:
+    """'all' (or None) -> None; an index or a non-empty list of them -> the list."""
+    if value is None or value == "all":
+        return None
+    if _is_int(value):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value or not all(_is_int(v) for v in value):
+        refuse(f"{parameter} must be 'all' or a non-empty list of layer indices, got {value!r}.",
+               parameter, value)
+    return list(value)
+
+
+@dataclass
+class CaptureParams:
+    """Activations to record for one request.
+
+    `sites` are short forms expanded over `layers` (None: every layer) or full names with their
+    layer; `positions` which rows (`workbench.inside.positions`); `reduce` 'mean' or 'last'
+    over them; `heads` of patterns.
+    """
+
+    sites: list[str]
+    layers: list[int] | None = None
+    positions: Positions = field(default_factory=Positions)
+    reduce: str | None = None
+    heads: list[int] | None = None
+
+    def __post_init__(self) -> None:  # built by hand: positions in any accepted form
+        self.positions = parse_positions(self.positions, "capture.positions")
+
+    @classmethod
+    def parse(cls, value: Any) -> CaptureParams:
+        """From a request's `capture`: a name, a list of names, or a dict of the fields."""
+        p = "capture"
+        if isinstance(value, CaptureParams):
+            return value
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            value = {"sites": value}
+        if not isinstance(value, dict):
+            refuse("capture must be a site name, a list of them, or an object with 'sites' "
+                   "(and 'layers', 'positions', 'reduce', 'heads').", p, value)
+        unknown = set(value) - {"sites", "layers", "positions", "reduce", "heads"}
+        if unknown:
+            refuse(f"capture: unknown field(s) {sorted(unknown)}; it takes sites, layers, "
+                   "positions, reduce, heads.", p, sorted(unknown))
+        sites = value.get("sites")
+        if isinstance(sites, str):
+            sites = [sites]
+        if not isinstance(sites, list) or not sites:
+            refuse("capture.sites must be a non-empty list of site names.", "capture.sites",
+                   sites)
+        for site in sites:
+            parse_site(site, "capture.sites")
+        reduce = value.get("reduce")
+        if reduce is not None and reduce not in REDUCTIONS:
+            refuse(f"capture.reduce must be one of {list(REDUCTIONS)} or null, got {reduce!r}.",
+                   "capture.reduce", reduce)
+        heads = value.get("heads")
+        if heads is not None and (not isinstance(heads, list) or not heads
+                                  or not all(_is_int(h) and h >= 0 for h in heads)):
+            refuse("capture.heads must be a non-empty list of head indices.", "capture.heads",
+                   heads)
+        return cls(list(sites), parse_layers(value.get("layers"), "capture.layers"),
+                   parse_positions(value.get("positions"), "capture.positions"), reduce, heads)
+
+
+@dataclass
+class LogitLensParams:
+    """The top-k tokens of the residual stream after `layers` (through the final norm and the
+    unembedding), at `positions`; `token_ids`: also their ranks and probabilities."""
+
+    layers: list[int] | None = None
+    top_k: int = 5
+    positions: Positions = field(default_factory=Positions)
+    token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.positions = parse_positions(self.positions, "logit_lens.positions")
+
+    @classmethod
+    def parse(cls, value: Any) -> LogitLensParams:
+        p = "logit_lens"
+        if isinstance(value, LogitLensParams):
+            return value
+        if value is True:
+            value = {}
+        if not isinstance(value, dict):
+            refuse("logit_lens must be an object with 'layers', 'top_k', 'positions', "
+                   "'token_ids' (or true).", p, value)
+        unknown = set(value) - {"layers", "top_k", "positions", "token_ids"}
+        if unknown:
+            refuse(f"logit_lens: unknown field(s) {sorted(unknown)}; it takes layers, top_k, "
+                   "positions, token_ids.", p, sorted(unknown))
+        top_k = value.get("top_k", 5)
+        if not _is_int(top_k) or not 1 <= top_k <= MAX_LENS_TOP_K:
+            refuse(f"logit_lens.top_k must be an integer in [1, {MAX_LENS_TOP_K}], got "
+                   f"{top_k!r}.", "logit_lens.top_k", top_k)
+        ids = value.get("token_ids") or []
+        if not isinstance(ids, list) or len(ids) > MAX_LENS_TOKEN_IDS or not all(
+                _is_int(t) and t >= 0 for t in ids):
+            refuse(f"logit_lens.token_ids must be a list of at most {MAX_LENS_TOKEN_IDS} token "
+                   "ids.", "logit_lens.token_ids", ids)
+        return cls(parse_layers(value.get("layers"), "logit_lens.layers"), top_k,
+                   parse_positions(value.get("positions"), "logit_lens.positions"),
+                   list(dict.fromkeys(ids)))
+
+
+@dataclass
+class Intervention:
+    """One change to one site of one layer for this request's rows only.
+
+    `op`: 'add' (`vector` or the named steering vector `name`, times `scale`), 'set' (replace by
+    `vector`: [width], or [positions, width] for an explicit list of positions: patching),
+    'scale' (multiply by `scale`), 'zero'. Site 'z' (`blocks.{l}.attn.hook_z`, each head's
+    output before the output projection) takes `heads` and vectors of the head size: ablating
+    heads is `{"site": "z", "op": "zero", "heads": [...]}`. `vector` is kept as given until
+    the request is resolved (`workbench.inside.resolve`: a float32 tensor there).
+    """
+
+    site: str
+    layer: int
+    op: str
+    vector: Any = None  # a list, nested list, wire dict or tensor
+    name: str | None = None
+    scale: float = 1.0
+    positions: Positions = field(default_factory=Positions)
+    heads: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.positions = parse_positions(self.positions, "interventions[].positions")
+
+    @classmethod
+    def parse(cls, value: Any, index: int) -> Intervention:
+        p = f"interventions[{index}]"
+        if isinstance(value, Intervention):
+            return value
+        if not isinstance(value, dict):
+            refuse(f"{p} must be an object with site, layer, op.", p, value)
+        unknown = set(value) - {"site", "layer", "op", "vector", "name", "scale", "positions",
+                                "heads"}
+        if unknown:
+            refuse(f"{p}: unknown field(s) {sorted(unknown)}; an intervention takes site, "
+                   "layer, op, vector, name, scale, positions, heads.", p, sorted(unknown))
+        site, layer = parse_site(value.get("site"), f"{p}.site")
+        if site not in INTERVENTION_SITES:
+            refuse(f"{p}.site: {value.get('site')!r} cannot be intervened on; sites are "
+                   f"{', '.join(INTERVENTION_SITES)}.", f"{p}.site", value.get("site"))
+        given = value.get("layer")
+        if given is not None and not _is_int(given):
+            refuse(f"{p}.layer must be an integer.", f"{p}.layer", given)
+        if layer is None:
+            layer = given
+        elif given is not None and given != layer:
+            refuse(f"{p}: layer {given} differs from the site's {layer}.", f"{p}.layer", given)
+        if layer is None:
+            refuse(f"{p}.layer is required.", f"{p}.layer", None)
+        op = value.get("op")
+        if op not in OPS:
+            refuse(f"{p}.op must be one of {list(OPS)}, got {op!r}.", f"{p}.op", op)
+        vector, name = value.get("vector"), value.get("name")
+        if op in ("add", "set") and (vector is None) == (name is None):
+            refuse(f"{p}: op {op!r} takes exactly one of 'vector' or 'name'.", f"{p}.vector",
+                   None)
+        if op in ("scale", "zero") and (vector is not None or name is not None):
+            refuse(f"{p}: op {op!r} takes no vector.", f"{p}.vector", "given")
+        scale = value.get("scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
+                scale):
+            refuse(f"{p}.scale must be a finite number.", f"{p}.scale", scale)
+        heads = value.get("heads")
+        if heads is not None and (site != "z" or not isinstance(heads, list) or not heads
+                                  or not all(_is_int(h) and h >= 0 for h in heads)):
+            refuse(f"{p}.heads: a non-empty list of head indices, for site 'z' only.",
+                   f"{p}.heads", heads)
+        return cls(site, layer, op, vector, name, float(scale),
+                   parse_positions(value.get("positions"), f"{p}.positions"), heads)
+
+
+def parse_inside(capture: Any, logit_lens: Any, interventions: Any
+                 ) -> tuple[CaptureParams | None, LogitLensParams | None,
+                            list[Intervention] | None]:
+    """A request's three fields, parsed (None and an empty list: not asked)."""
+    if interventions is not None and not isinstance(interventions, list):
+        refuse("interventions must be a list of objects.", "interventions", interventions)
+    if len(interventions or []) > MAX_INTERVENTIONS:
+        refuse(f"interventions: at most {MAX_INTERVENTIONS} per request.", "interventions",
+               len(interventions or []))
+    return (None if capture is None else CaptureParams.parse(capture),
+            None if logit_lens is None else LogitLensParams.parse(logit_lens),
+            [Intervention.parse(v, i) for i, v in enumerate(interventions)]
+            if interventions else None)
