@@ -139,19 +139,24 @@ def test_plots_are_transparent_with_grey_text_that_reads_on_both_pages():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex, to_rgba
+    from matplotlib_inline.backend_inline import _fetch_figure_metadata
 
     from tests.inspect.test_protocol import INSTANCES
-    from workbench.display.figure import GREY
+    from workbench.display.figure import GREY, GREY_Y
 
-    assert min(contrast(GREY, DARK_PAGE), contrast(GREY, LIGHT_PAGE)) >= 4.0
+    for grey in (GREY, GREY_Y):
+        assert min(contrast(grey, DARK_PAGE), contrast(grey, LIGHT_PAGE)) >= 4.0
     for name, obj in INSTANCES.items():
         ax = obj.plot()
         try:
             assert ax.figure.patch.get_alpha() == 0.0, name
             for axes in ax.figure.axes:
                 assert to_rgba(axes.get_facecolor())[3] == 0.0, name
-                ticks = axes.get_xticklabels() + axes.get_yticklabels()
-                assert all(to_hex(t.get_color()) == GREY for t in ticks), name
+                assert all(to_hex(t.get_color()) == GREY for t in axes.get_xticklabels()), name
+                assert all(to_hex(t.get_color()) == GREY_Y for t in axes.get_yticklabels()), name
                 assert to_hex(axes.title.get_color()) == GREY, name
+            # what JupyterLab reads to paint a white (or dark) block behind a figure: nothing
+            ax.figure.canvas.draw()
+            assert _fetch_figure_metadata(ax.figure) is None, name
         finally:
             plt.close(ax.figure)
