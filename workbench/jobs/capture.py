@@ -315,9 +315,30 @@ class CaptureReplica:
         manifests = []
         for r in batch.to_dict("records"):
             docs = [Document(**d) for d in json.loads(r["documents"])]
+            _fault_for_tests(self.computer.out, int(r["shard"]))
             manifests.append(json.dumps(self.computer.compute(int(r["shard"]), int(r["start"]),
                                                               docs)))
         return pd.DataFrame({"manifest": manifests})
+
+
+def _fault_for_tests(out: str, k: int) -> None:
+    """The fault tests' replica death: with `WORKBENCH_CAPTURE_TEST_KILL=PATH` in a replica's
+    environment (`ray_options={"runtime_env": ...}`), the first replica to start shard 1
+    creates PATH, leaves half a shard under a temporary name and dies (`os._exit`), as a
+    process killed mid-write would."""
+    import os
+
+    path = os.environ.get("WORKBENCH_CAPTURE_TEST_KILL")
+    if not path or k != 1:
+        return
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    shard, _ = sh.shard_paths(out, k)
+    with open(shard.with_name(f".{shard.name}.tmp-{os.getpid()}-dead"), "wb") as f:
+        f.write(b"half a shard")
+    os._exit(1)
 
 
 class CaptureJob:
@@ -325,7 +346,8 @@ class CaptureJob:
     replicas load it), or with `llm=` this process's engine; `data`: a JSONL or Parquet path, a
     list of dicts or strings, or a `datasets.Dataset`; `capture`: a request's capture spec;
     `out`: the folder (rerun: resume). `ray=True` runs on `replicas` Ray actors
-    (`num_cpus_per_replica` each; `address`: a cluster, or the notebook's `ray.init`)."""
+    (`num_cpus_per_replica` each; `address`: a cluster, or the notebook's `ray.init`;
+    `ray_options`: more `map_batches` arguments, e.g. a `runtime_env`)."""
 
     def __init__(self, model: Any, data: Any, capture: Any, out: str, *, scores: bool = False,
                  text_column: str = "text", chat_column: str | None = None,
@@ -334,7 +356,7 @@ class CaptureJob:
                  kernel: str = "auto", llm: Any = None, ray: bool = False,
                  address: str | None = None, replicas: int = 1,
                  num_cpus_per_replica: float = 1, engine_kwargs: dict[str, Any] | None = None,
-                 progress: bool = True):
+                 ray_options: dict[str, Any] | None = None, progress: bool = True):
         if docs_per_shard < 1:
             raise JobError("docs_per_shard must be at least 1")
         if ray and (llm is not None or not isinstance(model, str)):
@@ -352,6 +374,7 @@ class CaptureJob:
         self.engine_kwargs = engine_kwargs
         self.ray, self.address, self.replicas = ray, address, replicas
         self.num_cpus_per_replica, self.progress = num_cpus_per_replica, progress
+        self.ray_options = ray_options
         self.source: Source | None = None
         self.job: dict[str, Any] | None = None
 
@@ -457,7 +480,7 @@ class CaptureJob:
         for row in run_pool(items, CaptureReplica,
                             {"job": job, "out": self.out, "engine_kwargs": self.engine_kwargs},
                             replicas=self.replicas, num_cpus=self.num_cpus_per_replica,
-                            batch_size=1, address=self.address):
+                            batch_size=1, address=self.address, options=self.ray_options):
             finished(json.loads(row["manifest"]))
 
     def open(self) -> Any:

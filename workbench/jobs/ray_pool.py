@@ -45,17 +45,24 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> Any:
 
 def run_pool(items: list[dict[str, Any]], replica: type, constructor_kwargs: dict[str, Any], *,
              replicas: int = 1, num_cpus: float = 1, batch_size: int = 1,
-             address: str | None = None) -> Iterator[dict[str, Any]]:
+             address: str | None = None, options: dict[str, Any] | None = None
+             ) -> Iterator[dict[str, Any]]:
     """Each item through `replica(**constructor_kwargs)(batch)` on a pool of `replicas` actors
     (`num_cpus` each), `batch_size` items a call; yields the result rows as they come (in no
-    promised order: callers sort by their own key)."""
+    promised order: callers sort by their own key). `options`: more of `map_batches`' Ray
+    arguments (`runtime_env`, `resources`, `memory`, ...)."""
     ray = connect(address, num_cpus=None)
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     out = ds.map_batches(replica, fn_constructor_kwargs=constructor_kwargs,
                          batch_size=batch_size, batch_format="pandas",
                          compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=num_cpus,
-                         max_restarts=-1, max_task_retries=-1)
+                         ray_remote_args_fn=_fault_tolerant, **(options or {}))
     yield from out.iter_rows()
+
+
+def _fault_tolerant() -> dict[str, Any]:
+    """Each replica restarted by Ray whenever its process dies, its batch retried."""
+    return {"max_restarts": -1, "max_task_retries": -1}
 
 
 def each(rows: Any, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
