@@ -104,6 +104,7 @@ class ShardComputer:
     def __init__(self, llm: Any, job: dict[str, Any], out: str):
         import torch
 
+        from workbench.inside.params import CaptureParams
         from workbench.sampling_params import SamplingParams
 
         self.llm, self.job, self.out = llm, job, out
@@ -111,7 +112,8 @@ class ShardComputer:
         spec = {k: v for k, v in job["capture"].items() if k != "names"}
         self.scores = bool(job["scores"])
         self.chat = job["columns"]["chat"] is not None
-        self.params = SamplingParams(max_tokens=1, temperature=0, capture=spec,
+        self.params = SamplingParams(max_tokens=1, temperature=0,
+                                     capture=CaptureParams.parse(spec),
                                      prompt_logprobs=0 if self.scores else None,
                                      token_stats=self.scores, detokenize=False)
         dtype = llm.llm_engine.loaded.dtype
@@ -223,6 +225,7 @@ class ShardComputer:
                 row_offsets.append(row_offsets[-1])
                 continue
             ids, doc_mask = prompts[i]
+            assert out is not None
             cache = out.activations
             tensors = {n: cache[n] for n in self.names}
             if cache.reduce:
