@@ -2,8 +2,9 @@
 
 Nothing here schedules, retries or restarts anything itself: `run_pool` is one Ray Data
 `map_batches` over an `ActorPoolStrategy` of replicas (a class whose constructor loads the
-engine once), with Ray's own fault tolerance (`max_restarts=-1`: a dead replica process is
-restarted; `max_task_retries=-1`: its batch is retried on a live one). Only small rows travel
+engine once), with Ray Data's own fault tolerance, the actor pool's defaults (a dead replica
+process is restarted, without limit, and its batch retried on a live one: tested by
+tests/jobs/test_capture_ray.py). Only small rows travel
 through Ray (lines, document texts, manifest rows); a capture replica writes its tensors to the
 output folder itself.
 """
@@ -11,7 +12,7 @@ output folder itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 INSTALL_HINT = "pip install 'workbench[ray]'"
@@ -56,17 +57,5 @@ def run_pool(items: list[dict[str, Any]], replica: type, constructor_kwargs: dic
     out = ds.map_batches(replica, fn_constructor_kwargs=constructor_kwargs,
                          batch_size=batch_size, batch_format="pandas",
                          compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=num_cpus,
-                         ray_remote_args_fn=_fault_tolerant, **(options or {}))
+                         **(options or {}))
     yield from out.iter_rows()
-
-
-def _fault_tolerant() -> dict[str, Any]:
-    """Each replica restarted by Ray whenever its process dies, its batch retried."""
-    return {"max_restarts": -1, "max_task_retries": -1}
-
-
-def each(rows: Any, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
-    """A pandas batch's rows through `fn`, back as a pandas frame (a replica's `__call__`)."""
-    import pandas as pd
-
-    return pd.DataFrame([fn(dict(row)) for row in rows.to_dict("records")])
