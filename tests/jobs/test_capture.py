@@ -201,3 +201,16 @@ def test_cli_capture(tiny_dir, data, tmp_path):
     assert len(CaptureReader(tmp_path / "o").index) == 5
     with pytest.raises(SystemExit):
         main([*argv[:-6], "--capture", '{"sites": ["nope"]}', "--out", str(tmp_path / "p")])
+
+
+def test_parquet_input_same_shards_as_jsonl(done, llm, tmp_path):
+    """The same rows from Parquet: other source fingerprint, same shard bytes."""
+    import pandas as pd
+
+    _, _, out = done
+    path = tmp_path / "docs.parquet"
+    pd.DataFrame(DOCS).to_parquet(path)
+    job = job_of(llm, str(path), tmp_path / "pq")
+    job.run()
+    assert shard_hashes(tmp_path / "pq") == shard_hashes(out)
+    assert job.open().index["doc_id"].tolist() == ["a", "b", "c", "d", "e"]
