@@ -35,7 +35,12 @@ def _json_dict(text: str) -> dict[str, Any]:
 
 
 def _serve_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible API")
+    return add_server_flags(sub.add_parser("serve", help="serve a model over the "
+                                           "OpenAI-compatible API"))
+
+
+def add_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`serve`'s flags (also `run-batch`'s: the same engine and server)."""
     p.add_argument("model_tag", nargs="?", default=None, help="model (same as --model)")
     p.add_argument("--model", default=None, help="alias or local model directory "
                    "(default: smollm2-135m-instruct)")
@@ -141,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     sub.add_parser("bench", help="engine vs transformers (see `workbench bench --help`)",
                    add_help=False)
+    sub.add_parser("run-batch", help="an OpenAI Batch file through the server's routes "
+                   "(see `workbench run-batch --help`)", add_help=False)
+    sub.add_parser("capture", help="a dataset's activations and scores into shards "
+                   "(see `workbench capture --help`)", add_help=False)
     return parser
 
 
@@ -268,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # its own flags belong to workbench.apps.bench
         return bench.main(argv[1:]) or 0
+    if argv[:1] in (["run-batch"], ["capture"]):  # research at scale: workbench/apps/jobs_cli.py
+        from workbench.apps import jobs_cli
+
+        return jobs_cli.main(argv, add_server_flags, configs_from_args)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

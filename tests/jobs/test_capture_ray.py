@@ -1,0 +1,137 @@
+"""Capture jobs on a local Ray: the shards byte-identical (sha256) to a local run's with 1 and
+2 replicas, a replica killed mid-shard (Ray restarts it and retries the shard), a driver killed
+after some shards (the rerun computes only the rest), a missing Ray named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workbench.jobs import shards as sh
+from workbench.jobs.capture import CaptureJob
+
+DOCS = [{"text": f"Document number {i}: " + "alpha beta gamma " * (i % 5 + 1)}
+        for i in range(8)] + [{"text": ""}]
+SPEC = {"sites": ["resid_post", "mlp_out"], "layers": [0, 1]}
+
+pytestmark = pytest.mark.slow
+
+
+def hashes(out):
+    return {p.name: sh.sha256_file(p) for p in sorted((out / "shards").glob("*.safetensors"))}
+
+
+@pytest.fixture(scope="module")
+def local_run(tiny_dir, tmp_path_factory):
+    from workbench import LLM
+
+    out = tmp_path_factory.mktemp("local")
+    llm = LLM(model=tiny_dir, dtype="float32", batch_invariant=True)
+    CaptureJob(tiny_dir, DOCS, SPEC, str(out), llm=llm, scores=True, docs_per_shard=2,
+               dtype="float32", progress=False).run()
+    return out
+
+
+def ray_job(tiny_dir, out, replicas, **kw):
+    return CaptureJob(tiny_dir, DOCS, SPEC, str(out), scores=True, docs_per_shard=2,
+                      dtype="float32", ray=True, replicas=replicas, progress=False, **kw)
+
+
+def differing_tensors(a, b):
+    """Per shard, the tensors whose bits differ between two folders."""
+    from safetensors.torch import load_file
+
+    diffs = {}
+    for name in hashes(a):
+        ta, tb = load_file(a / "shards" / name), load_file(b / "shards" / name)
+        bad = [k for k in ta if not _same_bits(ta[k], tb.get(k))]
+        if bad:
+            diffs[name] = bad
+    return diffs
+
+
+def _same_bits(x, y):
+    import torch
+
+    if y is None or x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if x.dtype == torch.float32:  # bits, so NaN == NaN
+        return torch.equal(x.view(torch.int32), y.view(torch.int32))
+    return torch.equal(x, y)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_ray_shards_identical_to_local(local_run, tiny_dir, tmp_path, ray_local, replicas):
+    summary = ray_job(tiny_dir, tmp_path / "ray", replicas).run()
+    assert summary["computed"] == 5 and summary["errors"] == 1
+    assert differing_tensors(local_run, tmp_path / "ray") == {}
+    assert hashes(tmp_path / "ray") == hashes(local_run)
+    # a Ray resume of it reuses everything
+    assert ray_job(tiny_dir, tmp_path / "ray", replicas).run()["computed"] == 0
+
+
+def test_replica_killed_mid_shard(local_run, tiny_dir, tmp_path, ray_local):
+    marker = tmp_path / "killed-once"
+    env = {"runtime_env": {"env_vars": {"WORKBENCH_CAPTURE_TEST_KILL": str(marker)}}}
+    summary = ray_job(tiny_dir, tmp_path / "out", 2, ray_options=env).run()
+    assert marker.exists()  # a replica did die in shard 1
+    assert summary["computed"] == 5
+    assert hashes(tmp_path / "out") == hashes(local_run)
+    leftovers = [p.name for p in (tmp_path / "out" / "shards").iterdir()
+                 if p.name.startswith(".")]
+    assert leftovers == []  # the dead replica's half shard was cleaned, nothing duplicated
+    assert len(list((tmp_path / "out" / "shards").glob("*.safetensors"))) == 5
+
+
+def test_driver_killed_then_rerun(local_run, tiny_dir, tmp_path):
+    """A local job's process killed after some shards: the rerun computes only the rest and
+    the folder equals an uninterrupted run's."""
+    docs = tmp_path / "docs.jsonl"
+    many = DOCS * 6
+    docs.write_text("".join(json.dumps(d) + "\n" for d in many))
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "workbench.apps.cli", "capture", "--model", tiny_dir,
+            "--dtype", "float32", "--data", str(docs), "--capture", json.dumps(SPEC),
+            "--out", str(out), "--scores", "--docs-per-shard", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if len(list((out / "shards").glob("*.json"))) >= 3:
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.01)
+    finally:
+        proc.wait()
+    done_at_kill = len([k for k in range(len(many)) if sh.shard_done(out, k, k, k + 1)])
+    assert 0 < done_at_kill < len(many)
+    assert not (out / "index.parquet").exists()
+    job = CaptureJob(tiny_dir, str(docs), SPEC, str(out), scores=True, docs_per_shard=1,
+                     dtype="float32", progress=False)
+    summary = job.run()
+    assert summary["computed"] == len(many) - done_at_kill
+    whole = tmp_path / "whole"
+    CaptureJob(tiny_dir, str(docs), SPEC, str(whole), llm=job.llm, scores=True,
+               docs_per_shard=1, dtype="float32", progress=False).run()
+    assert hashes(out) == hashes(whole)
+
+
+def test_without_ray_says_how_to_install(monkeypatch, tiny_dir, tmp_path):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(ImportError, match=r"pip install 'workbench\[ray\]'"):
+        ray_job(tiny_dir, tmp_path / "x", 1).run()

@@ -1,0 +1,121 @@
+"""`workbench run-batch` and `workbench capture`: research at scale from the command line.
+
+`run-batch -i requests.jsonl -o results.jsonl` takes `serve`'s flags (the same engine and
+server, `cli.add_server_flags`) and answers an OpenAI Batch file (`workbench/jobs/batch_file.py`);
+`capture --model M --data FILE --capture SPEC --out DIR` runs a capture job
+(`workbench/jobs/capture.py`). Both: `--ray [ADDRESS] --replicas N` run on Ray replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def _ray_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run on Ray engine replicas: a local Ray (no ADDRESS), or a cluster "
+                   "('auto', 'ray://host:10001'); needs pip install 'workbench[ray]'")
+    p.add_argument("--replicas", type=int, default=1, help="engine replicas with --ray "
+                   "(default 1)")
+    p.add_argument("--num-cpus-per-replica", type=float, default=1.0, metavar="N",
+                   help="CPUs Ray reserves for each replica (default 1)")
+
+
+def run_batch_parser(add_server_flags: Callable) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="workbench run-batch",
+        description="Answer an OpenAI Batch file (custom_id, method, url, body per line) through "
+        "the server's own routes; one output line per input line, in order.")
+    p.add_argument("-i", "--input-file", required=True, help="the requests, JSONL")
+    p.add_argument("-o", "--output-file", required=True, help="the results, JSONL")
+    _ray_flags(p)
+    p.add_argument("--lines-per-call", type=int, default=16,
+                   help="lines a Ray replica takes at a time (default 16)")
+    add_server_flags(p)
+    return p
+
+
+def capture_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="workbench capture",
+        description="Run every document of a dataset through the model and write its "
+        "activations (and per-token scores) to safetensors shards; rerun to resume.")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--data", required=True, help="JSONL or Parquet file")
+    p.add_argument("--capture", required=True, type=json.loads, metavar="SPEC",
+                   help='a request\'s capture, e.g. \'{"sites": ["resid_post"], "layers": [0]}\'')
+    p.add_argument("--out", required=True, help="output folder (reused: resume)")
+    p.add_argument("--scores", action="store_true",
+                   help="also each token's logprob, entropy, rank and margin")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--chat-column", default=None, metavar="COLUMN",
+                   help="conversations (messages) rendered with the chat template instead")
+    p.add_argument("--id-column", default=None, help="document ids (default: row numbers)")
+    p.add_argument("--docs-per-shard", type=int, default=64)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--kernel", default="auto")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--no-batch-invariant", action="store_true",
+                   help="faster, but shards then depend on how documents were batched")
+    _ray_flags(p)
+    return p
+
+
+def main(argv: list[str], add_server_flags: Callable, configs_from_args: Callable) -> int:
+    command, rest = argv[0], argv[1:]
+    if command == "run-batch":
+        return _run_batch(rest, add_server_flags, configs_from_args)
+    return _capture(rest)
+
+
+def _run_batch(argv: list[str], add_server_flags: Callable, configs_from_args: Callable) -> int:
+    parser = run_batch_parser(add_server_flags)
+    args = parser.parse_args(argv)
+    try:
+        engine_config, server_config = configs_from_args(args)
+    except (ValueError, OSError) as exc:
+        parser.exit(2, f"workbench run-batch: error: {exc}\n")
+    from workbench.errors import ValidationError
+    from workbench.jobs.batch_file import run_batch_file  # deferred: the engine imports torch
+
+    try:
+        summary = run_batch_file(args.input_file, args.output_file, engine_config,
+                                 server_config, ray=args.ray is not None, address=args.ray,
+                                 replicas=args.replicas,
+                                 num_cpus_per_replica=args.num_cpus_per_replica,
+                                 lines_per_call=args.lines_per_call)
+    except ImportError as exc:
+        parser.exit(2, f"workbench run-batch: error: {exc}\n")
+    except ValidationError as exc:
+        parser.exit(2, f"workbench run-batch: error: {exc.message}\n")
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def _capture(argv: list[str]) -> int:
+    parser = capture_parser()
+    args = parser.parse_args(argv)
+    from workbench.errors import ValidationError
+    from workbench.jobs.capture import CaptureJob, JobError  # deferred: torch
+
+    kwargs: dict[str, Any] = {"dtype": args.dtype, "kernel": args.kernel}
+    if args.max_model_len:
+        kwargs["max_model_len"] = args.max_model_len
+    try:
+        job = CaptureJob(args.model, args.data, args.capture, args.out, scores=args.scores,
+                         text_column=args.text_column, chat_column=args.chat_column,
+                         id_column=args.id_column, docs_per_shard=args.docs_per_shard,
+                         batch_invariant=False if args.no_batch_invariant else None,
+                         ray=args.ray is not None, address=args.ray, replicas=args.replicas,
+                         num_cpus_per_replica=args.num_cpus_per_replica, engine_kwargs=kwargs)
+        summary = job.run()
+    except (ImportError, JobError, OSError, ValueError) as exc:
+        parser.exit(2, f"workbench capture: error: {exc}\n")
+    except ValidationError as exc:
+        parser.exit(2, f"workbench capture: error: {exc.message}\n")
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
