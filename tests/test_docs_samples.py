@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SKIP = re.compile(r"<!--\s*skip:\s*(?P<why>.*?)\s*-->")
-NEEDS_MODEL = re.compile(r"\b(?:LLM|Workbench|notebook_setup)\(")
+NEEDS_MODEL = re.compile(r"\b(?:LLM|Workbench|notebook_setup|CaptureJob)\(")
 
 # Every sample marked `<!-- skip: ... -->`, by page: keep this short and honest.
 EXPECTED_SKIPS: dict[str, list[str]] = {}

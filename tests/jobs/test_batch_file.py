@@ -95,7 +95,7 @@ def test_bad_lines_get_error_lines(local_out):
     assert by["get"]["error"]["param"] == "method"
     assert by["stream"]["error"]["param"] == "body.stream"
     # a body the server refuses: the server's own 400 body, its error object beside it
-    for cid, param in (("bad", "max_tokens"), ("badsite", "capture")):
+    for cid, param in (("bad", "max_tokens"), ("badsite", "capture.sites")):
         resp = by[cid]["response"]
         assert resp["status_code"] == 400
         assert resp["body"]["error"] == by[cid]["error"]
