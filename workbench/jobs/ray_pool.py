@@ -54,8 +54,20 @@ def run_pool(items: list[dict[str, Any]], replica: type, constructor_kwargs: dic
     arguments (`runtime_env`, `resources`, `memory`, ...)."""
     ray = connect(address, num_cpus=None)
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    out = ds.map_batches(replica, fn_constructor_kwargs=constructor_kwargs,
+    out = ds.map_batches(bound(replica, constructor_kwargs),
                          batch_size=batch_size, batch_format="pandas",
                          compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=num_cpus,
                          **(options or {}))
     yield from out.iter_rows()
+
+
+def bound(replica: type, kwargs: dict[str, Any]) -> type:
+    """`replica` with its constructor's arguments bound into the class itself: pickled with the
+    class, so a restarted actor never needs them from the object store (where constructor
+    arguments could be gone by the time Ray restarts a replica)."""
+
+    def __init__(self: Any) -> None:
+        replica.__init__(self, **kwargs)
+
+    return type(replica.__name__, (replica,), {"__init__": __init__,
+                                               "__module__": replica.__module__})
