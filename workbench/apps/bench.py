@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from workbench.apps import bench_embed as embed
@@ -450,9 +451,86 @@ def bench_invariant(side: Contenders, config: BenchConfig) -> dict[str, float]:
                for name in cases}}
 
 
+def capture_corpus(count: int = 48, seed: int = 0) -> list[str]:
+    """`count` documents of 20 to 120 words (seeded): a capture job's bench corpus."""
+    import random
+
+    words = ("the model reads every token of a document and writes what each layer holds "
+             "into shards on disk so that a probe or an autoencoder can train on them later "
+             "while the engine batches documents of many lengths").split()
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(20, 120))).capitalize() + "."
+            for _ in range(count)]
+
+
+def bench_capture(side: Contenders, config: BenchConfig) -> dict[str, Any]:
+    """A capture job (one middle layer's `resid_post` at every token) with the jobs' default
+    arithmetic (a batch-invariant engine) against our plain engine's prefill of the same
+    documents (`capture_prefill_ratio`, above 1 is faster), the bytes it writes per second,
+    and, where Ray is installed, the same job on two Ray replicas of one CPU each against the
+    local job (`capture_ray2_ratio`: wall-clock after `ray.init`, the replicas' start-up and
+    model loads included; `capture_ray2_compute_ratio`: the shards' own compute time)."""
+    import shutil
+    import tempfile
+
+    from workbench import LLM  # deferred: workbench.llm imports torch
+    from workbench.jobs import CaptureJob
+
+    docs = capture_corpus(16 if config.repeats == 1 else 48)
+    plain = side.ours
+    ids = [plain.get_tokenizer()(text)["input_ids"] for text in docs]
+    tokens = sum(map(len, ids))
+    invariant = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel,
+                    seed=config.seed, batch_invariant=True)
+    layer = invariant.llm_engine.loaded.config.num_hidden_layers // 2
+    spec = {"sites": ["resid_post"], "layers": [layer]}
+    once = SamplingParams(max_tokens=1, temperature=0.0)
+    best = {"plain": 0.0, "capture": 0.0}
+    written = 0
+    for _ in range(config.repeats):
+        plain.llm_engine.reset_prefix_cache()
+        start = time.perf_counter()
+        plain.generate([{"prompt_token_ids": p} for p in ids], once)
+        best["plain"] = max(best["plain"], tokens / (time.perf_counter() - start))
+        out = tempfile.mkdtemp()
+        try:
+            invariant.llm_engine.reset_prefix_cache()
+            summary = CaptureJob(config.model, docs, spec, out, llm=invariant,
+                                 docs_per_shard=16, progress=False).run()
+            best["capture"] = max(best["capture"], summary["tokens"] / summary["seconds"])
+            written = sum(f.stat().st_size for f in Path(out, "shards").iterdir())
+            local_seconds = summary["seconds"]
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    del invariant
+    found: dict[str, Any] = {
+        "capture_job_tok_s": round(best["capture"], 1),
+        "capture_plain_prefill_tok_s": round(best["plain"], 1),
+        "capture_prefill_ratio": round(best["capture"] / best["plain"], 3),
+        "capture_mb_per_s": round(written / 2**20 * best["capture"] / tokens, 2)}
+    try:
+        from workbench.jobs.ray_pool import connect
+        ray = connect(num_cpus=2)
+    except ImportError:
+        return found  # no Ray: the local figures alone
+    out = tempfile.mkdtemp()
+    try:
+        summary = CaptureJob(config.model, docs, spec, out, dtype=config.dtype,
+                             kernel=config.kernel, docs_per_shard=8, ray=True, replicas=2,
+                             progress=False).run()
+        compute = sum(json.loads(f.read_text())["seconds"]
+                      for f in Path(out, "shards").glob("*.json"))
+        found["capture_ray2_ratio"] = round(local_seconds / summary["seconds"], 3)
+        found["capture_ray2_compute_ratio"] = round(local_seconds / (compute / 2), 3)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+        ray.shutdown()
+    return found
+
+
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
     bench_machine, bench_single_stream, bench_concurrent16, bench_beam4, bench_embed,
-    bench_inside, bench_invariant, bench_engine_memory)
+    bench_inside, bench_invariant, bench_capture, bench_engine_memory)
 
 
 def peak_rss_mb() -> float:
