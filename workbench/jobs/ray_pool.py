@@ -61,7 +61,7 @@ def run_pool(items: list[dict[str, Any]], replica: type, constructor_kwargs: dic
     yield from out.iter_rows()
 
 
-def bound(replica: type, kwargs: dict[str, Any]) -> type:
+def bound(replica: Any, kwargs: dict[str, Any]) -> Any:
     """`replica` with its constructor's arguments bound into the class itself: pickled with the
     class, so a restarted actor never needs them from the object store (where constructor
     arguments could be gone by the time Ray restarts a replica)."""
