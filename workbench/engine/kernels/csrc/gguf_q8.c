@@ -228,8 +228,12 @@ WBQ_INLINE5 __m256i wbq_dotw5(__m256i acc, __m256i a, __m256i b) {
 #define WBQ_SUM_q8_0 0
 #define WBQ_TARGET_avx2 WBQ_T2
 #define WBQ_TARGET_avx512 WBQ_T5
-#define WBQ_ROWS_avx2 4
-#define WBQ_ROWS_avx512 8
+/* a chunk: up to WBQ_ROWS input rows times WBQ_WROWS weight rows, one fp32 sum each (their
+ * chains of fused multiply-adds run side by side, not one after the other) */
+#define WBQ_ROWS_avx2 2
+#define WBQ_ROWS_avx512 2
+#define WBQ_WROWS_avx2 2
+#define WBQ_WROWS_avx512 4
 #define WBQ_DOTW_avx2 wbq_dotw2
 #define WBQ_DOTW_avx512 wbq_dotw5
 
@@ -297,63 +301,85 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
 
 /* ---- the products ---- */
 
-/* Rows x[0..P) of the pack (stride bytes each) with weight row w: out[p]. */
+/* Input rows [0, P) of the pack (stride bytes each) with weight rows w, w + rb, ... (WBQ_WROWS
+ * of them): out[p][r]. */
 #define WBQ_CHUNK32(T, ISA)                                                                    \
     static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
     wbq_chunk_##T##_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,          \
-                          const uint8_t *w, float *out) {                                     \
+                          const uint8_t *w, int64_t rb, float out[][WBQ_WROWS_##ISA]) {       \
+        enum { WR = WBQ_WROWS_##ISA };                                                         \
         const int64_t G = K / 32, G4 = wbq_g4(K);                                              \
-        __m256 acc[WBQ_ROWS_##ISA];                                                            \
-        float mins[WBQ_ROWS_##ISA];                                                            \
-        for (int p = 0; p < P; ++p) {                                                          \
-            acc[p] = _mm256_setzero_ps();                                                      \
-            mins[p] = 0.0f;                                                                    \
-        }                                                                                      \
+        __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
+        float mins[WBQ_ROWS_##ISA][WR];                                                        \
+        for (int p = 0; p < P; ++p)                                                            \
+            for (int r = 0; r < WR; ++r) {                                                     \
+                acc[p][r] = _mm256_setzero_ps();                                               \
+                mins[p][r] = 0.0f;                                                             \
+            }                                                                                  \
         for (int64_t g = 0; g < G; ++g) {                                                      \
-            float dw, mw;                                                                      \
-            const __m256i u = wbq_w_##T(w + g * WBQ_BB_##T, &dw, &mw);                         \
+            float dw[WR], mw[WR];                                                              \
+            __m256i u[WR];                                                                     \
+            for (int r = 0; r < WR; ++r)                                                       \
+                u[r] = wbq_w_##T(w + r * rb + g * WBQ_BB_##T, &dw[r], &mw[r]);                 \
             for (int p = 0; p < P; ++p) {                                                      \
-                const uint8_t *r = pk + p * stride;                                            \
-                const float *da = (const float *)(r + K);                                      \
-                const __m256i q = _mm256_load_si256((const __m256i *)(r + 32 * g));            \
+                const uint8_t *row = pk + p * stride;                                          \
+                const float *da = (const float *)(row + K);                                    \
+                const __m256i q = _mm256_load_si256((const __m256i *)(row + 32 * g));          \
                 const __m256i i0 = WBQ_OFFSET_##T##_##ISA                                      \
                     ? _mm256_load_si256((const __m256i *)(da + 2 * G4) + g)                    \
                     : _mm256_setzero_si256();                                                  \
-                const __m256i i = WBQ_DOT_##T##_##ISA(i0, u, q);                               \
-                acc[p] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[g]), _mm256_cvtepi32_ps(i),   \
-                                         acc[p]);                                              \
-                if (WBQ_SUM_##T) mins[p] += mw * da[G4 + g];                                   \
+                const float a = da[g], sa = WBQ_SUM_##T ? da[G4 + g] : 0.0f;                   \
+                for (int r = 0; r < WR; ++r) {                                                 \
+                    const __m256i i = WBQ_DOT_##T##_##ISA(i0, u[r], q);                        \
+                    acc[p][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * a),                    \
+                                                _mm256_cvtepi32_ps(i), acc[p][r]);            \
+                    if (WBQ_SUM_##T) mins[p][r] += mw[r] * sa;                                 \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int p = 0; p < P; ++p) out[p] = hsum(acc[p]) + mins[p];                           \
+        for (int p = 0; p < P; ++p)                                                            \
+            for (int r = 0; r < WR; ++r) out[p][r] = hsum(acc[p][r]) + mins[p][r];            \
     }
 
 /* Q4_K and Q5_K: a 256-block's 8 sub-blocks of 32, scale sc_j and min m_j each */
 #define WBQ_CHUNK_K45(T, ISA, BB, CODES)                                                       \
     static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
     wbq_chunk_##T##_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,          \
-                          const uint8_t *w, float *out) {                                     \
+                          const uint8_t *w, int64_t rb, float out[][WBQ_WROWS_##ISA]) {       \
+        enum { WR = WBQ_WROWS_##ISA };                                                         \
         const int64_t G = K / 256;                                                             \
-        __m256 acc[WBQ_ROWS_##ISA];                                                            \
-        float mins[WBQ_ROWS_##ISA];                                                            \
-        for (int p = 0; p < P; ++p) {                                                          \
-            acc[p] = _mm256_setzero_ps();                                                      \
-            mins[p] = 0.0f;                                                                    \
-        }                                                                                      \
+        __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
+        float mins[WBQ_ROWS_##ISA][WR];                                                        \
+        for (int p = 0; p < P; ++p)                                                            \
+            for (int r = 0; r < WR; ++r) {                                                     \
+                acc[p][r] = _mm256_setzero_ps();                                               \
+                mins[p][r] = 0.0f;                                                             \
+            }                                                                                  \
         for (int64_t g = 0; g < G; ++g) {                                                      \
-            const uint8_t *blk = w + g * (BB);                                                 \
-            const float dw = wbq_half(blk), mw = wbq_half(blk + 2);                            \
-            int sc[8], mn[8];                                                                  \
-            for (int j = 0; j < 8; ++j) wbq_scale_min(blk + 4, j, &sc[j], &mn[j]);             \
-            __m256i isum[WBQ_ROWS_##ISA];                                                      \
-            for (int p = 0; p < P; ++p) isum[p] = _mm256_setzero_si256();                      \
+            float dw[WR], mw[WR];                                                              \
+            int sc[WR][8], mn[WR][8];                                                          \
+            for (int r = 0; r < WR; ++r) {                                                     \
+                const uint8_t *blk = w + r * rb + g * (BB);                                    \
+                dw[r] = wbq_half(blk);                                                         \
+                mw[r] = wbq_half(blk + 2);                                                     \
+                for (int j = 0; j < 8; ++j) wbq_scale_min(blk + 4, j, &sc[r][j], &mn[r][j]);   \
+            }                                                                                  \
+            __m256i isum[WBQ_ROWS_##ISA][WR];                                                  \
+            for (int p = 0; p < P; ++p)                                                        \
+                for (int r = 0; r < WR; ++r) isum[p][r] = _mm256_setzero_si256();              \
             for (int j = 0; j < 8; ++j) {                                                      \
-                const __m256i u = CODES;                                                       \
-                const __m256i s = _mm256_set1_epi16((short)sc[j]);                             \
+                __m256i u[WR], s[WR];                                                          \
+                for (int r = 0; r < WR; ++r) {                                                 \
+                    const uint8_t *blk = w + r * rb + g * (BB);                                \
+                    u[r] = CODES;                                                              \
+                    s[r] = _mm256_set1_epi16((short)sc[r][j]);                                 \
+                }                                                                              \
                 for (int p = 0; p < P; ++p) {                                                  \
                     const uint8_t *a = pk + p * stride + g * 292 + 4;                          \
                     const __m256i q = _mm256_loadu_si256((const __m256i *)(a + 32 * j));       \
-                    isum[p] = WBQ_DOTW_##ISA(isum[p], _mm256_maddubs_epi16(u, q), s);          \
+                    for (int r = 0; r < WR; ++r)                                               \
+                        isum[p][r] = WBQ_DOTW_##ISA(isum[p][r], _mm256_maddubs_epi16(u[r], q), \
+                                                    s[r]);                                     \
                 }                                                                              \
             }                                                                                  \
             for (int p = 0; p < P; ++p) {                                                      \
@@ -362,14 +388,17 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
                 int16_t bs[16];                                                                \
                 memcpy(&da, a, 4);                                                             \
                 memcpy(bs, a + 260, 32);                                                       \
-                int m = 0;                                                                     \
-                for (int j = 0; j < 8; ++j) m += mn[j] * (bs[2 * j] + bs[2 * j + 1]);          \
-                acc[p] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(isum[p]), \
-                                         acc[p]);                                              \
-                mins[p] = fmaf(-(da * mw), (float)m, mins[p]);                                 \
+                for (int r = 0; r < WR; ++r) {                                                 \
+                    int m = 0;                                                                 \
+                    for (int j = 0; j < 8; ++j) m += mn[r][j] * (bs[2 * j] + bs[2 * j + 1]);   \
+                    acc[p][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw[r]),                   \
+                                                _mm256_cvtepi32_ps(isum[p][r]), acc[p][r]);   \
+                    mins[p][r] = fmaf(-(da * mw[r]), (float)m, mins[p][r]);                    \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int p = 0; p < P; ++p) out[p] = hsum(acc[p]) + mins[p];                           \
+        for (int p = 0; p < P; ++p)                                                            \
+            for (int r = 0; r < WR; ++r) out[p][r] = hsum(acc[p][r]) + mins[p][r];            \
     }
 
 #define WBQ_Q4_K_CODES                                                                         \
@@ -381,42 +410,53 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
 #define WBQ_CHUNK_Q6_K(ISA)                                                                    \
     static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
     wbq_chunk_q6_k_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,           \
-                         const uint8_t *w, float *out) {                                      \
+                         const uint8_t *w, int64_t rb, float out[][WBQ_WROWS_##ISA]) {        \
+        enum { WR = WBQ_WROWS_##ISA };                                                         \
         const int64_t G = K / 256;                                                             \
-        __m256 acc[WBQ_ROWS_##ISA];                                                            \
-        for (int p = 0; p < P; ++p) acc[p] = _mm256_setzero_ps();                              \
+        __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
+        for (int p = 0; p < P; ++p)                                                            \
+            for (int r = 0; r < WR; ++r) acc[p][r] = _mm256_setzero_ps();                      \
         const __m256i m32 = _mm256_set1_epi8(32);                                              \
         for (int64_t g = 0; g < G; ++g) {                                                      \
-            const uint8_t *blk = w + g * 210;                                                  \
-            const int8_t *sc = (const int8_t *)(blk + 192);                                    \
-            const float dw = wbq_half(blk + 208);                                              \
-            __m256i isum[WBQ_ROWS_##ISA];                                                      \
-            for (int p = 0; p < P; ++p) isum[p] = _mm256_setzero_si256();                      \
+            __m256i isum[WBQ_ROWS_##ISA][WR];                                                  \
+            for (int p = 0; p < P; ++p)                                                        \
+                for (int r = 0; r < WR; ++r) isum[p][r] = _mm256_setzero_si256();              \
             for (int j = 0; j < 8; ++j) {                                                      \
-                const __m256i u = wbq_codes_q6_k(blk, j);                                      \
+                __m256i u[WR], s[WR];                                                          \
                 const int k = 8 * (j >> 2) + 2 * (j & 3);                                      \
-                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]),                 \
-                                                   _mm_set1_epi16(sc[k]));                    \
+                for (int r = 0; r < WR; ++r) {                                                 \
+                    const uint8_t *blk = w + r * rb + g * 210;                                 \
+                    const int8_t *sc = (const int8_t *)(blk + 192);                            \
+                    u[r] = wbq_codes_q6_k(blk, j);                                             \
+                    s[r] = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k])); \
+                }                                                                              \
                 for (int p = 0; p < P; ++p) {                                                  \
                     const uint8_t *a = pk + p * stride + g * 292 + 4;                          \
                     const __m256i q = _mm256_loadu_si256((const __m256i *)(a + 32 * j));       \
-                    const __m256i d16 = _mm256_sub_epi16(_mm256_maddubs_epi16(u, q),          \
-                                                         _mm256_maddubs_epi16(m32, q));       \
-                    isum[p] = WBQ_DOTW_##ISA(isum[p], d16, s);                                 \
+                    const __m256i q32 = _mm256_maddubs_epi16(m32, q);                          \
+                    for (int r = 0; r < WR; ++r)                                               \
+                        isum[p][r] = WBQ_DOTW_##ISA(                                           \
+                            isum[p][r], _mm256_sub_epi16(_mm256_maddubs_epi16(u[r], q), q32),  \
+                            s[r]);                                                             \
                 }                                                                              \
             }                                                                                  \
             for (int p = 0; p < P; ++p) {                                                      \
                 float da;                                                                      \
                 memcpy(&da, pk + p * stride + g * 292, 4);                                     \
-                acc[p] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(isum[p]), \
-                                         acc[p]);                                              \
+                for (int r = 0; r < WR; ++r) {                                                 \
+                    const float dw = wbq_half(w + r * rb + g * 210 + 208);                     \
+                    acc[p][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw),                      \
+                                                _mm256_cvtepi32_ps(isum[p][r]), acc[p][r]);   \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int p = 0; p < P; ++p) out[p] = hsum(acc[p]);                                     \
+        for (int p = 0; p < P; ++p)                                                            \
+            for (int r = 0; r < WR; ++r) out[p][r] = hsum(acc[p][r]);                          \
     }
 
 /* y [M, N] = x [M, K] w^T (+ b): the rows quantized (kq: Q8_K, else Q8_0 / Q8_1), then chunks
- * of up to WBQ_ROWS rows per weight row, weight rows split among the threads. */
+ * of WBQ_ROWS input rows by WBQ_WROWS weight rows (the last weight rows' chunk repeats its last
+ * row where N runs out), weight rows split among the threads. */
 #define WBQ_LINEAR(T, ISA, BS, BB, KQ, SUM, OFFSET)                                            \
     __attribute__((target(WBQ_TARGET_##ISA))) void wb_q8_linear_##T##_##ISA(                  \
         const float *x, const void *w, const float *b, float *y, int64_t M, int64_t N,        \
@@ -427,25 +467,33 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
             wbq_nan(y, M * N);                                                                 \
             return;                                                                            \
         }                                                                                      \
-        enum { R = WBQ_ROWS_##ISA };                                                           \
+        enum { R = WBQ_ROWS_##ISA, WR = WBQ_WROWS_##ISA };                                     \
+        const int64_t groups = (N + WR - 1) / WR;                                              \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
-        for (int64_t n = 0; n < N; ++n) {                                                     \
-            const uint8_t *wn = (const uint8_t *)w + n * rb;                                   \
+        for (int64_t i = 0; i < groups; ++i) {                                                \
+            const int64_t n0 = i * WR, nr = N - n0 < WR ? N - n0 : WR;                         \
+            const uint8_t *wn = (const uint8_t *)w + n0 * rb;                                  \
+            /* past N: the last row again (computed, not stored) */                            \
+            const int64_t step = nr == WR ? rb : 0;                                            \
             for (int64_t m = 0; m < M; m += R) {                                              \
                 const int P = M - m < R ? (int)(M - m) : R;                                    \
                 const uint8_t *pm = pk + m * stride;                                           \
-                float s[R];                                                                    \
-                switch (P) { /* constant row counts: the sums stay in registers */            \
-                case 1: wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn, s); break;                \
-                case 2: wbq_chunk_##T##_##ISA(pm, stride, K, 2, wn, s); break;                \
-                case 3: wbq_chunk_##T##_##ISA(pm, stride, K, 3, wn, s); break;                \
-                case 4: wbq_chunk_##T##_##ISA(pm, stride, K, 4, wn, s); break;                \
-                case 5: wbq_chunk_##T##_##ISA(pm, stride, K, R > 5 ? 5 : R, wn, s); break;\
-                case 6: wbq_chunk_##T##_##ISA(pm, stride, K, R > 6 ? 6 : R, wn, s); break;\
-                case 7: wbq_chunk_##T##_##ISA(pm, stride, K, R > 7 ? 7 : R, wn, s); break;\
-                default: wbq_chunk_##T##_##ISA(pm, stride, K, R, wn, s); break;               \
+                float s[R][WR];                                                                \
+                if (nr < WR) {                                                                 \
+                    for (int64_t r = 0; r < nr; ++r) { /* each row alone, WR times */          \
+                        float t[R][WR];                                                        \
+                        if (P == 1) wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn + r * rb, 0, t); \
+                        else wbq_chunk_##T##_##ISA(pm, stride, K, R, wn + r * rb, 0, t);      \
+                        for (int p = 0; p < P; ++p) s[p][r] = t[p][0];                         \
+                    }                                                                          \
+                } else if (P == 1) {                                                           \
+                    wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn, step, s);                      \
+                } else {                                                                       \
+                    wbq_chunk_##T##_##ISA(pm, stride, K, R, wn, step, s);                      \
                 }                                                                              \
-                for (int p = 0; p < P; ++p) y[(m + p) * N + n] = s[p] + (b ? b[n] : 0.0f);   \
+                for (int p = 0; p < P; ++p)                                                    \
+                    for (int64_t r = 0; r < nr; ++r)                                           \
+                        y[(m + p) * N + n0 + r] = s[p][r] + (b ? b[n0 + r] : 0.0f);           \
             }                                                                                  \
         }                                                                                      \
     }
