@@ -485,7 +485,7 @@ def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, f
     for _ in range(config.repeats):
         for mode, llm in engines.items():
             best[mode, "single_stream"] = max(best[mode, "single_stream"], tokens_per_second(
-                lambda: ours_generate(llm, single, config.tokens, sample=False)))
+                lambda llm=llm: ours_generate(llm, single, config.tokens, sample=False)))
             llm.llm_engine.reset_prefix_cache()  # the prefill is measured
             start = time.perf_counter()
             ours_generate(llm, long_prompt, 1, sample=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 
@@ -112,7 +113,10 @@ def _halves(blocks: torch.Tensor, at: int) -> torch.Tensor:
     return blocks[:, at:at + 2].contiguous().view(torch.float16).float().squeeze(-1)
 
 
-def _weight_terms(weight: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+_Terms = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Any]
+
+
+def _weight_terms(weight: QuantizedWeight) -> _Terms:
     """A weight's integer codes and scales, per block of 32 values (K-quants: per sub-block of
     32; Q6_K's two scales of 16 as a code factor): (codes int64 [N, G, 32], d [N, G/8 or G],
     per-group integer scale int64 [N, G, 32] or None, mins' term (m or dmin, mins) or None)."""
@@ -155,7 +159,8 @@ def _weight_terms(weight: QuantizedWeight) -> tuple[torch.Tensor, ...]:
         dmin, mins.reshape(n, -1))
 
 
-def _activation_terms(blocks: torch.Tensor, kind: str) -> tuple[torch.Tensor, ...]:
+def _activation_terms(blocks: torch.Tensor, kind: str
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Quantized rows [M, bytes] of `kind` -> (codes int64 [M, K/32, 32], d float32 [M, blocks],
     s float32 [M, blocks] (Q8_1) or None)."""
     m = blocks.shape[0]
