@@ -170,6 +170,13 @@ __attribute__((target(WBQ_T2))) static void wbq_pack32(const float *x, int64_t K
     }
 }
 
+__attribute__((target(WBQ_T2))) static inline void wbq_pack_row(
+    const float *x, int64_t m, int64_t K, int kq, int with_sum, int offset, uint8_t *pk,
+    int64_t stride) {
+    if (kq) wbq_q8_k_row(x + m * K, pk + m * stride, K);
+    else wbq_pack32(x + m * K, K, with_sum, offset, pk + m * stride);
+}
+
 /* The M input rows quantized into this thread's scratch (rows in parallel when many), or NULL
  * (out of memory: the caller writes NaN). kq: 0 for the 32-block types, 1 for Q8_K. */
 __attribute__((target(WBQ_T2))) static uint8_t *wbq_pack(const float *x, int64_t M, int64_t K,
@@ -177,11 +184,12 @@ __attribute__((target(WBQ_T2))) static uint8_t *wbq_pack(const float *x, int64_t
                                                           int64_t stride, int threads) {
     uint8_t *pk = wbq_scratch(M * stride);
     if (!pk) return NULL;
-#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 8)
-    for (int64_t m = 0; m < M; ++m) {
-        if (kq) wbq_q8_k_row(x + m * K, pk + m * stride, K);
-        else wbq_pack32(x + m * K, K, with_sum, offset, pk + m * stride);
+    if (M < 8 || threads < 2) {  /* a few rows: no parallel region */
+        for (int64_t m = 0; m < M; ++m) wbq_pack_row(x, m, K, kq, with_sum, offset, pk, stride);
+        return pk;
     }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t m = 0; m < M; ++m) wbq_pack_row(x, m, K, kq, with_sum, offset, pk, stride);
     return pk;
 }
 
@@ -232,8 +240,8 @@ WBQ_INLINE5 __m256i wbq_dotw5(__m256i acc, __m256i a, __m256i b) {
  * chains of fused multiply-adds run side by side, not one after the other) */
 #define WBQ_ROWS_avx2 2
 #define WBQ_ROWS_avx512 2
-#define WBQ_WROWS_avx2 2
-#define WBQ_WROWS_avx512 4
+#define WBQ_WROWS_avx2 1
+#define WBQ_WROWS_avx512 1
 #define WBQ_DOTW_avx2 wbq_dotw2
 #define WBQ_DOTW_avx512 wbq_dotw5
 
@@ -260,7 +268,8 @@ WBQ_INLINE __m256i wbq_w_q4_1(const uint8_t *blk, float *d, float *m) {
 WBQ_INLINE __m256i wbq_w_q8_0(const uint8_t *blk, float *d, float *m) {
     *d = wbq_half(blk);
     *m = 0.0f;
-    return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    return _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(blk + 18)),
+                            _mm_loadu_si128((const __m128i *)(blk + 2)));
 }
 
 #define WBQ_BB_q4_0 18
@@ -301,51 +310,67 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
 
 /* ---- the products ---- */
 
+/* the bytes [p, p + n) (n <= 192) fetched into L1 */
+static inline void wbq_prefetch(const uint8_t *p, int64_t n) {
+    for (int64_t at = 0; at < n; at += 64) _mm_prefetch((const char *)(p + at), _MM_HINT_T0);
+}
+
 /* Input rows [0, P) of the pack (stride bytes each) with weight rows w, w + rb, ... (WBQ_WROWS
  * of them): out[p][r]. */
 #define WBQ_CHUNK32(T, ISA)                                                                    \
     static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
     wbq_chunk_##T##_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,          \
-                          const uint8_t *w, int64_t rb, float out[][WBQ_WROWS_##ISA]) {       \
+                          const uint8_t *w, int64_t rb, const uint8_t *next,                   \
+                          float out[][WBQ_WROWS_##ISA]) {                                     \
         enum { WR = WBQ_WROWS_##ISA };                                                         \
         const int64_t G = K / 32, G4 = wbq_g4(K);                                              \
-        __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
-        float mins[WBQ_ROWS_##ISA][WR];                                                        \
+        /* two chains a sum: even blocks and odd blocks, added at the end */                   \
+        __m256 acc[WBQ_ROWS_##ISA][WR][2];                                                     \
+        float mins[WBQ_ROWS_##ISA][WR][2];                                                     \
         for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r) {                                                     \
-                acc[p][r] = _mm256_setzero_ps();                                               \
-                mins[p][r] = 0.0f;                                                             \
-            }                                                                                  \
-        for (int64_t g = 0; g < G; ++g) {                                                      \
-            float dw[WR], mw[WR];                                                              \
-            __m256i u[WR];                                                                     \
             for (int r = 0; r < WR; ++r)                                                       \
-                u[r] = wbq_w_##T(w + r * rb + g * WBQ_BB_##T, &dw[r], &mw[r]);                 \
-            for (int p = 0; p < P; ++p) {                                                      \
-                const uint8_t *row = pk + p * stride;                                          \
-                const float *da = (const float *)(row + K);                                    \
-                const __m256i q = _mm256_load_si256((const __m256i *)(row + 32 * g));          \
-                const __m256i i0 = WBQ_OFFSET_##T##_##ISA                                      \
-                    ? _mm256_load_si256((const __m256i *)(da + 2 * G4) + g)                    \
-                    : _mm256_setzero_si256();                                                  \
-                const float a = da[g], sa = WBQ_SUM_##T ? da[G4 + g] : 0.0f;                   \
-                for (int r = 0; r < WR; ++r) {                                                 \
-                    const __m256i i = WBQ_DOT_##T##_##ISA(i0, u[r], q);                        \
-                    acc[p][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * a),                    \
-                                                _mm256_cvtepi32_ps(i), acc[p][r]);            \
-                    if (WBQ_SUM_##T) mins[p][r] += mw[r] * sa;                                 \
+                for (int h = 0; h < 2; ++h) {                                                  \
+                    acc[p][r][h] = _mm256_setzero_ps();                                        \
+                    mins[p][r][h] = 0.0f;                                                      \
+                }                                                                              \
+        for (int64_t g0 = 0; g0 < G; g0 += 2) {                                                \
+            if (next) wbq_prefetch(next + g0 * WR * WBQ_BB_##T, 2 * WR * WBQ_BB_##T);          \
+            for (int h = 0; h < 2; ++h) {                                                      \
+                const int64_t g = g0 + h;                                                      \
+                if (g >= G) break;                                                             \
+                float dw[WR], mw[WR];                                                          \
+                __m256i u[WR];                                                                 \
+                for (int r = 0; r < WR; ++r)                                                   \
+                    u[r] = wbq_w_##T(w + r * rb + g * WBQ_BB_##T, &dw[r], &mw[r]);             \
+                for (int p = 0; p < P; ++p) {                                                  \
+                    const uint8_t *row = pk + p * stride;                                      \
+                    const float *da = (const float *)(row + K);                                \
+                    const __m256i q = _mm256_load_si256((const __m256i *)(row + 32 * g));      \
+                    const __m256i i0 = WBQ_OFFSET_##T##_##ISA                                  \
+                        ? _mm256_load_si256((const __m256i *)(da + 2 * G4) + g)                \
+                        : _mm256_setzero_si256();                                              \
+                    const float a = da[g], sa = WBQ_SUM_##T ? da[G4 + g] : 0.0f;               \
+                    for (int r = 0; r < WR; ++r) {                                             \
+                        const __m256i i = WBQ_DOT_##T##_##ISA(i0, u[r], q);                    \
+                        acc[p][r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * a),             \
+                                                       _mm256_cvtepi32_ps(i), acc[p][r][h]);  \
+                        if (WBQ_SUM_##T) mins[p][r][h] += mw[r] * sa;                          \
+                    }                                                                          \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
         for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r) out[p][r] = hsum(acc[p][r]) + mins[p][r];            \
+            for (int r = 0; r < WR; ++r)                                                       \
+                out[p][r] = hsum(_mm256_add_ps(acc[p][r][0], acc[p][r][1]))                    \
+                    + (mins[p][r][0] + mins[p][r][1]);                                         \
     }
 
 /* Q4_K and Q5_K: a 256-block's 8 sub-blocks of 32, scale sc_j and min m_j each */
 #define WBQ_CHUNK_K45(T, ISA, BB, CODES)                                                       \
     static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
     wbq_chunk_##T##_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,          \
-                          const uint8_t *w, int64_t rb, float out[][WBQ_WROWS_##ISA]) {       \
+                          const uint8_t *w, int64_t rb, const uint8_t *next,                   \
+                          float out[][WBQ_WROWS_##ISA]) {                                     \
         enum { WR = WBQ_WROWS_##ISA };                                                         \
         const int64_t G = K / 256;                                                             \
         __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
@@ -368,6 +393,7 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
             for (int p = 0; p < P; ++p)                                                        \
                 for (int r = 0; r < WR; ++r) isum[p][r] = _mm256_setzero_si256();              \
             for (int j = 0; j < 8; ++j) {                                                      \
+                if (next) wbq_prefetch(next + (g * 8 + j) * WR * (BB) / 8, WR * (BB) / 8);     \
                 __m256i u[WR], s[WR];                                                          \
                 for (int r = 0; r < WR; ++r) {                                                 \
                     const uint8_t *blk = w + r * rb + g * (BB);                                \
@@ -410,7 +436,8 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
 #define WBQ_CHUNK_Q6_K(ISA)                                                                    \
     static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
     wbq_chunk_q6_k_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,           \
-                         const uint8_t *w, int64_t rb, float out[][WBQ_WROWS_##ISA]) {        \
+                         const uint8_t *w, int64_t rb, const uint8_t *next,                    \
+                         float out[][WBQ_WROWS_##ISA]) {                                      \
         enum { WR = WBQ_WROWS_##ISA };                                                         \
         const int64_t G = K / 256;                                                             \
         __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
@@ -422,6 +449,7 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
             for (int p = 0; p < P; ++p)                                                        \
                 for (int r = 0; r < WR; ++r) isum[p][r] = _mm256_setzero_si256();              \
             for (int j = 0; j < 8; ++j) {                                                      \
+                if (next) wbq_prefetch(next + (g * 8 + j) * WR * 210 / 8, WR * 210 / 8);       \
                 __m256i u[WR], s[WR];                                                          \
                 const int k = 8 * (j >> 2) + 2 * (j & 3);                                      \
                 for (int r = 0; r < WR; ++r) {                                                 \
@@ -475,21 +503,24 @@ WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
             const uint8_t *wn = (const uint8_t *)w + n0 * rb;                                  \
             /* past N: the last row again (computed, not stored) */                            \
             const int64_t step = nr == WR ? rb : 0;                                            \
+            /* the next chunk's weight rows, fetched into L1 at the pace of this one's blocks */ \
+            const uint8_t *next = n0 + 2 * WR <= N ? wn + WR * rb : 0;                         \
             for (int64_t m = 0; m < M; m += R) {                                              \
                 const int P = M - m < R ? (int)(M - m) : R;                                    \
+                const uint8_t *pf = m == 0 ? next : 0;                                         \
                 const uint8_t *pm = pk + m * stride;                                           \
                 float s[R][WR];                                                                \
                 if (nr < WR) {                                                                 \
                     for (int64_t r = 0; r < nr; ++r) { /* each row alone, WR times */          \
                         float t[R][WR];                                                        \
-                        if (P == 1) wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn + r * rb, 0, t); \
-                        else wbq_chunk_##T##_##ISA(pm, stride, K, R, wn + r * rb, 0, t);      \
+                        if (P == 1) wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn + r * rb, 0, 0, t); \
+                        else wbq_chunk_##T##_##ISA(pm, stride, K, R, wn + r * rb, 0, 0, t);   \
                         for (int p = 0; p < P; ++p) s[p][r] = t[p][0];                         \
                     }                                                                          \
                 } else if (P == 1) {                                                           \
-                    wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn, step, s);                      \
+                    wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn, step, pf, s);                  \
                 } else {                                                                       \
-                    wbq_chunk_##T##_##ISA(pm, stride, K, R, wn, step, s);                      \
+                    wbq_chunk_##T##_##ISA(pm, stride, K, R, wn, step, pf, s);                  \
                 }                                                                              \
                 for (int p = 0; p < P; ++p)                                                    \
                     for (int64_t r = 0; r < nr; ++r)                                           \
