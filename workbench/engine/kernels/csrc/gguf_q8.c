@@ -238,8 +238,8 @@ WBQ_INLINE5 __m256i wbq_dotw5(__m256i acc, __m256i a, __m256i b) {
 #define WBQ_TARGET_avx512 WBQ_T5
 /* a chunk: up to WBQ_ROWS input rows times WBQ_WROWS weight rows, one fp32 sum each (their
  * chains of fused multiply-adds run side by side, not one after the other) */
-#define WBQ_ROWS_avx2 2
-#define WBQ_ROWS_avx512 2
+#define WBQ_ROWS_avx2 4
+#define WBQ_ROWS_avx512 6
 #define WBQ_WROWS_avx2 1
 #define WBQ_WROWS_avx512 1
 #define WBQ_DOTW_avx2 wbq_dotw2
@@ -513,14 +513,22 @@ static inline void wbq_prefetch(const uint8_t *p, int64_t n) {
                 if (nr < WR) {                                                                 \
                     for (int64_t r = 0; r < nr; ++r) { /* each row alone, WR times */          \
                         float t[R][WR];                                                        \
-                        if (P == 1) wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn + r * rb, 0, 0, t); \
-                        else wbq_chunk_##T##_##ISA(pm, stride, K, R, wn + r * rb, 0, 0, t);   \
+                        for (int p = 0; p < P; ++p) /* row by row: any P */                    \
+                            wbq_chunk_##T##_##ISA(pm + p * stride, stride, K, 1, wn + r * rb, 0, \
+                                                  0, t + p);                                   \
                         for (int p = 0; p < P; ++p) s[p][r] = t[p][0];                         \
                     }                                                                          \
-                } else if (P == 1) {                                                           \
-                    wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn, step, pf, s);                  \
                 } else {                                                                       \
-                    wbq_chunk_##T##_##ISA(pm, stride, K, R, wn, step, pf, s);                  \
+                    switch (P) { /* constant row counts: the sums stay in registers */        \
+                    case 1: wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn, step, pf, s); break;   \
+                    case 2: wbq_chunk_##T##_##ISA(pm, stride, K, 2, wn, step, pf, s); break;   \
+                    case 3: wbq_chunk_##T##_##ISA(pm, stride, K, 3, wn, step, pf, s); break;   \
+                    case 4: wbq_chunk_##T##_##ISA(pm, stride, K, R > 4 ? 4 : R, wn, step, pf, s); \
+                        break;                                                                 \
+                    case 5: wbq_chunk_##T##_##ISA(pm, stride, K, R > 5 ? 5 : R, wn, step, pf, s); \
+                        break;                                                                 \
+                    default: wbq_chunk_##T##_##ISA(pm, stride, K, R, wn, step, pf, s); break;  \
+                    }                                                                          \
                 }                                                                              \
                 for (int p = 0; p < P; ++p)                                                    \
                     for (int64_t r = 0; r < nr; ++r)                                           \
