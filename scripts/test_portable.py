@@ -32,7 +32,7 @@ QEMU_CPU = "Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid"
 QEMU_FLAGS = "avx2 fma f16c"
 AVX2_GGUF = {"WORKBENCH_GGUF_ISA": "avx2"}  # the GGUF block products' AVX2 functions, forced
 QEMU_TESTS = ["-m", "not slow", "tests/engine/kernels/test_kernels.py", "tests/engine/kernels/test_c_ops.py",
-              "tests/engine/kernels/test_gguf_kernels.py",
+              "tests/engine/kernels/test_gguf_kernels.py", "tests/engine/kernels/test_gguf_q8.py",
               "-k", "not the_same_tokens_with_c_and_torch_ops and not float32-5"]
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from workbench.errors import ValidationError
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16", "gguf")
+_GGUF_ACTIVATIONS = ("float32", "q8")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class EngineConfig:
 
     model: str = "smollm2-135m-instruct"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 | gguf (the file's blocks)
+    # with dtype gguf: the activations the blocks meet, "float32" (exact to the dequantized
+    # model) or "q8" (llama.cpp's CPU arithmetic: int8 per block, engine/kernels/gguf_q8.py)
+    gguf_activations: str = "float32"
     kernel: str = "auto"  # auto | avx2 | amx | avx512bf16 | onednn | torch (engine/kernels/projections.py)
     # a request's tokens and logprobs the same bits whatever shares its batch, however its
     # prompt is chunked, with or without prefix-cache hits (engine/step/runner.py, at a cost)
@@ -54,6 +58,21 @@ class EngineConfig:
         if self.dtype not in _DTYPES:
             raise ValidationError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}.",
                                   parameter="dtype", value=self.dtype)
+        if self.gguf_activations not in _GGUF_ACTIVATIONS:
+            raise ValidationError(f"gguf_activations must be one of {_GGUF_ACTIVATIONS}, got "
+                                  f"{self.gguf_activations!r}.", parameter="gguf_activations",
+                                  value=self.gguf_activations)
+        if self.gguf_activations != "float32" and self.dtype != "gguf":
+            raise ValidationError(f"gguf_activations={self.gguf_activations!r} "
+                                  "(--gguf-activations) quantizes the activations that a GGUF "
+                                  "model's blocks meet: it needs dtype='gguf' (--dtype gguf), "
+                                  f"got dtype={self.dtype!r}.", parameter="gguf_activations",
+                                  value=self.gguf_activations)
+        if self.gguf_activations == "q8" and self.enable_lora:
+            raise ValidationError("gguf_activations='q8' (llama.cpp's int8 arithmetic) does not "
+                                  "cover LoRA adapters (their products would run on float32 "
+                                  "activations beside it): leave one of them off.",
+                                  parameter="gguf_activations", value="q8")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValidationError(f"device must be auto, cpu or cuda, got {self.device!r}.",
                                   parameter="device", value=self.device)

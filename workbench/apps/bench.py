@@ -14,7 +14,9 @@ not in `peak_rss_mb`: the median of 15 passes, with their quartiles `memory_read
 `_q3`) divided by the bytes of weights one decode step must
 read in that dtype (`single_stream_limit_tok_s`; with `--dtype gguf` the bytes of the file's
 blocks that a step reads, and of the weights that stay float32); `single_stream_of_limit` is our
-single-stream rate's share of it. With `--dtype gguf` transformers runs the float32 model it
+single-stream rate's share of it. With `--dtype gguf` (`--gguf-activations float32 | q8`: the
+arithmetic of our side, `gguf_activations` in the JSON) `bench_gguf_activations` measures both
+arithmetics' single stream and 512-token prefill in one run; transformers runs the float32 model it
 dequantized from the same file (what it would load), and the embedding benchmark its own auto
 dtype. The bandwidth is a median, not a best: the best pass of a few caught the
 moments another session left both cores free.
@@ -59,6 +61,7 @@ class BenchConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
     kernel: str = "auto"  # our side's projection kernel (workbench/engine/kernels/projections.py)
+    gguf_activations: str = "float32"  # with dtype gguf: "q8", llama.cpp's int8 arithmetic
     threads: int = 2
     tokens: int = 64
     repeats: int = 3
@@ -94,7 +97,7 @@ class Contenders:
         from workbench import LLM  # deferred: workbench.llm imports torch
 
         return LLM(model=self.config.model, dtype=self.config.dtype, kernel=self.config.kernel,
-                   seed=self.config.seed)
+                   seed=self.config.seed, **engine_extras(self.config))
 
     @cached_property
     def embed(self):
@@ -308,7 +311,8 @@ def _child_engine_peak(config: BenchConfig, prompts: list[list[int]]) -> float:
     from workbench import LLM
 
     torch.set_num_threads(config.threads)
-    llm = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel, seed=config.seed)
+    llm = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel, seed=config.seed,
+              **engine_extras(config))
     for batch in (prompts[:1], prompts):
         made = ours_generate(llm, batch, config.tokens, sample=False)
         if made != len(batch) * config.tokens:
@@ -329,6 +333,13 @@ def own_peak_rss_mb() -> float:
     except OSError:
         pass
     return peak_rss_mb()
+
+
+def engine_extras(config: BenchConfig) -> dict[str, Any]:
+    """Our engine's settings beyond model, dtype, kernel and seed: `gguf_activations` where
+    it is not the default."""
+    return {"gguf_activations": config.gguf_activations} \
+        if config.gguf_activations != "float32" else {}
 
 
 def float_dtype(dtype: str, gguf_side: str = "float32") -> str:
@@ -358,9 +369,11 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     runner = side.ours.llm_engine.runner
     choice = runner.kernel
     figures = {"device": choice.device, "cpu_flags": choice.cpu_flags,
-               "dtype": "gguf" if choice.kernel == "gguf" else str(choice.dtype).removeprefix(
-                   "torch."), "kernel": choice.kernel,
+               "dtype": "gguf" if choice.kernel in ("gguf", "gguf_q8") else str(
+                   choice.dtype).removeprefix("torch."), "kernel": choice.kernel,
                "ops": choice.ops}
+    if figures["dtype"] == "gguf":  # the activations its blocks meet ("q8": llama.cpp's)
+        figures["gguf_activations"] = config.gguf_activations
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
     read = memory_read_bandwidth_apart(config.threads)
@@ -422,7 +435,7 @@ def bench_invariant(side: Contenders, config: BenchConfig) -> dict[str, float]:
 
     plain = side.ours
     invariant = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel,
-                    seed=config.seed, batch_invariant=True)
+                    seed=config.seed, batch_invariant=True, **engine_extras(config))
     single, many = side.prompt_ids(1), side.prompt_ids(config.concurrency)
     long_prompt = [(single[0] * 64)[:512]]
 
@@ -528,9 +541,44 @@ def bench_capture(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     return found
 
 
+def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """With `--dtype gguf` only: both arithmetics of the file's blocks in one run, ours (its
+    `--gguf-activations`) and a second engine with the other, in turn: a lone greedy stream
+    (`gguf_<mode>_single_stream_tok_s`, prefill of the story prompt included) and a 512-token
+    prompt's prefill, one token out (`gguf_<mode>_prefill512_tok_s`, the prefix cache reset),
+    and `gguf_q8_speedup` (q8's single stream over float32's)."""
+    if config.dtype != "gguf":
+        return {}
+    from workbench import LLM  # deferred: workbench.llm imports torch
+
+    other = "q8" if config.gguf_activations == "float32" else "float32"
+    engines = {config.gguf_activations: side.ours,
+               other: LLM(model=config.model, dtype="gguf", seed=config.seed,
+                          gguf_activations=other)}
+    single = side.prompt_ids(1)
+    long_prompt = [(single[0] * 64)[:512]]
+    best = {(mode, case): 0.0 for mode in engines for case in ("single_stream", "prefill512")}
+    for llm in engines.values():
+        ours_generate(llm, single, 4, sample=False)  # warm-up
+    for _ in range(config.repeats):
+        for mode, llm in engines.items():
+            best[mode, "single_stream"] = max(best[mode, "single_stream"], tokens_per_second(
+                lambda llm=llm: ours_generate(llm, single, config.tokens, sample=False)))
+            llm.llm_engine.reset_prefix_cache()  # the prefill is measured
+            start = time.perf_counter()
+            ours_generate(llm, long_prompt, 1, sample=False)
+            best[mode, "prefill512"] = max(best[mode, "prefill512"],
+                                           512 / (time.perf_counter() - start))
+    del engines[other]
+    out = {f"gguf_{mode}_{case}_tok_s": round(rate, 2) for (mode, case), rate in best.items()}
+    out["gguf_q8_speedup"] = round(best["q8", "single_stream"] / best["float32", "single_stream"],
+                                   3)
+    return out
+
+
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
-    bench_machine, bench_single_stream, bench_concurrent16, bench_beam4, bench_embed,
-    bench_inside, bench_invariant, bench_capture, bench_engine_memory)
+    bench_machine, bench_single_stream, bench_gguf_activations, bench_concurrent16, bench_beam4,
+    bench_embed, bench_inside, bench_invariant, bench_capture, bench_engine_memory)
 
 
 def peak_rss_mb() -> float:
@@ -584,13 +632,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="auto", help="default: what dtype='auto' picks here")
     parser.add_argument("--kernel", default="auto", help="default: the kernel chosen for the dtype")
+    parser.add_argument("--gguf-activations", default="float32", choices=["float32", "q8"],
+                        help="with --dtype gguf: the activations the blocks meet (q8: llama.cpp's "
+                        "int8 arithmetic); the other one is measured beside it")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--soak", action="store_true", help="instead: the soak and fuzz run "
                         "(workbench/apps/soak.py): disconnect storms, invalid bodies, schemathesis")
     args = parser.parse_args(argv)
     if args.soak:
         return soak.main(json_line=args.json, quick=args.quick)
-    settings = dict(model=args.model, dtype=args.dtype, kernel=args.kernel, threads=args.threads)
+    settings = dict(model=args.model, dtype=args.dtype, kernel=args.kernel, threads=args.threads,
+                    gguf_activations=args.gguf_activations)
     config = BenchConfig.quick(**settings) if args.quick else BenchConfig(**settings)
     results = run(config, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(results) if args.json else format_table(results), flush=True)

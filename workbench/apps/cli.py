@@ -53,6 +53,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto",
                    choices=["auto", "float32", "bfloat16", "float16", "gguf"],
                    help="gguf: a GGUF model's quantized blocks as the file holds them (CPU)")
+    p.add_argument("--gguf-activations", default="float32", choices=["float32", "q8"],
+                   help="with --dtype gguf, the activations the blocks meet: float32 (exact to "
+                   "the dequantized model) or q8 (llama.cpp's CPU arithmetic: activations "
+                   "quantized per block to Q8_0 / Q8_1 / Q8_K as llama.cpp does, integer dot "
+                   "products; faster)")
     p.add_argument("--kernel", default="auto",
                    choices=["auto", "avx2", "amx", "avx512bf16", "onednn", "torch"],
                    help="projection kernel (default: the fastest this CPU and dtype can run)")
@@ -187,7 +192,8 @@ def configs_from_args(args: argparse.Namespace):
         engine_kwargs["max_capture_mb"] = args.max_capture_mb
     if args.steering_vectors:
         engine_kwargs["steering_vectors"] = parse_steering_vectors(args.steering_vectors)
-    engine = EngineConfig(model=model, dtype=args.dtype, kernel=args.kernel, device=args.device,
+    engine = EngineConfig(model=model, dtype=args.dtype, gguf_activations=args.gguf_activations,
+                          kernel=args.kernel, device=args.device,
                           seed=args.seed, batch_invariant=args.batch_invariant,
                           max_model_len=args.max_model_len, max_logprobs=args.max_logprobs,
                           served_model_name=names[0], **engine_kwargs)

@@ -156,7 +156,7 @@ class LLMEngine:
                                    config.scheduling_policy)
         self.runner: ModelRunner | EncoderRunner = ModelRunner(
             self.model, num_blocks, config.block_size, config.kernel, config.batch_invariant,
-            getattr(self.loaded, "quantized", None))
+            getattr(self.loaded, "quantized", None), config.gguf_activations)
         self.scheduler.window = self.runner.window  # blocks out of every layer's window go
         if config.enable_lora:  # adapters per request: LoRA layers with resident slots
             self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,

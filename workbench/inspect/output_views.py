@@ -19,12 +19,16 @@ def llm_summary(llm: Any) -> dict[str, Any]:
             "dtype": dtype,
             "device": getattr(loaded, "device", config.device),
             "max_model_len": engine.max_model_len, "seed": config.seed,
-            "batch_invariant": config.batch_invariant}
+            "batch_invariant": config.batch_invariant,
+            # the activations a GGUF model's blocks meet ("q8": llama.cpp's int8 arithmetic)
+            "gguf_activations": getattr(config, "gguf_activations", "float32")
+            if dtype == "gguf" else None}
 
 
 def llm_repr(llm: Any) -> str:
     s = llm_summary(llm)
-    return (f"LLM({s['model']!r}, {s['kind']}, {s['dtype']} on {s['device']}, "
+    q8 = f", gguf_activations={s['gguf_activations']!r}" if s["gguf_activations"] else ""
+    return (f"LLM({s['model']!r}, {s['kind']}, {s['dtype']} on {s['device']}{q8}, "
             f"max_model_len={s['max_model_len']}, seed={s['seed']}"
             f"{', batch_invariant=True' if s['batch_invariant'] else ''})")
 
@@ -35,7 +39,8 @@ def llm_html(llm: Any) -> str:
            else "embed, score, encode")
     rows = "".join(f'<tr><th style="text-align:left;padding:1px 6px">{k}</th>'
                    f'<td style="padding:1px 6px">{h.escape(s[k])}</td></tr>'
-                   for k in ("kind", "dtype", "device", "max_model_len", "seed",
+                   for k in ("kind", "dtype", *(("gguf_activations",) if s["gguf_activations"]
+                                                else ()), "device", "max_model_len", "seed",
                              *(("batch_invariant",) if s["batch_invariant"] else ())))
     return card(f"LLM {h.escape(s['model'])}",
                  f'<table style="border-collapse:collapse">{rows}</table>'

@@ -58,7 +58,9 @@ def fingerprint(engine: EngineClient) -> str:
     """`workbench-<version>-<hash8>` of what shapes outputs (the model, dtype, context), like
     vLLM's `vllm-<version>-<hash8>`: equal fingerprints, same backend configuration."""
     config = engine.config
-    what = repr((engine.model_path, config.dtype, engine.max_model_len, config.seed))
+    what = repr((engine.model_path, config.dtype, engine.max_model_len, config.seed)
+                + ((config.gguf_activations,) if getattr(config, "gguf_activations", "float32")
+                   != "float32" else ()))  # llama.cpp's int8 arithmetic: other outputs
     return f"workbench-{__version__}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"
 
 

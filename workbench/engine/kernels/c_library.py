@@ -1,7 +1,7 @@
 """The C library: the kernels' sources in `csrc/`, compiled once per machine and loaded.
 
 The C sources ship beside this module in `csrc/`, one file per kind of kernel: `linear_f32.c`,
-`linear_bf16.c`, `linear_amx.c`, `gguf.c` (the products), `attention.c`, `layer_ops.c` (norms,
+`linear_bf16.c`, `linear_amx.c`, `gguf.c`, `gguf_q8.c` (the products), `attention.c`, `layer_ops.c` (norms,
 rotary, SiLU), `decode_stack.c` (a decode step through every layer in one call), `wb.h` (what
 they share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`)
 into one library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the
@@ -9,7 +9,7 @@ sources, the flags and the compiler, so a change of any of them builds a new one
 takes about ten seconds (most of it `gguf.c`'s functions, one per block type and ISA) and
 happens at most once per machine (`make install` does it ahead). `function(name)` is one of its
 functions with its ctypes signature; the modules beside this one (`c_products`, `c_attention`,
-`c_layer_ops`, `c_decode_stack`, `gguf`) call them on the tensors' memory.
+`c_layer_ops`, `c_decode_stack`, `gguf_products`, `gguf_q8`) call them on the tensors' memory.
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # the C functions: arguments,
                         + [_F32, _INT, _INT], _INT),
     **{f"wb_linear_{kind.lower()}_{isa}": ([_P] * 4 + [_I64] * 3 + [_INT], None)  # csrc/gguf.c
        for kind in BLOCK_TYPES for isa in ("avx2", "avx512")},
+    **{f"wb_q8_linear_{kind.lower()}_{isa}": ([_P] * 4 + [_I64] * 3 + [_INT], None)  # gguf_q8.c
+       for kind in BLOCK_TYPES for isa in ("avx2", "avx512")},
+    **{f"wb_quantize_{kind}": ([_P, _P, _I64, _I64], None) for kind in ("q8_0", "q8_1", "q8_k")},
 }
 
 

@@ -25,6 +25,9 @@ x)` computes `x W^T + b`.
 | "torch"      | any      | nothing                                             | `F.linear`
 | "gguf"       | float32  | AVX2 + FMA, a C compiler; a model loaded with       | products with a GGUF
 |              |          | `dtype="gguf"` (its blocks), never `--kernel`       | file's blocks in C
+| "gguf_q8"    | float32  | "gguf"'s, F16C (AVX-512 VNNI: its faster functions);| llama.cpp's: int8
+|              |          | `gguf_activations="q8"`, never `--kernel`           | activations, integer
+|              |          |                                                     | block sums in C
 
 The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
 library is available and the kernel is not "torch" ("c"), in float32 and bfloat16: decode
@@ -52,7 +55,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from workbench.engine.kernels import c_products, gguf_products
+from workbench.engine.kernels import c_products, gguf_products, gguf_q8
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
 from workbench.models.gguf_blocks import QuantizedWeight
@@ -254,11 +257,36 @@ class Gguf(LinearKernel):
         return weights.function if dtype == torch.float32 else None
 
 
+class GgufQ8(Gguf):
+    """As "gguf", except that each product quantizes its float32 input rows to the weight
+    type's partner (Q8_0, Q8_1, Q8_K), bit for bit as llama.cpp's x86 quantizers, and sums
+    each block's int8 products exactly in int32 (`csrc/gguf_q8.c`, its AVX-512 VNNI or AVX2
+    functions, `engine/kernels/gguf_q8.py`): llama.cpp's CPU arithmetic, up to float32 summation
+    order. Chosen by `gguf_activations="q8"` with `dtype="gguf"`, never by `--kernel`."""
+
+    name = "gguf_q8"
+
+    def missing(self, dtype, features):
+        if dtype != torch.float32:
+            return "float32 activations"
+        if not features.has("avx2", "fma", "f16c"):
+            return f"a CPU with AVX2, FMA and F16C (this one has: {features.summary()})"
+        if not gguf_q8.isas():
+            return "a C compiler to build it (set CC or install gcc; the log says what failed)"
+        return None
+
+    def prepare(self, weight, bias):
+        weights = super().prepare(weight, bias)
+        weights.function = gguf_q8.linear_function(weight.kind)
+        return weights
+
+
 # the table: every kernel by name, and per dtype the order "auto" tries them in ("gguf" comes
 # with a model's blocks, `dtype="gguf"`)
 TABLE: dict[str, LinearKernel] = {k.name: k for k in (Avx2(), Amx(), Avx512Bf16(), OneDnn(),
-                                                      LinearKernel(), Gguf())}
-KERNELS = tuple(name for name in TABLE if name != "gguf")  # what `--kernel` may ask for
+                                                      LinearKernel(), Gguf(), GgufQ8())}
+BLOCK_KERNELS = {"float32": "gguf", "q8": "gguf_q8"}  # by `gguf_activations`
+KERNELS = tuple(name for name in TABLE if name not in BLOCK_KERNELS.values())  # `--kernel`'s
 DTYPE_OF = {name: TABLE[name].dtype for name in KERNELS if TABLE[name].dtype is not None}
 _AUTO_ORDER = {torch.float32: ("avx2", "torch"),
                torch.bfloat16: ("amx", "avx512bf16", "onednn", "torch")}
@@ -308,12 +336,14 @@ def onednn_prepack_works() -> bool:
 
 
 def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
-           features: CpuFeatures | None = None, blocks: bool = False) -> KernelChoice:
+           features: CpuFeatures | None = None, blocks: bool = False,
+           activations: str = "float32") -> KernelChoice:
     """The kernel for `dtype` on `device` (see the module docstring); `ValidationError` naming
     `kernel` when the one asked for cannot run here. `blocks`: the model keeps GGUF blocks
-    (`dtype="gguf"`), which only "gguf" multiplies."""
+    (`dtype="gguf"`), which only "gguf" multiplies, or "gguf_q8" with `activations="q8"`
+    (`gguf_activations`)."""
     if blocks:
-        return _choose_gguf(dtype, device, requested, features)
+        return _choose_gguf(dtype, device, requested, features, activations)
     if requested == "auto":
         forced = os.environ.get("WORKBENCH_KERNEL") or "auto"
         if DTYPE_OF.get(forced, dtype) == dtype:
@@ -343,18 +373,26 @@ def choose(dtype: torch.dtype, device: str = "cpu", requested: str = "auto",
 
 
 def _choose_gguf(dtype: torch.dtype, device: str, requested: str,
-                 features: CpuFeatures | None) -> KernelChoice:
+                 features: CpuFeatures | None, activations: str = "float32") -> KernelChoice:
+    if activations not in BLOCK_KERNELS:
+        raise ValidationError(f"gguf_activations must be one of {tuple(BLOCK_KERNELS)}, got "
+                              f"{activations!r}.", parameter="gguf_activations",
+                              value=activations)
+    kernel = BLOCK_KERNELS[activations]
     if requested not in ("auto", "gguf"):
         raise ValidationError(f"kernel {requested!r} (--kernel) cannot multiply a GGUF file's "
                               "blocks (dtype 'gguf'): leave it 'auto'.", parameter="kernel",
                               value=requested)
     features = cpu_features() if features is None else features
-    lack = TABLE["gguf"].missing(dtype, features) if str(device).startswith("cpu") else \
+    lack = TABLE[kernel].missing(dtype, features) if str(device).startswith("cpu") else \
         f"the CPU, not {device}"
     if lack is not None:
+        if kernel == "gguf_q8":
+            raise ValidationError(f"gguf_activations 'q8' cannot run here: its kernel needs "
+                                  f"{lack}.", parameter="gguf_activations", value=activations)
         raise ValidationError(f"dtype 'gguf' cannot run here: its kernel needs {lack}.",
                               parameter="dtype", value="gguf")
-    return KernelChoice("gguf", dtype, "cpu", features.summary(), "c")
+    return KernelChoice(kernel, dtype, "cpu", features.summary(), "c")
 
 
 def emulated(dtype: torch.dtype, device: str = "cpu", features: CpuFeatures | None = None

@@ -22,7 +22,7 @@ from workbench.engine.kernels import projections
 from workbench.engine.kernels.projections import LinearKernel
 from workbench.models.gguf_blocks import QuantizedWeight
 
-C_KERNELS = frozenset({"avx2", "amx", "avx512bf16", "gguf"})  # with C products (c_function)
+C_KERNELS = frozenset({"avx2", "amx", "avx512bf16", "gguf", "gguf_q8"})  # with C products (c_function)
 
 # sibling linears that read the same input, fused wherever a layer has them (any submodule:
 # `self_attn`, `attn`, `mlp`, a mixture of experts' shared expert)
@@ -38,8 +38,10 @@ def can_prepack(weight: torch.Tensor) -> bool:
 INVARIANT_ROWS = 4  # a batch-invariant engine's library products: always this many rows a call
 # and its C products: at most this many rows a call, each row's sum in the dot products'
 # one order whatever the count (below the float32 broadcast tiles' 7 and 13, the bf16 ones' 12)
-# (the GGUF block products sum each row in one order for any count: `csrc/gguf.c`)
-INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16, "gguf": 2**31 - 1}
+# (the GGUF block products sum each row in one order for any count: `csrc/gguf.c`, and
+# `csrc/gguf_q8.c`, which quantizes each row by itself)
+INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16, "gguf": 2**31 - 1,
+                    "gguf_q8": 2**31 - 1}
 
 
 class FastLinear(nn.Module):
@@ -190,7 +192,8 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
         weight = next(model.parameters())
         kernel = projections.choose(weight.dtype, weight.device.type).kernel
     quantized = quantized or {}
-    fallback = projections.choose(torch.float32).kernel if kernel == "gguf" else kernel
+    fallback = projections.choose(torch.float32).kernel if kernel in (
+        "gguf", "gguf_q8") else kernel
     names = {id(m): name for name, m in model.named_modules()}
 
     def blocks_of(lin: nn.Module) -> QuantizedWeight | None:

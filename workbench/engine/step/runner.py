@@ -215,14 +215,16 @@ class ModelRunner:
             self.stack.refresh()
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",
-                 batch_invariant: bool = False, quantized: dict | None = None):
+                 batch_invariant: bool = False, quantized: dict | None = None,
+                 gguf_activations: str = "float32"):
         self.arch = architecture_of(model.config)  # refuses a family it cannot run exactly
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
         weight = next(model.parameters())
         # `quantized`: GGUF blocks by parameter name (`dtype="gguf"`), multiplied by "gguf"
+        # ("gguf_q8": `gguf_activations="q8"`, llama.cpp's int8 activations)
         self.kernel = projections.choose(weight.dtype, weight.device.type, kernel,
-                                     blocks=bool(quantized))
+                                     blocks=bool(quantized), activations=gguf_activations)
         logger.info("projections: %s", self.kernel.describe())
         if projections.emulated(weight.dtype, weight.device.type):
             logger.warning("%s is emulated on this CPU (no AVX-512 BF16 or AMX): float32 "
