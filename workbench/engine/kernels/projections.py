@@ -28,6 +28,11 @@ computes `x W^T + b`.
 | "gguf"       | float32  | AVX2 + FMA, a C compiler; a model loaded with       | products with a GGUF
 |              |          | `dtype="gguf"` (its blocks), never `--kernel`       | file's blocks in C
 
+A batch-invariant engine (`fusion.make_batch_invariant`) runs the projections of "avx2" and
+"avx512bf16" through their invariant products (`invariant_function`: `csrc/linear_f32.c`'s and
+`csrc/linear_bf16.c`'s broadcast tiles for every row count, one call per projection, prefill
+and decode alike), those of the other kernels in fixed tiles (`FastLinear.tile_rows`).
+
 The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
 library is available and the kernel is not "torch" ("c"), in float32 and bfloat16: decode
 attention reading the KV cache in place (`c_attention.decode_attention`), each residual add with the
