@@ -368,7 +368,8 @@ static int64_t chunk_panels(int64_t K, int64_t P) {
 
 void wb_linear_f32_invariant(const float *x, const float *w, const float *b, float *y,
                              int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t P = 16, count = (M + P - 1) / P, per = chunk_panels(K, P);
+    /* panels of sixteen rows (two vectors), of eight for up to eight rows (a decode step) */
+    const int64_t P = M <= 8 ? 8 : 16, count = (M + P - 1) / P, per = chunk_panels(K, P);
     const float *xp = panels(x, M, K, P);
     if (!xp) return;
     const int64_t groups = (N + INV_GROUP_ROWS - 1) / INV_GROUP_ROWS;
@@ -384,14 +385,16 @@ void wb_linear_f32_invariant(const float *x, const float *w, const float *b, flo
                 const int64_t live = M - p * P < P ? M - p * P : P;  /* rows of this panel */
                 for (int64_t n0 = g0; n0 < g0 + width; n0 += 6) {
                     const int64_t R = g0 + width - n0 < 6 ? g0 + width - n0 : 6;
-                    if (R == 6) bc_tile(w + n0 * K, K, cols, P, 6, 2, p == c0, sums);
+                    if (R == 6 && P == 16) bc_tile(w + n0 * K, K, cols, P, 6, 2, p == c0, sums);
+                    else if (R == 6) bc_tile(w + n0 * K, K, cols, P, 6, 1, p == c0, sums);
                     else
                         for (int64_t r = 0; r < R; ++r)
-                            bc_tile(w + (n0 + r) * K, K, cols, P, 1, 2, 0, sums + r * 16);
+                            bc_tile(w + (n0 + r) * K, K, cols, P, 1, (int)(P / 8), 0,
+                                    sums + r * P);
                     for (int64_t r = 0; r < R; ++r) {
                         const float bias = b ? b[n0 + r] : 0.0f;
                         for (int64_t j = 0; j < live; ++j)
-                            rows[j * INV_GROUP_ROWS + n0 - g0 + r] = sums[r * 16 + j] + bias;
+                            rows[j * INV_GROUP_ROWS + n0 - g0 + r] = sums[r * P + j] + bias;
                     }
                 }
                 for (int64_t j = 0; j < live; ++j)
@@ -441,6 +444,10 @@ inv_tile512(const float *w, int64_t K, const float *xt, const int R, const int V
 __attribute__((target("avx512f")))
 void wb_linear_f32_invariant_avx512(const float *x, const float *w, const float *b, float *y,
                                     int64_t M, int64_t N, int64_t K, int threads) {
+    if (M <= 8) {  /* eight lanes: twice the multiply-adds a cycle of one 16-lane vector */
+        wb_linear_f32_invariant(x, w, b, y, M, N, K, threads);
+        return;
+    }
     const int64_t P = INV512_P, count = (M + P - 1) / P, per = chunk_panels(K, P);
     const float *xp = panels(x, M, K, P);
     if (!xp) return;
