@@ -5,10 +5,14 @@ process runs (`make test-portable` runs this file on every kernel the CPU has an
 AVX2 limits). The parts: each kernel's products computed in fixed tiles give a row the same
 bits whatever rows come with it (`FastLinear.tile_rows`), and the C attention
 (`c_attention.paged_attention`) is attention per query token, windowed, soft-capped and with ALiBi,
-to float32 rounding, and the decode attention's bits where it has none of those."""
+to float32 rounding, and the decode attention's bits where it has none of those. The invariant C
+products ("avx2", "avx512bf16": every row count in one call) give a row the same bits for any
+row count, position and thread count, and a decode step of many rows still goes in one C call."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 
 import pytest
@@ -44,23 +48,146 @@ def test_each_kernels_tiled_products_give_a_row_the_same_bits_whatever_rows_shar
     k, n = 96, 200
     weight = torch.randn(n, k, generator=gen).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)
-    x = torch.randn(40, k, generator=gen).to(dtype)
+    x = torch.randn(300, k, generator=gen).to(dtype)
     checked = []
     for kernel in _kernels_for(dtype):
         linear = FastLinear(weight, bias, kernel)
         linear.tile_rows = 4
         full = linear(x)
-        for rows in (1, 2, 3, 5, 7, 13, 16, 17, 33):
+        for rows in (1, 2, 3, 5, 7, 13, 16, 17, 33, 64, 300):
             assert torch.equal(linear(x[:rows]), full[:rows]), (kernel, rows)
-        for i in (0, 5, 39):  # alone, whatever its neighbours were
+        for i in (0, 5, 39, 299):  # alone, whatever its neighbours were
             assert torch.equal(linear(x[i:i + 1]), full[i:i + 1]), (kernel, i)
-        shuffled = torch.randperm(40, generator=gen)
+        shuffled = torch.randperm(300, generator=gen)
         assert torch.equal(linear(x[shuffled]), full[shuffled]), kernel
         expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
         tolerance = 1e-4 if dtype == torch.float32 else 2 ** -7  # one rounding of the output
         assert ((full.float() - expected).abs() <= tolerance * (1 + expected.abs())).all()
         checked.append(kernel)
     assert "torch" in checked
+
+
+# the invariant C products: (kernel, dtype, the library's function)
+INVARIANT_PRODUCTS = [("avx2", torch.float32, "wb_linear_f32_invariant"),
+                      ("avx2", torch.float32, "wb_linear_f32_invariant_avx512"),
+                      ("avx512bf16", torch.bfloat16, "wb_linear_bf16_invariant")]
+
+
+def _invariant_function(kernel: str, dtype: torch.dtype, name: str):
+    """The library's invariant product `name`, or a skip where this process cannot run it."""
+    from workbench.engine.kernels import c_library
+
+    lack = projections.missing(kernel, dtype, cpu_features())
+    if lack is not None:
+        pytest.skip(f"the {kernel} kernel needs {lack}")
+    if name.endswith("avx512") and not c_products.available_avx512():
+        pytest.skip("this CPU has no AVX-512F")
+    return getattr(c_library.library(), name)
+
+
+def _call(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+          threads: int = 2) -> torch.Tensor:
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+    fn(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+       out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1], threads)
+    return out
+
+
+@pytest.mark.parametrize("kernel, dtype, name", INVARIANT_PRODUCTS)
+@pytest.mark.parametrize("k", [576, 45, 1536])
+def test_the_invariant_products_give_a_row_its_bits_for_any_count_position_and_threads(
+        kernel, dtype, name, k):
+    """One call for any row count: a row's output is the same bits alone, among 7, 64 or
+    300 rows (partial panels, a K that is odd or past a span), at any position, on 1 to 3
+    threads; within one rounding of the exact product."""
+    fn = _invariant_function(kernel, dtype, name)
+    gen = torch.Generator().manual_seed(k)
+    weight = torch.randn(203, k, generator=gen).to(dtype)  # 203: a partial block and group
+    bias = torch.randn(203, generator=gen).to(dtype)
+    x = torch.randn(300, k, generator=gen).to(dtype)
+    full = _call(fn, x, weight, bias)
+    for rows in (1, 7, 64, 300):
+        for start in sorted({0, 3, 137, 300 - rows}):
+            start = min(start, 300 - rows)
+            for threads in (1, 3):
+                got = _call(fn, x[start:start + rows].contiguous(), weight, bias, threads)
+                assert torch.equal(got, full[start:start + rows]), (rows, start, threads)
+    assert torch.equal(_call(fn, x[:5].contiguous(), weight, None), _call(
+        fn, x, weight, None)[:5])  # without a bias too
+    exact = x.double() @ weight.double().T + bias.double()
+    if dtype == torch.float32:
+        torch.testing.assert_close(full.double(), exact, rtol=1e-5, atol=1e-6 * k)
+    else:  # float32 sums, one rounding
+        assert ((full.double() - exact).abs() <= 2 ** -7 * (1 + exact.abs())).all()
+
+
+@pytest.mark.parametrize("kernel, dtype, name", INVARIANT_PRODUCTS)
+def test_the_invariant_products_are_the_broadcast_tiles_bits(kernel, dtype, name):
+    """Every row through the broadcast tiles: the bits of the kernel's own 16-row broadcast
+    tiles (float32: AVX2's from 7 rows, the same on AVX-512F; bf16: its 12-16 row tiles)."""
+    fn = _invariant_function(kernel, dtype, name)
+    tiles = c_products.linear_function() if dtype == torch.float32 else \
+        c_products.linear_bf16_function()
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(150, 300, generator=gen).to(dtype)
+    bias = torch.randn(150, generator=gen).to(dtype)
+    x = torch.randn(16, 300, generator=gen).to(dtype)
+    assert torch.equal(_call(fn, x, weight, bias), _call(tiles, x, weight, bias))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_kernel_with_invariant_products_takes_every_row_in_one_call(dtype, monkeypatch):
+    """`FastLinear` with `tile_rows` on "avx2" / "avx512bf16": 300 rows in one C call, and
+    `c_function` (what the one-call decode step runs) gives that function for any count."""
+    kernel = {torch.float32: "avx2", torch.bfloat16: "avx512bf16"}[dtype]
+    if projections.missing(kernel, dtype, cpu_features()) is not None:
+        pytest.skip(f"no {kernel} kernel here")
+    gen = torch.Generator().manual_seed(0)
+    linear = FastLinear(torch.randn(70, 64, generator=gen).to(dtype), None, kernel)
+    linear.tile_rows = 4
+    invariant = linear.kernel.invariant_function(linear.weights, dtype)
+    assert invariant is not None
+    assert all(linear.c_function(rows, dtype) is invariant for rows in (1, 5, 16, 300))
+    calls = []
+    real = c_products.product
+    monkeypatch.setattr(c_products, "product", lambda fn, *a, **k: calls.append(fn) or real(
+        fn, *a, **k))
+    linear(torch.randn(300, 64, generator=gen).to(dtype))
+    assert calls == [invariant]
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_invariant_decode_step_of_many_rows_goes_in_one_c_call(dtype, monkeypatch):
+    """With invariant products every decode step goes in one C call (`c_decode_stack`),
+    whatever its row count, and gives the loop's bits."""
+    from workbench.engine.kernels import c_decode_stack
+
+    base = tiny_model("llama", dtype=dtype)
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40, 9, 6, 12, 20)]
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=3, ignore_eos=True)
+    outs = {}
+    for run in ("stack", "loop"):
+        llm = make_llm(dataclasses.replace(base, model=copy.deepcopy(base.model)),
+                       block_size=4, batch_invariant=True)
+        stack = llm.llm_engine.runner.stack
+        if stack.c_layers is None or stack.c_layers[0].qkv.kernel.invariant_function(
+                stack.c_layers[0].qkv.weights, getattr(torch, dtype)) is None:
+            pytest.skip("no invariant C products here")
+        rows = []
+        real = c_decode_stack.decode_stack
+        monkeypatch.setattr(c_decode_stack, "decode_stack",
+                            lambda *a, rows=rows, real=real: rows.append(a[2].shape[0])
+                            or real(*a))
+        if run == "loop":
+            stack.c_layers = None
+        outs[run] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        if run == "stack":
+            assert max(rows) == len(prompts)
+        monkeypatch.undo()
+    for stack_out, loop_out in zip(outs["stack"], outs["loop"], strict=True):
+        assert stack_out.token_ids == loop_out.token_ids
+        assert stack_out.logprobs == loop_out.logprobs
 
 
 def _attention_case(dtype, seed=0):

@@ -72,7 +72,10 @@ _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # the C functions: arguments, result
     "wb_linear_f32": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_f32_avx512": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_linear_f32_invariant": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_linear_f32_invariant_avx512": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_bf16": ([_P] * 4 + [_I64] * 3 + [_INT], None),
+    "wb_linear_bf16_invariant": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_linear_bf16_amx": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_amx_pack": ([_P, _P, _I64, _I64], None),
     "wb_amx_enable": ([], _INT),

@@ -6,6 +6,11 @@ weights call the C library (`c_library`) through ctypes on the tensors' memory. 
 used unless the kernel choice (`projections.py`) picked it, which needs the CPU's AVX2 and FMA
 (`available()`), AVX-512 BF16 (`available_bf16()`) or AMX (`available_amx()`), and a library that
 built and computed a known product correctly.
+
+The batch-invariant engine's products (`linear_invariant_function()`,
+`linear_bf16_invariant_function()`) put every row, however many come, through broadcast tiles
+in which a row's sums run in one order whatever the other rows: a row's output is the same bits
+for any row count, position among the rows and thread count, in one call for any count.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ logger = logging.getLogger(__name__)
 def available() -> bool:
     """Whether the library built and computes a known product within float32 rounding."""
     lib = c_library.library()
-    return lib is not None and _known_product_holds(lib.wb_linear_f32)
+    return lib is not None and all(_known_product_holds(fn) for fn in (
+        lib.wb_linear_f32, lib.wb_linear_f32_invariant))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -58,6 +64,15 @@ def linear_function():
 
 
 @functools.cache
+def linear_invariant_function():
+    """The batch-invariant float32 products (`csrc/linear_f32.c`'s broadcast tiles for any row
+    count): the AVX-512F function where the CPU has it, else AVX2's, the same bits."""
+    lib = c_library.library()
+    return lib.wb_linear_f32_invariant_avx512 if available_avx512() else \
+        lib.wb_linear_f32_invariant
+
+
+@functools.cache
 def _c(name: str):
     """The library's function `name` (called only once its kernel or ops were chosen)."""
     return getattr(c_library.library(), name)
@@ -70,7 +85,8 @@ def available_avx512() -> bool:
     lib = c_library.library()
     if not cpu_features().has("avx512f") or lib is None:
         return False
-    return _known_product_holds(lib.wb_linear_f32_avx512)
+    return all(_known_product_holds(fn) for fn in (lib.wb_linear_f32_avx512,
+                                                   lib.wb_linear_f32_invariant_avx512))
 
 
 def _known_product_holds(fn, dtype: torch.dtype = torch.float32, rows: int = 5,
@@ -96,7 +112,8 @@ def available_bf16() -> bool:
     lib = c_library.library()
     if lib is None or getattr(lib, "wb_linear_bf16", None) is None:
         return False
-    return _known_product_holds(lib.wb_linear_bf16, torch.bfloat16, rows=3)
+    return all(_known_product_holds(fn, torch.bfloat16, rows=3)
+               for fn in (lib.wb_linear_bf16, lib.wb_linear_bf16_invariant))
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -109,6 +126,12 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def linear_bf16_function():
     """The bfloat16 products (AVX-512 BF16)."""
     return c_library.function("wb_linear_bf16")
+
+
+def linear_bf16_invariant_function():
+    """The batch-invariant bfloat16 products (AVX-512 BF16 broadcast tiles for any row count:
+    the bits of `linear_bf16_function()`'s 12-16 row tiles where K is even)."""
+    return c_library.function("wb_linear_bf16_invariant")
 
 
 @functools.cache

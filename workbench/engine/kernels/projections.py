@@ -5,8 +5,10 @@ Every kernel has the same small interface (vLLM's `LinearMethodBase` is the patt
 `missing(dtype, features)` says what this process lacks to run it (None: it can), `prepare(weight,
 bias)` keeps a projection's weights once in the layouts the kernel reads (`LinearWeights`),
 `c_function(weights, rows, dtype)` is the C product function (`engine/kernels/csrc/`) it runs `rows`
-rows of `dtype` through, if any (what a decode step in one C call needs), and `apply(weights,
-x)` computes `x W^T + b`.
+rows of `dtype` through, if any (what a decode step in one C call needs),
+`invariant_function(weights, dtype)` the batch-invariant engine's one C product function for any
+row count, if it has one (a row's bits independent of the others), and `apply(weights, x)`
+computes `x W^T + b`.
 
 | kernel       | dtype    | needs                                               | what it does
 |--------------|----------|-----------------------------------------------------|-------------------------
@@ -28,6 +30,11 @@ x)` computes `x W^T + b`.
 | "gguf_q8"    | float32  | "gguf"'s, F16C (AVX-512 VNNI: its faster functions);| llama.cpp's: int8
 |              |          | `gguf_activations="q8"`, never `--kernel`           | activations, integer
 |              |          |                                                     | block sums in C
+
+A batch-invariant engine (`fusion.make_batch_invariant`) runs the projections of "avx2" and
+"avx512bf16" through their invariant products (`invariant_function`: `csrc/linear_f32.c`'s and
+`csrc/linear_bf16.c`'s broadcast tiles for every row count, one call per projection, prefill
+and decode alike), those of the other kernels in fixed tiles (`FastLinear.tile_rows`).
 
 The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
 library is available and the kernel is not "torch" ("c"), in float32 and bfloat16: decode
@@ -96,6 +103,12 @@ class LinearKernel:
         """The C product function `rows` rows of `dtype` go through (ctypes), or None."""
         return None
 
+    def invariant_function(self, weights: LinearWeights, dtype: torch.dtype) -> Any:
+        """The C product function a batch-invariant engine runs any number of rows of `dtype`
+        through in one call, each row's output the same bits whatever the other rows (on
+        `weights.c_weight`), or None: the engine tiles the rows (`FastLinear.tile_rows`)."""
+        return None
+
     def apply(self, weights: LinearWeights, x: torch.Tensor) -> torch.Tensor:
         fn = self.c_function(weights, x.numel() // weights.in_features, x.dtype)
         if fn is not None:
@@ -138,6 +151,9 @@ class Avx2(LinearKernel):
         if rows <= self.MAX_ROWS and dtype == torch.float32:
             return c_products.linear_function()
         return None
+
+    def invariant_function(self, weights, dtype):
+        return c_products.linear_invariant_function() if dtype == torch.float32 else None
 
 
 class OneDnn(LinearKernel):
@@ -195,6 +211,9 @@ class Avx512Bf16(OneDnn):
                 low <= rows <= high and weights.in_features % 2 == 0)):
             return c_products.linear_bf16_function()
         return None
+
+    def invariant_function(self, weights, dtype):
+        return c_products.linear_bf16_invariant_function() if dtype == torch.bfloat16 else None
 
 
 class Amx(OneDnn):

@@ -8,7 +8,9 @@ Two changes, in every dtype:
 - Kernels: every projection (and the LM head) becomes a `FastLinear` on the kernel chosen for
   this machine and dtype (`engine/kernels/projections.py`: one class per kernel, its weights prepared once).
 The manual's Benchmark page (docs/benchmark.md) has what each measured. A batch-invariant engine's projections
-compute in fixed tiles on any of them (`make_batch_invariant`, `FastLinear.tile_rows`).
+compute so that a row's bits never depend on the other rows (`make_batch_invariant`,
+`FastLinear.tile_rows`): on "avx2" and "avx512bf16" every row count in one call of their
+invariant C products, on the other kernels in fixed tiles.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.engine.kernels import projections
+from workbench.engine.kernels import c_products, projections
 from workbench.engine.kernels.projections import LinearKernel
 from workbench.models.gguf_blocks import QuantizedWeight
 
@@ -36,22 +38,26 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 
 INVARIANT_ROWS = 4  # a batch-invariant engine's library products: always this many rows a call
-# and its C products: at most this many rows a call, each row's sum in the dot products'
-# one order whatever the count (below the float32 broadcast tiles' 7 and 13, the bf16 ones' 12)
-# (the GGUF block products sum each row in one order for any count: `csrc/gguf.c`, and
-# `csrc/gguf_q8.c`, which quantizes each row by itself)
-INVARIANT_C_ROWS = {"avx2": 6, "avx512bf16": 8, "amx": 16, "gguf": 2**31 - 1,
-                    "gguf_q8": 2**31 - 1}
+# and its C products: at most this many rows a call. "avx2" and "avx512bf16": any count, one call
+# of their invariant products (`LinearKernel.invariant_function`: broadcast tiles, a row's sums
+# in one order whatever the other rows); "amx": its tiles' 16 rows; "gguf": the block products
+# sum each row in one order for any count (`csrc/gguf.c`, and `csrc/gguf_q8.c`, which quantizes
+# each row by itself)
+ANY_ROWS = 2**31 - 1
+INVARIANT_C_ROWS = {"avx2": ANY_ROWS, "avx512bf16": ANY_ROWS, "amx": 16, "gguf": ANY_ROWS,
+                    "gguf_q8": ANY_ROWS}
 
 
 class FastLinear(nn.Module):
     """`y = x W^T + b` through one of `projections.KERNELS`, its weights prepared once by the kernel
     (`self.weights`). With `tile_rows` (the batch-invariant engine's, `make_batch_invariant`) a
-    row's result is the same bits whatever rows share its step: a library kernel gets exactly
-    `tile_rows` rows a call, the last tile padded with zeros (one path, one shape, whose sums
-    over k run in one order for every row of the tile); a kernel with C products up to
-    `INVARIANT_C_ROWS` rows a call, unpadded (its dot products sum each row in one order for
-    any count)."""
+    row's result is the same bits whatever rows share its step: a kernel with invariant C
+    products (`LinearKernel.invariant_function`: "avx2", "avx512bf16") takes every row in one
+    call, decode steps and prefills alike (`c_function` gives it for any row count); another
+    kernel with C products up to `INVARIANT_C_ROWS` rows a call, unpadded (its dot products sum
+    each row in one order for any count); a library kernel exactly `tile_rows` rows a call, the
+    last tile padded with zeros (one path, one shape, whose sums over k run in one order for
+    every row of the tile)."""
 
     tile_rows: int = 0  # 0: the rows as they come
 
@@ -77,12 +83,17 @@ class FastLinear(nn.Module):
         return self.kernel.apply(self.weights, x)
 
     def _in_tiles(self, x: torch.Tensor) -> torch.Tensor:
-        """The product `tile_rows` rows at a time (see the class docstring); each tile a
-        64-byte aligned block, as a fresh tensor is (a library may pick its path by
-        alignment). A kernel with C products takes up to `INVARIANT_C_ROWS` rows a call
-        instead, unpadded: its dot products sum every row in one order for any count."""
+        """The product as the class docstring says: every row in one call of the kernel's
+        invariant C products where it has them; else up to `INVARIANT_C_ROWS` rows a call of
+        its C products, unpadded (its dot products sum every row in one order for any count);
+        else `tile_rows` rows at a time, each tile a 64-byte aligned block, as a fresh tensor is
+        (a library may pick its path by alignment)."""
         k, n, size = self.in_features, self.out_features, self.tile_rows
         flat = x.reshape(-1, k)
+        invariant = self.kernel.invariant_function(self.weights, x.dtype)
+        if invariant is not None:
+            return c_products.product(invariant, flat, self.c_weight(), self.weights.bias,
+                                      n).view(*x.shape[:-1], n)
         m = flat.shape[0]
         c_rows = INVARIANT_C_ROWS.get(self.kernel.name, 0)
         fn = self.c_function(c_rows, x.dtype) if c_rows else None
@@ -114,7 +125,12 @@ class FastLinear(nn.Module):
 
     def c_function(self, rows: int, dtype: torch.dtype):
         """The C product function that `rows` rows of `dtype` go through here, or None
-        (another kernel, more rows than it takes)."""
+        (another kernel, more rows than it takes); with `tile_rows`, the kernel's invariant
+        products where it has them (any row count: what `forward` computes)."""
+        if self.tile_rows:
+            invariant = self.kernel.invariant_function(self.weights, dtype)
+            if invariant is not None:
+                return invariant
         return self.kernel.c_function(self.weights, rows, dtype)
 
     def c_weight(self) -> Any:
@@ -239,7 +255,8 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
 def invariant_c_rows(model: Any) -> int:
     """The most rows one C call of a batch-invariant engine's decode step may take: the least
     of `INVARIANT_C_ROWS` over the kernels of the model's projections (0 where one has no C
-    products; a GGUF model's projections without blocks on the float32 kernel count too)."""
+    products; a GGUF model's projections without blocks on the float32 kernel count too;
+    `ANY_ROWS` where all have invariant products or block products)."""
     names = {m.kernel.name for m in model.modules() if isinstance(m, FastLinear)}
     names |= {m.group.linear.kernel.name for m in model.modules() if isinstance(m, FusedPart)}
     return min((INVARIANT_C_ROWS.get(name, 0) for name in names), default=0)

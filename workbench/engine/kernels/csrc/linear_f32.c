@@ -328,3 +328,171 @@ void wb_linear_f32_avx512(const float *x, const float *w, const float *b, float 
         }
     }
 }
+
+/* Batch-invariant products (`wb_linear_f32_invariant`, the batch-invariant engine's): every
+ * row, however many come, through the broadcast tiles above, fewer than eight rows padded with
+ * zero rows; each row's sums are the tiles' (over k in order, restarted every BC_SPAN), so a
+ * row's bits depend on its own values only: not on how many rows share the call (1 or 500),
+ * where it sits among them, nor the thread count. One call for any M: the input is laid out
+ * in panels of P rows ([K][P] each, zero padded: a tile reads consecutive memory), a chunk of
+ * panels that fits L2 at a time, and each thread's block of weight rows is read once per chunk
+ * (from L1/L2 across the chunk's panels) instead of once per few rows. The AVX-512F function
+ * below computes the same bits (the same sums per lane, sixteen lanes a vector). */
+#ifndef INV_CHUNK_BYTES
+#define INV_CHUNK_BYTES (512 * 1024)  /* a chunk of input panels, kept in L2 */
+#endif
+
+/* x [M, K] -> panels of P rows, each [K][P] (rows past M zero); NULL if memory ran out. */
+static float *panels(const float *x, int64_t M, int64_t K, int64_t P) {
+    const int64_t count = (M + P - 1) / P;
+    float *xp = wb_scratch(count * P * K * 4);
+    if (!xp)
+        return 0;
+    for (int64_t p = 0; p < count; ++p) {
+        const int64_t rows = M - p * P < P ? M - p * P : P;
+        transpose_rows(x + p * P * K, rows, K, xp + p * P * K, P);
+    }
+    return xp;
+}
+
+/* Weight rows a thread takes at once (eight tiles of six): their outputs gathered per row and
+ * written as one run (scattered 4-byte stores with the stride of a long output row thrash L1's
+ * sets: 3072 outputs, twice as slow). */
+#define INV_GROUP_ROWS 48
+
+/* Panels per chunk: as many as INV_CHUNK_BYTES holds, at least one. */
+static int64_t chunk_panels(int64_t K, int64_t P) {
+    const int64_t n = INV_CHUNK_BYTES / (P * K * 4);
+    return n > 0 ? n : 1;
+}
+
+void wb_linear_f32_invariant(const float *x, const float *w, const float *b, float *y,
+                             int64_t M, int64_t N, int64_t K, int threads) {
+    /* panels of sixteen rows (two vectors), of eight for up to eight rows (a decode step) */
+    const int64_t P = M <= 8 ? 8 : 16, count = (M + P - 1) / P, per = chunk_panels(K, P);
+    const float *xp = panels(x, M, K, P);
+    if (!xp) return;
+    const int64_t groups = (N + INV_GROUP_ROWS - 1) / INV_GROUP_ROWS;
+    for (int64_t c0 = 0; c0 < count; c0 += per) {
+        const int64_t c1 = c0 + per < count ? c0 + per : count;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t g = 0; g < groups; ++g) {
+            const int64_t g0 = g * INV_GROUP_ROWS;
+            const int64_t width = N - g0 < INV_GROUP_ROWS ? N - g0 : INV_GROUP_ROWS;
+            float sums[6 * 2 * 8], rows[16 * INV_GROUP_ROWS];
+            for (int64_t p = c0; p < c1; ++p) {
+                const float *cols = xp + p * P * K;
+                const int64_t live = M - p * P < P ? M - p * P : P;  /* rows of this panel */
+                for (int64_t n0 = g0; n0 < g0 + width; n0 += 6) {
+                    const int64_t R = g0 + width - n0 < 6 ? g0 + width - n0 : 6;
+                    if (R == 6 && P == 16) bc_tile(w + n0 * K, K, cols, P, 6, 2, p == c0, sums);
+                    else if (R == 6) bc_tile(w + n0 * K, K, cols, P, 6, 1, p == c0, sums);
+                    else
+                        for (int64_t r = 0; r < R; ++r)
+                            bc_tile(w + (n0 + r) * K, K, cols, P, 1, (int)(P / 8), 0,
+                                    sums + r * P);
+                    for (int64_t r = 0; r < R; ++r) {
+                        const float bias = b ? b[n0 + r] : 0.0f;
+                        for (int64_t j = 0; j < live; ++j)
+                            rows[j * INV_GROUP_ROWS + n0 - g0 + r] = sums[r * P + j] + bias;
+                    }
+                }
+                for (int64_t j = 0; j < live; ++j)
+                    memcpy(y + (p * P + j) * N + g0, rows + j * INV_GROUP_ROWS, width * 4);
+            }
+        }
+    }
+}
+
+/* The invariant products' tiles with AVX-512F: R weight rows x V vectors of sixteen rows
+ * (6 x 4: 24 sums in registers, 4 + 6 loads a step for 24 multiply-adds), the same sums as
+ * `bc_tile`'s lane by lane. */
+#define INV512_P 64
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+inv_tile512(const float *w, int64_t K, const float *xt, const int R, const int V, int prefetch,
+            float *sums) {
+    for (int i = 0; i < R * V * 16; ++i) sums[i] = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += BC_SPAN) {
+        const int64_t k1 = k0 + BC_SPAN < K ? k0 + BC_SPAN : K;
+        __m512 acc[6][4];
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+        for (int64_t kk = k0; kk < k1; kk += 16) {  /* a cache line of each weight row */
+            if (prefetch)
+                for (int r = 0; r < R; ++r)
+                    _mm_prefetch((const char *)(w + (2 * R + r) * K + kk), _MM_HINT_T1);
+            const int64_t ke = kk + 16 < k1 ? kk + 16 : k1;
+#pragma GCC unroll 2
+            for (int64_t k = kk; k < ke; ++k) {
+                __m512 xv[4];
+                for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + k * INV512_P + 16 * v);
+                for (int r = 0; r < R; ++r) {
+                    const __m512 bw = _mm512_set1_ps(w[r * K + k]);
+                    for (int v = 0; v < V; ++v)
+                        acc[r][v] = _mm512_fmadd_ps(bw, xv[v], acc[r][v]);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < V; ++v) {
+                float *s = sums + (r * V + v) * 16;
+                _mm512_storeu_ps(s, _mm512_add_ps(_mm512_loadu_ps(s), acc[r][v]));
+            }
+    }
+}
+
+__attribute__((target("avx512f")))
+void wb_linear_f32_invariant_avx512(const float *x, const float *w, const float *b, float *y,
+                                    int64_t M, int64_t N, int64_t K, int threads) {
+    if (M <= 8) {  /* eight lanes: twice the multiply-adds a cycle of one 16-lane vector */
+        wb_linear_f32_invariant(x, w, b, y, M, N, K, threads);
+        return;
+    }
+    const int64_t P = INV512_P, count = (M + P - 1) / P, per = chunk_panels(K, P);
+    const float *xp = panels(x, M, K, P);
+    if (!xp) return;
+    const int64_t groups = (N + INV_GROUP_ROWS - 1) / INV_GROUP_ROWS;
+    for (int64_t c0 = 0; c0 < count; c0 += per) {
+        const int64_t c1 = c0 + per < count ? c0 + per : count;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t g = 0; g < groups; ++g) {
+            const int64_t g0 = g * INV_GROUP_ROWS;
+            const int64_t width = N - g0 < INV_GROUP_ROWS ? N - g0 : INV_GROUP_ROWS;
+            float sums[6 * 4 * 16], rows[INV512_P * INV_GROUP_ROWS];
+            for (int64_t p = c0; p < c1; ++p) {
+                const float *cols = xp + p * P * K;
+                const int64_t live = M - p * P < P ? M - p * P : P;  /* rows of this panel */
+                const int V = (int)((live + 15) / 16), first = p == c0;
+                for (int64_t n0 = g0; n0 < g0 + width; n0 += 6) {
+                    const int64_t R = g0 + width - n0 < 6 ? g0 + width - n0 : 6;
+                    const float *wr = w + n0 * K;
+                    if (R == 6) {
+                        switch (V) {
+                        case 4: inv_tile512(wr, K, cols, 6, 4, first, sums); break;
+                        case 3: inv_tile512(wr, K, cols, 6, 3, first, sums); break;
+                        case 2: inv_tile512(wr, K, cols, 6, 2, first, sums); break;
+                        default: inv_tile512(wr, K, cols, 6, 1, first, sums); break;
+                        }
+                    } else {
+                        for (int64_t r = 0; r < R; ++r) {
+                            float *s = sums + r * V * 16;
+                            switch (V) {
+                            case 4: inv_tile512(wr + r * K, K, cols, 1, 4, 0, s); break;
+                            case 3: inv_tile512(wr + r * K, K, cols, 1, 3, 0, s); break;
+                            case 2: inv_tile512(wr + r * K, K, cols, 1, 2, 0, s); break;
+                            default: inv_tile512(wr + r * K, K, cols, 1, 1, 0, s); break;
+                            }
+                        }
+                    }
+                    for (int64_t r = 0; r < R; ++r) {
+                        const float bias = b ? b[n0 + r] : 0.0f;
+                        for (int64_t j = 0; j < live; ++j)
+                            rows[j * INV_GROUP_ROWS + n0 - g0 + r] = sums[r * V * 16 + j] + bias;
+                    }
+                }
+                for (int64_t j = 0; j < live; ++j)
+                    memcpy(y + (p * P + j) * N + g0, rows + j * INV_GROUP_ROWS, width * 4);
+            }
+        }
+    }
+}
