@@ -265,8 +265,9 @@ def invariant_c_rows(model: Any) -> int:
 def make_batch_invariant(model: Any, kernel: str) -> int:
     """Every projection of `model` (after `fuse_projections`: its layers', the LM head, and
     any other `nn.Linear` or GPT-2-style `Conv1D`, which become `FastLinear`s on `kernel`,
-    "torch" included) computes in fixed tiles (`FastLinear.tile_rows` = `INVARIANT_ROWS`);
-    returns how many projections. (An `nn.Linear` subclass computes `x W^T + b` as nn.Linear
+    "torch" included) computes batch-invariantly (`FastLinear.tile_rows` = `INVARIANT_ROWS`:
+    the kernel's invariant C products where it has them, else fixed tiles); returns how many
+    projections. (An `nn.Linear` subclass computes `x W^T + b` as nn.Linear
     does, in its own order: Falcon's `FalconLinear` adds its bias after the product.)"""
     count = 0
     for owner in list(model.modules()):

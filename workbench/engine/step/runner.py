@@ -14,11 +14,13 @@ layer's attention asks for (scaling, sliding window, soft-capping) and checks th
 Mistral, Qwen2), the layers run through it instead.
 
 With `batch_invariant=True` a row's computation depends on its own tokens only: every
-projection computes in fixed tiles (`fusion.make_batch_invariant`), every query token is
-attended alone against its own context in one fixed order (`attention.QueryContexts`,
-`c_attention.paged_attention`), decode steps go through the one C call only with as few rows as the
-products' dot products take (the loop's bits), and the ops between (norms, activations,
-rotary) are per row already. A request's tokens and logprobs
+projection computes so that a row's bits never depend on the other rows
+(`fusion.make_batch_invariant`: the "avx2" and "avx512bf16" kernels' invariant C products, every
+row in one call; the other kernels in fixed tiles), every query token is attended alone
+against its own context in one fixed order (`attention.QueryContexts`,
+`c_attention.paged_attention`), decode steps go through the one C call with as many rows as
+the invariant products take (any count on "avx2" and "avx512bf16"; the loop's bits), and the ops
+between (norms, activations, rotary) are per row already. A request's tokens and logprobs
 are then the same bits whatever shares its step, however its prompt is chunked, with or
 without prefix-cache hits (`tests/engine/kernels/test_batch_invariant.py`); what cannot be made so is
 refused at start-up (`check_batch_invariant`).

@@ -156,9 +156,79 @@ inv_bf16_tile(const uint16_t *w, int64_t K, const uint32_t *xt, const int R, con
         for (int v = 0; v < V; ++v) _mm512_storeu_ps(sums + (r * V + v) * 16, acc[r][v]);
 }
 
+/* Up to eight rows (a decode step): the same sums in eight lanes (256-bit VDPBF16PS, twice the
+ * 512-bit one's count a cycle on CPUs that split 512-bit operations), x as one column of
+ * pairs [K/2][8], six weight rows a tile. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+static void inv_bf16_rows8(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
+                           int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t KH = K / 2, KP = (K + 1) / 2;
+    uint32_t *xt = wb_scratch(KP * 8 * 4);
+    if (!xt) return;
+    for (int64_t kp = 0; kp < KP; ++kp)
+        for (int64_t m = 0; m < 8; ++m) {
+            uint32_t pair = 0;
+            if (m < M && 2 * kp + 1 < K) __builtin_memcpy(&pair, x + m * K + 2 * kp, 4);
+            else if (m < M) pair = x[m * K + K - 1];
+            xt[kp * 8 + m] = pair;
+        }
+    const uint32_t *cols = xt;
+    const int64_t blocks = (N + 5) / 6;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * 6, R = N - n0 < 6 ? N - n0 : 6;
+        const uint16_t *wr = w + n0 * K;
+        __m256 acc[6];
+        for (int r = 0; r < 6; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t kp0 = 0; kp0 < KH; kp0 += 32) {  /* a cache line of each weight row */
+            for (int64_t r = 0; r < R; ++r)
+                _mm_prefetch((const char *)(wr + (12 + r) * K + 2 * kp0), _MM_HINT_T0);
+            const int64_t ke = kp0 + 32 < KH ? kp0 + 32 : KH;
+            if (R == 6) {
+#pragma GCC unroll 2
+                for (int64_t kp = kp0; kp < ke; ++kp) {
+                    const __m256bh xv = (__m256bh)_mm256_load_si256((const __m256i *)(cols + kp * 8));
+                    for (int r = 0; r < 6; ++r) {
+                        uint32_t pair;
+                        __builtin_memcpy(&pair, wr + r * K + 2 * kp, 4);
+                        acc[r] = _mm256_dpbf16_ps(acc[r], xv,
+                                                  (__m256bh)_mm256_set1_epi32((int)pair));
+                    }
+                }
+            } else {
+                for (int64_t kp = kp0; kp < ke; ++kp) {
+                    const __m256bh xv = (__m256bh)_mm256_load_si256((const __m256i *)(cols + kp * 8));
+                    for (int64_t r = 0; r < R; ++r) {
+                        uint32_t pair;
+                        __builtin_memcpy(&pair, wr + r * K + 2 * kp, 4);
+                        acc[r] = _mm256_dpbf16_ps(acc[r], xv,
+                                                  (__m256bh)_mm256_set1_epi32((int)pair));
+                    }
+                }
+            }
+        }
+        if (KP > KH) {  /* an odd K: its last element, paired with a zero */
+            const __m256bh xv = (__m256bh)_mm256_load_si256((const __m256i *)(cols + KH * 8));
+            for (int64_t r = 0; r < R; ++r)
+                acc[r] = _mm256_dpbf16_ps(acc[r], xv,
+                                          (__m256bh)_mm256_set1_epi32((int)wr[r * K + K - 1]));
+        }
+        for (int64_t r = 0; r < R; ++r) {
+            float sums[8];
+            _mm256_storeu_ps(sums, acc[r]);
+            const float bias = b ? wb_bf16_to_f32(b[n0 + r]) : 0.0f;
+            for (int64_t m = 0; m < M; ++m) y[m * N + n0 + r] = wb_round_bf16(sums[m] + bias);
+        }
+    }
+}
+
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 void wb_linear_bf16_invariant(const uint16_t *x, const uint16_t *w, const uint16_t *b,
                               uint16_t *y, int64_t M, int64_t N, int64_t K, int threads) {
+    if (M <= 8) {
+        inv_bf16_rows8(x, w, b, y, M, N, K, threads);
+        return;
+    }
     const int64_t P = INV_BF16_P, KP = (K + 1) / 2, count = (M + P - 1) / P;
     uint32_t *xp = wb_scratch(count * KP * P * 4);
     if (!xp) return;
