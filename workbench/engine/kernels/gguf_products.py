@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -44,11 +45,17 @@ def available(isa: str) -> bool:
 def isas() -> list[str]:
     """The ISAs this CPU runs, best first; only `$WORKBENCH_GGUF_ISA` where it is set (an ISA
     this CPU cannot run is an error, never a silent fallback)."""
+    return runnable_isas(available, "GGUF kernels")
+
+
+def runnable_isas(available: Callable[[str], bool], what: str) -> list[str]:
+    """`ISAS` that `available` says this CPU runs, best first, or the one `$WORKBENCH_GGUF_ISA`
+    forces (refused, naming `what`, where it cannot run): both GGUF arithmetics' choice."""
     forced = os.environ.get(ISA_ENV)
     if forced:
         if not available(forced):
             raise RuntimeError(f"{ISA_ENV}={forced}: this CPU or its library cannot run the "
-                               f"{forced} GGUF kernels")
+                               f"{forced} {what}")
         return [forced]
     return [isa for isa in ISAS if available(isa)]
 

@@ -13,7 +13,6 @@ of `gguf_products`).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ from workbench.engine.kernels import c_library, c_products, gguf_products
 from workbench.models.cpu import cpu_features
 from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
 
-ISAS = ("avx512", "avx2")  # best first
+ISAS = gguf_products.ISAS  # best first: the same ISAs as the float32 arithmetic
 _FLAGS = {"avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
           "avx2": ("avx2", "fma", "f16c")}
 ISA_ENV = gguf_products.ISA_ENV
@@ -52,13 +51,7 @@ def available(isa: str) -> bool:
 def isas() -> list[str]:
     """The ISAs this CPU runs, best first; only `$WORKBENCH_GGUF_ISA` where it is set (an ISA
     this CPU cannot run is an error, never a silent fallback)."""
-    forced = os.environ.get(ISA_ENV)
-    if forced:
-        if not available(forced):
-            raise RuntimeError(f"{ISA_ENV}={forced}: this CPU or its library cannot run the "
-                               f"{forced} GGUF q8 kernels")
-        return [forced]
-    return [isa for isa in ISAS if available(isa)]
+    return gguf_products.runnable_isas(available, "GGUF q8 kernels")
 
 
 def linear_function(kind: str, isa: str | None = None):
