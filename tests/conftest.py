@@ -71,6 +71,20 @@ def remote(llm):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """`tiny_llama`'s weights and tokenizer saved as a model directory (what `LLM(model=...)`,
+    the CLI and Ray replicas load), from a fresh copy: an engine built on the shared fixture
+    takes its projections over, and it can no longer be saved."""
+    from workbench.models import tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    fresh = tiny_model("llama", seed=0, dtype="float32")
+    fresh.model.save_pretrained(path)
+    fresh.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2():
     from workbench.models import tiny_model
 

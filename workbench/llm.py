@@ -65,7 +65,11 @@ _REMEMBERED_PARAMS = 4096  # the sampling params of this many latest requests, f
 
 
 class LLM:
-    """An engine on one model, driven synchronously (see the module docstring)."""
+    """An engine on one model, driven synchronously (see the module docstring).
+
+    `model`: an alias, a directory, a .gguf file, or a model already loaded (`load_model`'s
+    `LoadedModel`), which the engine then takes over: its projections become the kernels' own
+    weights, so it can no longer be saved (save or copy it first)."""
 
     def __init__(self, model: Any = "smollm2-135m-instruct", **kwargs: Any):
         unknown = set(kwargs) - _CONFIG_FIELDS

@@ -207,7 +207,7 @@ def test_the_invariant_and_inside_figures_are_measured():
     assert figures["invariant_single_tok_s"] > 0
 
 
-def test_the_engine_peak_rss_is_measured_in_a_child(tiny_llama, tmp_path, monkeypatch):
+def test_the_engine_peak_rss_is_measured_in_a_child(tiny_llama, tiny_llama_dir, monkeypatch):
     """Our engine alone, loaded from its directory and generating in a spawned interpreter:
     the bench's own process never builds it (its LLM would raise here), and its memory is not
     in the figure."""
@@ -215,15 +215,13 @@ def test_the_engine_peak_rss_is_measured_in_a_child(tiny_llama, tmp_path, monkey
 
     import workbench
 
-    tiny_llama.model.save_pretrained(tmp_path)
-    tiny_llama.tokenizer.save_pretrained(tmp_path)
 
     def here(*args, **kwargs):
         raise AssertionError("built in the bench's own process")
 
     monkeypatch.setattr(workbench, "LLM", here)
     side = bench.Contenders(bench.BenchConfig.quick(), theirs=tiny_llama, ours=object())
-    config = bench.BenchConfig.quick(model=str(tmp_path), concurrency=2, tokens=3)
+    config = bench.BenchConfig.quick(model=str(tiny_llama_dir), concurrency=2, tokens=3)
     held = torch.ones(2**28)  # 1 GiB resident here: never the child's (ru_maxrss would be)
     figures = bench.bench_engine_memory(side, config)
     assert set(figures) == {"engine_peak_rss_mb"} and 50 < figures["engine_peak_rss_mb"] < 1024

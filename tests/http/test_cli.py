@@ -143,13 +143,11 @@ def test_bad_inside_flags_stop_at_start_up(monkeypatch, capsys, tmp_path, flags,
 
 
 def test_a_steering_vector_of_another_size_stops_the_server_at_load(tmp_path, capsys,
-                                                                     tiny_llama):
+                                                                     tiny_llama, tiny_llama_dir):
     """The size is the model's: checked when the engine loads it, exit 2 naming the file."""
     import torch
 
-    model_dir = tmp_path / "tiny"
-    tiny_llama.model.save_pretrained(model_dir)
-    tiny_llama.tokenizer.save_pretrained(model_dir)
+    model_dir = tiny_llama_dir
     wrong = tmp_path / "wrong.pt"
     torch.save(torch.ones(tiny_llama.config.hidden_size + 1), wrong)
     with pytest.raises(SystemExit) as info:

@@ -10,12 +10,9 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory, tiny_llama):
+def tiny_dir(tiny_llama_dir):
     """The session's tiny llama (`tests/conftest.py`) as a directory `LLM(model=...)` loads."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_llama.model.save_pretrained(path)
-    tiny_llama.tokenizer.save_pretrained(path)
-    return str(path)
+    return str(tiny_llama_dir)
 
 
 @pytest.fixture(scope="session")

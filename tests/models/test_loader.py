@@ -51,10 +51,26 @@ def test_local_directory_loads_the_same_weights(tmp_path):
     torch.testing.assert_close(lm.model(ids).logits, tiny_llama.model(ids).logits)
 
 
-def test_dtype_is_applied(tiny_llama, tmp_path):
-    tiny_llama.model.save_pretrained(tmp_path)
-    tiny_llama.tokenizer.save_pretrained(tmp_path)
-    lm = load_model(tmp_path, dtype="bfloat16", served_name="tiny")
+def test_dtype_is_applied(tiny_llama_dir):
+    lm = load_model(tiny_llama_dir, dtype="bfloat16", served_name="tiny")
     assert lm.dtype is torch.bfloat16 and lm.model.dtype is torch.bfloat16
     assert lm.served_name == "tiny"
     assert "dtype=bfloat16" in repr(lm)
+
+
+def test_a_checkpoint_lacking_weights_is_refused(tmp_path):
+    """transformers would fill a missing weight with random values (a warning in a log); we
+    refuse the checkpoint, naming what it lacks."""
+    from safetensors.torch import load_file, save_file
+
+    from workbench.models import tiny_model
+
+    tiny = tiny_model("llama", seed=0)
+    tiny.model.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"lacks 1 of the model's weights "
+                                         r"\(model\.layers\.1\.mlp\.up_proj\.weight\)"):
+        load_model(tmp_path, dtype="float32")

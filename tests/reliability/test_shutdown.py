@@ -189,11 +189,8 @@ sys.exit(main(sys.argv[2:]))
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_llama):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_llama.model.save_pretrained(path)
-    tiny_llama.tokenizer.save_pretrained(path)
-    return path
+def tiny_dir(tiny_llama_dir):
+    return tiny_llama_dir
 
 
 def _free_port() -> int:

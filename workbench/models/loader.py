@@ -97,7 +97,9 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
     with tqdm(total=3, desc=f"Loading {spec.served_name}", unit="stage",
               disable=not progress) as stages:
         stages.set_postfix_str("weights")
-        net = auto_class.from_pretrained(spec.path, dtype=torch_dtype, local_files_only=True)
+        net, info = auto_class.from_pretrained(spec.path, dtype=torch_dtype,
+                                               local_files_only=True, output_loading_info=True)
+        _check_complete(spec.served_name, info)
         stages.update()
         stages.set_postfix_str("tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
@@ -119,6 +121,18 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
                        served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,
                        device=device, max_model_len=max_model_len_of(spec.path, net.config),
                        pooling=pooling, normalize=normalize, quantized=quantized)
+
+
+def _check_complete(name: str, info: dict[str, Any]) -> None:
+    """Refuses a checkpoint that lacks some of the model's weights: transformers would fill them
+    with random values (and a warning), a model that computes noise, differently in every
+    process."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        raise ValueError(f"{name}: the checkpoint lacks {len(missing)} of the model's weights "
+                         f"({shown}); refusing to fill them with random values.")
 
 
 def _check_gguf(spec, device: str) -> None:

@@ -34,6 +34,18 @@ def test_fusion_replaces_every_projection_group():
     assert all(isinstance(getattr(attn, n), FusedPart) for n in ("q_proj", "k_proj", "v_proj"))
 
 
+def test_a_fused_model_refuses_to_be_saved(tmp_path):
+    """Its projections' weights live in the kernels' layout, not in the state dict: saving it
+    would write a checkpoint without them (loaded later with random weights), so it says why."""
+    model = copy.deepcopy(tiny_model("llama").model)
+    fuse_projections(model)
+    with pytest.raises(RuntimeError, match="model.layers.0.self_attn.q_proj belongs to a "
+                                           "workbench engine"):
+        model.state_dict()
+    with pytest.raises(RuntimeError, match="Save it .* before handing it to LLM"):
+        model.save_pretrained(tmp_path)
+
+
 @pytest.mark.parametrize("kernel", projections.KERNELS)
 def test_fused_model_gives_the_same_logits(kernel):
     """Every kernel this machine runs, in its dtype: logits of one row (decoding) and of a

@@ -48,6 +48,17 @@ INVARIANT_C_ROWS = {"avx2": ANY_ROWS, "avx512bf16": ANY_ROWS, "amx": 16, "gguf":
                     "gguf_q8": ANY_ROWS}
 
 
+def _taken_over(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+    """A `state_dict` pre-hook of the modules an engine puts in a model's place: their weights
+    live in the kernel's own layout, so the model's state dict would silently lack them (and a
+    checkpoint saved from it would load with random weights in their place)."""
+    raise RuntimeError(
+        f"{prefix.rstrip('.') or 'this module'} belongs to a workbench engine: LLM(model) "
+        "replaces a model's projections with its kernels' own weights, so the model can no "
+        "longer give a state dict or be saved. Save it (or copy.deepcopy it) before handing it "
+        "to LLM, or load it afresh.")
+
+
 class FastLinear(nn.Module):
     """`y = x W^T + b` through one of `projections.KERNELS`, its weights prepared once by the kernel
     (`self.weights`). With `tile_rows` (the batch-invariant engine's, `make_batch_invariant`) a
@@ -64,6 +75,7 @@ class FastLinear(nn.Module):
     def __init__(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None,
                  kernel: str | LinearKernel):
         super().__init__()
+        self.register_state_dict_pre_hook(_taken_over)
         self.kernel = projections.get(kernel)
         self.weights = self.kernel.prepare(weight, bias)
         self.out_features, self.in_features = self.weights.out_features, self.weights.in_features
@@ -167,6 +179,7 @@ class FusedPart(nn.Module):
 
     def __init__(self, group: FusedGroup, index: int, in_features: int):
         super().__init__()
+        self.register_state_dict_pre_hook(_taken_over)
         self.group = group
         self.index = index
         self.in_features = in_features
