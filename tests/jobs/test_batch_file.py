@@ -125,11 +125,10 @@ def test_ray_two_replicas_same_results(local_out, config, tmp_path, ray_local):
     summary = run_batch_file(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), config,
                              ray=True, replicas=2, lines_per_call=3, progress=False)
     assert summary == local_out[0]
+    # every number equal, token_stats' entropy too (summed in one order: a replica runs 1
+    # thread, this process 2)
     diffs = list(_diff(without_ids(read(tmp_path / "out.jsonl")), without_ids(local_out[1])))
-    # token_stats' entropy sums the whole vocabulary with torch's threads: a replica (1 CPU, 1
-    # thread) and this process (2 threads) may part in the last bits; everything else is equal
-    assert all(p.endswith(".entropy") and a == pytest.approx(b, rel=1e-6)
-               for p, a, b in diffs), diffs[:5]
+    assert not diffs, diffs[:5]
 
 
 def test_cli_run_batch(tmp_path, tiny_dir):

@@ -214,3 +214,26 @@ def test_parquet_input_same_shards_as_jsonl(done, llm, tmp_path):
     job.run()
     assert shard_hashes(tmp_path / "pq") == shard_hashes(out)
     assert job.open().index["doc_id"].tolist() == ["a", "b", "c", "d", "e"]
+
+
+def test_a_ray_job_decides_batch_invariance_before_its_replicas(tiny_dir, data, tmp_path):
+    """The driver asks the engine's own check on the model's skeleton (no weights): a mixture
+    of experts is refused, so job.json says batch_invariant false and why, and every replica
+    runs the same arithmetic; the tiny llama keeps it."""
+    pytest.importorskip("ray")
+    from workbench.jobs.capture import batch_invariance_refusal
+    from workbench.models import tiny_model
+
+    moe = tiny_model("mixtral", seed=0)
+    moe.model.save_pretrained(tmp_path / "moe")
+    moe.tokenizer.save_pretrained(tmp_path / "moe")
+    assert "experts' products run batched by expert" in batch_invariance_refusal(
+        str(tmp_path / "moe"), "float32")
+    assert batch_invariance_refusal(tiny_dir, "float32") is None
+    job = CaptureJob(str(tmp_path / "moe"), data, SPEC, str(tmp_path / "o"), ray=True,
+                     dtype="float32", progress=False).plan()
+    assert job["batch_invariant"] is False and "experts" in job["batch_invariant_note"]
+    assert json.loads((tmp_path / "o" / "job.json").read_text())["batch_invariant"] is False
+    plain = CaptureJob(tiny_dir, data, SPEC, str(tmp_path / "p"), ray=True, dtype="float32",
+                       progress=False).plan()
+    assert plain["batch_invariant"] is True and plain["batch_invariant_note"] is None

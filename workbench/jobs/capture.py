@@ -284,6 +284,34 @@ class ShardComputer:
             cols["rank"].append(s.rank)
 
 
+def batch_invariance_refusal(model: str, dtype: str) -> str | None:
+    """Why an engine on `model` would refuse `batch_invariant=True` on this machine, or None:
+    the engine's own check (`check_batch_invariant`) on the model's skeleton, built on the meta
+    device from its config (no weights read). A Ray job's driver decides with it, so every
+    replica runs the same arithmetic and job.json says which before any replica starts."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: heavy
+
+    from workbench.engine.kernels import projections
+    from workbench.engine.step.runner import check_batch_invariant
+    from workbench.errors import ValidationError
+    from workbench.models import resolve_model
+    from workbench.models.architectures import architecture_of, module_at
+    from workbench.models.devices import resolve_dtype
+
+    cfg = AutoConfig.from_pretrained(resolve_model(model, prepare=False).path,
+                                     local_files_only=True)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(cfg)
+    torch_dtype = torch.float32 if dtype == "gguf" else resolve_dtype(dtype, "cpu")
+    try:
+        check_batch_invariant(skeleton, projections.choose(torch_dtype, "cpu"),
+                              module_at(skeleton, architecture_of(cfg).layers))
+    except ValidationError as exc:
+        return exc.message
+    return None
+
+
 def make_llm(model: Any, dtype: str, kernel: str, batch_invariant: bool | None,
              engine_kwargs: dict[str, Any]) -> tuple[Any, str | None]:
     """(the engine, why batch invariance is off or None); `batch_invariant=None` tries it."""
@@ -394,7 +422,10 @@ class CaptureJob:
 
             require_ray()
             shape = config_shape(self.model)
-            batch_invariant = True if self.batch_invariant is None else self.batch_invariant
+            batch_invariant = self.batch_invariant
+            if batch_invariant is None:
+                note = batch_invariance_refusal(self.model, self.dtype)
+                batch_invariant = note is None
         else:
             if self.llm is None:
                 names = resolve_names(self.spec, config_shape(self.model)) \

@@ -7,6 +7,7 @@ margin are those of the model's distribution whatever top-k the request returns.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from workbench.engine.requests.outputs import TokenStats
@@ -17,7 +18,7 @@ def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int]) -> l
     `ranks` [R] are the rows' tokens' ranks, `ks` each row's returned top-k count."""
     probs = logprobs.exp()
     # 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy
-    entropy = -torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs)).sum(-1)  # [R]
+    entropy = -row_sums(torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs)))
     width = min(max(max(ks, default=0), 2), logprobs.shape[1])
     top = logprobs.topk(width, dim=-1).values  # [R, width], best first
     margin = top[:, 0] - top[:, 1] if width > 1 else torch.full_like(entropy, float("inf"))
@@ -26,3 +27,13 @@ def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int]) -> l
     columns = zip(entropy.tolist(), ranks.tolist(), margin.tolist(), at_k.squeeze(1).tolist(), ks)
     return [TokenStats(entropy=e, rank=int(r), margin=m, top_k_mass=k_mass if k > 0 else 0.0)
             for e, r, m, k_mass, k in columns]  # one transfer per column, not per number
+
+
+def row_sums(x: torch.Tensor) -> torch.Tensor:
+    """Each row of `x` [R, V] summed in one order whatever the thread count: torch's `sum(-1)`
+    splits a long row among its threads (a process of 2 threads and a Ray replica of 1 part in
+    the last bits); NumPy's pairwise sum runs on one thread. On a GPU, torch's own (one order per
+    shape there)."""
+    if x.device.type != "cpu":
+        return x.sum(-1)
+    return torch.from_numpy(np.add.reduce(x.numpy(), axis=-1))
