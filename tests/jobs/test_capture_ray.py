@@ -135,3 +135,53 @@ def test_without_ray_says_how_to_install(monkeypatch, tiny_dir, tmp_path):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(ImportError, match=r"pip install 'workbench\[ray\]'"):
         ray_job(tiny_dir, tmp_path / "x", 1).run()
+
+
+CLUSTER_SCRIPT = """
+import json, sys
+import ray
+from ray.cluster_utils import Cluster
+from workbench.jobs.capture import CaptureJob
+
+model, out, docs, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+cluster.add_node(num_cpus=1)
+ray.init(address=cluster.address, log_to_driver=False)
+try:
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    summary = CaptureJob(model, docs, spec, out, scores=True, docs_per_shard=2, dtype="float32",
+                         ray=True, replicas=2, progress=False).run()
+    print(json.dumps({"nodes": nodes, "summary": summary}))
+finally:
+    ray.shutdown()
+    cluster.shutdown()
+"""
+
+
+def test_two_node_cluster_same_shards(local_run, tiny_dir, tmp_path):
+    """`ray.cluster_utils.Cluster`: a head and a second node of 1 CPU each (in their own
+    process, this session's Ray aside), one replica on each; the shards equal the local run's
+    and their manifests name the nodes that computed them."""
+    pytest.importorskip("ray")
+    out = tmp_path / "cluster"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run([sys.executable, "-c", CLUSTER_SCRIPT, tiny_dir, str(out),
+                           json.dumps(DOCS), json.dumps(SPEC)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(found["nodes"]) == 2 and found["summary"]["computed"] == 5
+    assert hashes(out) == hashes(local_run)
+    used = {json.loads(p.read_text())["ray_node_id"] for p in (out / "shards").glob("*.json")}
+    assert used <= set(found["nodes"]) and len(used) == 2, used
+
+
+def test_a_replica_refuses_a_folder_its_node_does_not_share(tiny_dir, tmp_path):
+    """On a cluster the replicas write into the driver's --out: a node that does not see the
+    driver's job.json there stops before loading the model, saying a shared folder is needed."""
+    from workbench.jobs.capture import CaptureReplica, JobError
+
+    job = CaptureJob(tiny_dir, DOCS, SPEC, str(tmp_path / "driver"), ray=True, dtype="float32",
+                     progress=False).plan()
+    with pytest.raises(JobError, match="--out must be a folder every node sees"):
+        CaptureReplica(job, str(tmp_path / "elsewhere"), {})

@@ -102,13 +102,18 @@ def config_shape(model: str) -> Any:
 class ShardComputer:
     """An engine and a job's request: turns a shard's documents into its tensors and files."""
 
-    def __init__(self, llm: Any, job: dict[str, Any], out: str):
+    def __init__(self, llm: Any, job: dict[str, Any], out: str,
+                 where: dict[str, str] | None = None):
+        import socket
+
         import torch
 
         from workbench.inside.spec import CaptureParams
         from workbench.sampling_params import SamplingParams
 
         self.llm, self.job, self.out = llm, job, out
+        # in each manifest: the machine (and Ray node) that computed the shard
+        self.where = {"host": socket.gethostname(), **(where or {})}
         self.names = job["capture"]["names"]
         spec = {k: v for k, v in job["capture"].items() if k != "names"}
         self.scores = bool(job["scores"])
@@ -261,6 +266,7 @@ class ShardComputer:
                     "doc_ids": [d.doc_id for d in docs], "documents": len(docs),
                     "tokens": len(token_ids), "doc_offsets": doc_offsets, "errors": errors}
         manifest["seconds"] = round(time.perf_counter() - began, 3)
+        manifest.update(self.where)
         return sh.write_shard(self.out, k, {n: t.contiguous() for n, t in tensors.items()},
                               manifest)
 
@@ -337,9 +343,13 @@ class CaptureReplica:
     manifests go back."""
 
     def __init__(self, job: dict[str, Any], out: str, engine_kwargs: dict[str, Any]):
+        check_same_folder(job, out)
         llm, _ = make_llm(job["model"], job["dtype"], job["kernel"], job["batch_invariant"],
                           engine_kwargs)
-        self.computer = ShardComputer(llm, job, out)
+        import ray  # deferred: a replica runs inside Ray
+
+        self.computer = ShardComputer(
+            llm, job, out, where={"ray_node_id": ray.get_runtime_context().get_node_id()})
 
     def __call__(self, batch: Any) -> Any:
         import pandas as pd
@@ -351,6 +361,25 @@ class CaptureReplica:
             manifests.append(json.dumps(self.computer.compute(int(r["shard"]), int(r["start"]),
                                                               docs)))
         return pd.DataFrame({"manifest": manifests})
+
+
+def check_same_folder(job: dict[str, Any], out: str) -> None:
+    """A replica writes its shards into the driver's output folder itself, so on a cluster that
+    folder must be one every node sees (a shared file system): refused, before the model loads,
+    where this node does not find the driver's job.json there."""
+    import socket
+    from pathlib import Path
+
+    path = Path(out) / sh.JOB_FILE
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        found = None
+    if found is None or any(found.get(key) != job.get(key) for key in sh.COMPARED):
+        raise JobError(f"replica on {socket.gethostname()}: {out!r} is not the driver's output "
+                       "folder here (no job.json of this job in it). On a cluster, --out must "
+                       "be a folder every node sees: a shared file system (NFS, a cluster "
+                       "file system) mounted at the same path.")
 
 
 def _fault_for_tests(out: str, k: int) -> None:

@@ -2,7 +2,8 @@
 
     DIR/job.json                  model, dtype, kernel, spec, source fingerprint, version, ...
     DIR/shards/NNNNN.safetensors  one shard's documents, token-major, no padding
-    DIR/shards/NNNNN.json         its manifest: documents, tokens, sha256, seconds, errors
+    DIR/shards/NNNNN.json         its manifest: documents, tokens, sha256, seconds, errors, where
+                                  (host; on Ray the node id)
     DIR/index.parquet             one row per document: doc_id, row, shard, start, stop,
                                   tokens, error
 
