@@ -44,6 +44,21 @@ def test_every_block_product_on_q8(kind):
         assert abs(g.logprobs[0][top].logprob - w.logprobs[0][top].logprob) < 0.05
 
 
+def test_models_route_names_the_arithmetic():
+    """`/v1/models`: the base model's card says it computes on the file's blocks with
+    llama.cpp's int8 activations."""
+    import httpx
+
+    from workbench import serve_in_kernel
+
+    loaded, _ = quantized_pair("Q4_1")
+    llm = make_llm(loaded, dtype="gguf", gguf_activations="q8")
+    with serve_in_kernel(llm, port=0) as server:
+        card = httpx.get(f"{server.base_url}/models", timeout=60).json()["data"][0]
+    assert card["arithmetic"] == {"dtype": "gguf", "gguf_activations": "q8",
+                                  "batch_invariant": False}
+
+
 def test_a_rows_tokens_and_logprobs_are_its_own_in_any_batch():
     """Quantized per row, summed in one order: a request alone and beside others, the same
     bits, without batch_invariant (and with it)."""

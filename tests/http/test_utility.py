@@ -15,6 +15,7 @@ def test_models_list(client):
     card = models.data[0]
     assert [m.id for m in models.data] == [MODEL]
     assert card.object == "model" and card.model_extra["max_model_len"] == MAX_MODEL_LEN
+    assert card.model_extra["arithmetic"] == {"dtype": "float32", "batch_invariant": False}
     assert card.model_extra["permission"][0]["object"] == "model_permission"
 
 

@@ -104,6 +104,10 @@ class AsyncLLMEngine:
         return dict(self.engine.generation_defaults)
 
     @property
+    def arithmetic(self) -> dict[str, Any]:
+        return self.engine.arithmetic
+
+    @property
     def hidden_size(self) -> int:
         return self.engine.model.config.hidden_size
 

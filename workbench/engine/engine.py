@@ -268,6 +268,19 @@ class LLMEngine:
         return ("classify", "score", "embed", "encode")
 
     @property
+    def arithmetic(self) -> dict[str, Any]:
+        """What the model computes in: `dtype` ("gguf": the file's blocks), for blocks their
+        `gguf_activations` ("float32", or "q8": llama.cpp's int8 arithmetic), and whether the
+        engine is `batch_invariant`; the LLM's card and `/v1/models` show it."""
+        gguf = bool(getattr(self.loaded, "quantized", None))
+        dtype = "gguf" if gguf else str(getattr(self.loaded, "dtype", self.config.dtype))
+        found: dict[str, Any] = {"dtype": dtype.removeprefix("torch.")}
+        if gguf:
+            found["gguf_activations"] = self.config.gguf_activations
+        found["batch_invariant"] = self.config.batch_invariant
+        return found
+
+    @property
     def classifier_labels(self) -> list[str]:
         """The label words a generative model classifies with (none for an embedding model)."""
         return [] if self.is_pooling_model else list(self.config.classifier_labels)

@@ -53,6 +53,11 @@ class EngineClient(Protocol):
     def generation_defaults(self) -> dict[str, Any]:
         """Sampling defaults from the model's `generation_config.json`."""
 
+    @property
+    def arithmetic(self) -> dict[str, Any]:
+        """What the model computes in: dtype, a GGUF model's `gguf_activations`,
+        `batch_invariant` (`LLMEngine.arithmetic`)."""
+
     # -- pooling ----------------------------------------------------------------------------
     @property
     def is_pooling_model(self) -> bool: ...

@@ -13,16 +13,13 @@ def llm_summary(llm: Any) -> dict[str, Any]:
     """The facts an `LLM` card shows, as plain values."""
     engine, config = llm.llm_engine, llm.config
     loaded = engine.loaded
-    dtype = "gguf" if getattr(loaded, "quantized", None) else str(
-        getattr(loaded, "dtype", config.dtype)).removeprefix("torch.")  # gguf: the file's blocks
+    arithmetic = engine.arithmetic  # dtype ("gguf": the file's blocks), gguf_activations, ...
     return {"model": engine.served_model_name, "kind": getattr(loaded, "kind", "generate"),
-            "dtype": dtype,
+            "dtype": arithmetic["dtype"],
             "device": getattr(loaded, "device", config.device),
             "max_model_len": engine.max_model_len, "seed": config.seed,
-            "batch_invariant": config.batch_invariant,
-            # the activations a GGUF model's blocks meet ("q8": llama.cpp's int8 arithmetic)
-            "gguf_activations": getattr(config, "gguf_activations", "float32")
-            if dtype == "gguf" else None}
+            "batch_invariant": arithmetic["batch_invariant"],
+            "gguf_activations": arithmetic.get("gguf_activations")}
 
 
 def llm_repr(llm: Any) -> str:

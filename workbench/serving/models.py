@@ -1,5 +1,6 @@
 """`/v1/models`: one card per served name (`root` the --model argument), then one per served LoRA adapter (`root` its path,
-`parent` its base model, no `max_model_len`), as the reference."""
+`parent` its base model, no `max_model_len`), as the reference; the base model's card adds its
+`arithmetic` (dtype, `gguf_activations`, `batch_invariant`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class ModelsServing(EngineServing):
         root = model if isinstance(model, str) else self.model_name
         cards = [
             ModelCard(id=name, root=root, max_model_len=self.max_model_len,
+                      arithmetic=self.engine.arithmetic,
                       permission=[ModelPermission(id=f"modelperm-{uuid.uuid4().hex}")])
             for name in self.served_model_names
         ]

@@ -157,6 +157,9 @@ class ModelCard(OpenAIBaseModel):
     parent: str | None = None
     max_model_len: int | None = None
     permission: list[ModelPermission] = Field(default_factory=list)
+    # ours, on the base model's card: the arithmetic it was started with (`dtype`, and for a
+    # GGUF model's blocks `gguf_activations`: "float32", or "q8", llama.cpp's), `batch_invariant`
+    arithmetic: dict[str, Any] | None = None
 
 
 class ModelList(OpenAIBaseModel):
