@@ -55,6 +55,8 @@ def shard_hashes(out):
 def test_layout(done):
     job, summary, out = done
     assert summary["documents"] == 5 and summary["shards"] == 3 and summary["errors"] == 1
+    assert 0 < summary["first_shard_s"] <= summary["seconds"]
+    assert summary["steady_tokens_per_s"] > 0  # the rate after the first shard
     assert sorted(os.listdir(out)) == ["index.parquet", "job.json", "shards"]
     assert sorted(os.listdir(out / "shards")) == [f"0000{k}.{e}" for k in range(3)
                                                   for e in ("json", "safetensors")]

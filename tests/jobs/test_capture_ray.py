@@ -185,3 +185,22 @@ def test_a_replica_refuses_a_folder_its_node_does_not_share(tiny_dir, tmp_path):
                      progress=False).plan()
     with pytest.raises(JobError, match="--out must be a folder every node sees"):
         CaptureReplica(job, str(tmp_path / "elsewhere"), {})
+
+
+def test_bench_capture_figures(tiny_dir, ray_local):
+    """`workbench bench`'s capture figures on the tiny llama: the local job against plain
+    prefill, and the Ray job's wall-clock, steady and compute ratios; this session's Ray is
+    used and left running (the bench shuts down only a Ray it started)."""
+    from workbench import LLM
+    from workbench.apps import bench
+
+    config = bench.BenchConfig.quick(model=tiny_dir, dtype="float32")
+    side = bench.Contenders(config, theirs=object(),
+                            ours=LLM(model=tiny_dir, dtype="float32", seed=0))
+    found = bench.bench_capture(side, config)
+    assert set(found) == {"capture_job_tok_s", "capture_plain_prefill_tok_s",
+                          "capture_prefill_ratio", "capture_mb_per_s", "capture_ray2_ratio",
+                          "capture_ray2_steady_ratio", "capture_ray2_first_shard_s",
+                          "capture_ray2_compute_ratio"}
+    assert all(v > 0 for v in found.values()), found
+    assert ray_local.is_initialized()

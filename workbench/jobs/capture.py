@@ -504,11 +504,14 @@ class CaptureJob:
         bar = tqdm(total=len(self.source), desc="capture documents", unit="doc",
                    disable=not self.progress, initial=sum(m["documents"] for m in done.values()))
         began, tokens = time.perf_counter(), 0
+        first: tuple[float, int] | None = None  # (seconds, tokens) when the first shard came
 
         def finished(manifest: dict[str, Any]) -> None:
-            nonlocal tokens
+            nonlocal tokens, first
             done[manifest["shard"]] = manifest
             tokens += manifest["tokens"]
+            if first is None:
+                first = (time.perf_counter() - began, tokens)
             bar.update(manifest["documents"])
             bar.set_postfix(tokens_per_s=f"{tokens / max(time.perf_counter() - began, 1e-9):.0f}")
 
@@ -530,7 +533,12 @@ class CaptureJob:
         return {"documents": len(self.source), "shards": len(plan), "computed": len(todo),
                 "reused": len(plan) - len(todo), "tokens": int(index["tokens"].sum()),
                 "errors": int(index["error"].notna().sum()), "seconds": round(seconds, 2),
-                "tokens_per_s": round(tokens / seconds, 1) if todo and seconds else None}
+                "tokens_per_s": round(tokens / seconds, 1) if todo and seconds else None,
+                # until the first shard: the engine's (or replicas') start-up and one shard
+                "first_shard_s": round(first[0], 2) if first else None,
+                # after it: the steady rate, start-up aside
+                "steady_tokens_per_s": round((tokens - first[1]) / (seconds - first[0]), 1)
+                if first and len(todo) > 1 and seconds > first[0] else None}
 
     def _run_ray(self, job: dict[str, Any], todo: list[tuple[int, int, int]],
                  finished: Any) -> None:
