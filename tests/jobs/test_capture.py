@@ -239,3 +239,21 @@ def test_a_ray_job_decides_batch_invariance_before_its_replicas(tiny_dir, data, 
     plain = CaptureJob(tiny_dir, data, SPEC, str(tmp_path / "p"), ray=True, dtype="float32",
                        progress=False).plan()
     assert plain["batch_invariant"] is True and plain["batch_invariant_note"] is None
+
+
+def test_dataset_and_frame_inputs_same_shards(done, llm, tmp_path):
+    """A `datasets.Dataset` and a pandas DataFrame of the same rows: the same shard bytes as
+    the JSONL file's; a dict (whose keys a list() would take for documents) is refused."""
+    import datasets
+    import pandas as pd
+
+    _, _, out = done
+    for name, data in (("ds", datasets.Dataset.from_list(DOCS)), ("df", pd.DataFrame(DOCS))):
+        job = job_of(llm, data, tmp_path / name)
+        job.run()
+        assert shard_hashes(tmp_path / name) == shard_hashes(out), name
+        assert job.open().index["doc_id"].tolist() == ["a", "b", "c", "d", "e"]
+    assert json.loads((tmp_path / "ds" / "job.json").read_text())["source_description"] == \
+        "a datasets.Dataset"
+    with pytest.raises(JobError, match="the data is a dict"):
+        job_of(llm, {"text": ["a", "b"]}, tmp_path / "dict").run()

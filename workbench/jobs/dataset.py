@@ -1,5 +1,5 @@
 """A capture job's documents: rows of a JSONL or Parquet file, a list in memory (dicts or
-strings), or a `datasets.Dataset` (never required), with a text column (`text`) or a chat column
+strings), a pandas DataFrame, or a `datasets.Dataset` (never required), with a text column (`text`) or a chat column
 (`messages`), and an id column or the row numbers.
 
 `Source.fingerprint` is the sha256 of the input (the file's bytes; a list's or a dataset's rows
@@ -51,6 +51,12 @@ class Source:
             if hasattr(data, "to_list") and hasattr(data, "column_names"):  # datasets.Dataset
                 self.description = "a datasets.Dataset"
                 data = data.to_list()
+            elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame
+                self.description = "a pandas DataFrame"
+                data = [{k: _plain(v) for k, v in r.items()} for r in data.to_dict("records")]
+            elif isinstance(data, dict):  # never its keys as documents
+                raise JobError("the data is a dict: give a list of rows (dicts or strings), a "
+                               "file, a pandas DataFrame or a datasets.Dataset")
             self.rows = [r if isinstance(r, dict) else {text_column: r} for r in list(data)]
             canon = json.dumps(self.rows, sort_keys=True, ensure_ascii=False, default=str)
             self.fingerprint = hashlib.sha256(canon.encode()).hexdigest()
