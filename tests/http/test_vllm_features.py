@@ -319,6 +319,7 @@ def test_models_root_is_the_model_argument_not_a_path(default_model):
         served_model_name, tokenizer, max_model_len, vocab_size = "m", None, 8, 10
         model_path = "/home/someone/.cache/workbench/models/m"
         generation_defaults = None
+        arithmetic = {"dtype": "float32", "batch_invariant": False}
         config = type("C", (), {"model": "smollm2-135m-instruct", "dtype": "float32",
                                 "seed": 0})()
 
