@@ -391,3 +391,14 @@ def test_a_finished_request_leaves_no_recording_behind():
     gc.collect()
     assert not [o for o in gc.get_objects() if isinstance(o, Recording)]
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_recorded_chunks_stack_in_position_order_latest_row_kept():
+    """A recording keeps rows as the chunks they came in: joined as they are when they follow
+    each other, row by row (the latest of a position kept) when a prefix was recomputed."""
+    from workbench.engine.requests.recording import _positions, _stack
+
+    a, b, c = torch.arange(6.).view(3, 2), torch.full((2, 2), 9.), torch.full((1, 2), 7.)
+    assert torch.equal(_stack([(0, a), (3, b)]), torch.cat([a, b]))
+    assert _positions([(0, a), (3, b)]) == {0, 1, 2, 3, 4}
+    assert torch.equal(_stack([(0, a), (1, c)]), torch.stack([a[0], c[0], a[2]]))

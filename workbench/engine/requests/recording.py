@@ -36,16 +36,17 @@ class Recording:
     inside: Inside  # the request's, resolved
     num_prompt: int
     num_layers: int  # of the model
-    rows: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)  # name -> pos -> [W]
+    # name -> the chunks of rows as they came: (first position, [n, W]); a position recorded
+    # twice (a recomputed prefix) keeps its latest row
+    rows: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
     patterns: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # l -> pos -> [h, K]
     lens_cells: dict[int, dict[int, LensCell]] = field(default_factory=dict)  # l -> pos -> cell
 
     def add(self, name: str, first: int, rows: torch.Tensor) -> None:
         """rows [n, W] of positions first .. first + n - 1 (copied off the step's buffers)."""
-        store = self.rows.setdefault(name, {})
-        copied = rows.detach().to("cpu", torch.float32, copy=True)  # never a view: the step
-        for i, row in enumerate(copied.unbind(0)):  # may change its buffer in place later
-            store[first + i] = row
+        # never a view: the step may change its buffer in place later
+        self.rows.setdefault(name, []).append(
+            (first, rows.detach().to("cpu", torch.float32, copy=True)))
 
     def add_pattern(self, layer: int, position: int, probs: torch.Tensor) -> None:
         """probs [heads, position + 1] of the query at `position`."""
@@ -60,7 +61,7 @@ class Recording:
         generated)."""
         capture = self.inside.capture
         assert capture is not None
-        computed = sorted({p for store in self.rows.values() for p in store}
+        computed = sorted({p for chunks in self.rows.values() for p in _positions(chunks)}
                           | {p for store in self.patterns.values() for p in store})
         tensors: dict[str, torch.Tensor] = {}
         missing: dict[str, str] = {}
@@ -72,17 +73,16 @@ class Recording:
                     tensors[name] = _pattern(got)
                     continue
             else:
-                got = self.rows.get(name, {})
-                if got:
-                    stacked = torch.stack([got[p] for p in sorted(got)])  # [P, W]
-                    tensors[name] = _reduce(stacked, capture.reduce)
+                chunks = self.rows.get(name)
+                if chunks:
+                    tensors[name] = _reduce(_stack(chunks), capture.reduce)  # [P, W] reduced
                     continue
             missing[name] = "no position it asked for was computed"
         last = len(tokens) - 1
         if capture.positions.selects(last, self.num_prompt) and last not in computed:
             missing[f"position {last}"] = ("the last token is sampled, never run through the "
                                            "model: no position after it needs its activations")
-        positions = sorted({p for store in self.rows.values() for p in store}) or \
+        positions = sorted({p for chunks in self.rows.values() for p in _positions(chunks)}) or \
             sorted({p for store in self.patterns.values() for p in store})
         heads = capture.heads
         return ActivationData(
@@ -129,3 +129,21 @@ def _pattern(by_position: dict[int, torch.Tensor]) -> torch.Tensor:
     for q, p in enumerate(positions):
         out[:, q, :p + 1] = by_position[p]
     return out
+
+
+def _positions(chunks: list[tuple[int, torch.Tensor]]) -> set[int]:
+    return {p for first, rows in chunks for p in range(first, first + rows.shape[0])}
+
+
+def _stack(chunks: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """The rows of every recorded position in order [P, W], a position's latest row where it
+    came twice: the chunks as they are where they follow each other (a prompt's chunks, then
+    one row a decode step), else row by row."""
+    ends = [first + rows.shape[0] for first, rows in chunks]
+    if all(chunks[i + 1][0] >= ends[i] for i in range(len(chunks) - 1)):
+        return torch.cat([rows for _, rows in chunks])
+    latest: dict[int, torch.Tensor] = {}
+    for first, rows in chunks:
+        for i, row in enumerate(rows.unbind(0)):
+            latest[first + i] = row
+    return torch.stack([latest[p] for p in sorted(latest)])
