@@ -236,6 +236,9 @@ def test_a_ray_job_decides_batch_invariance_before_its_replicas(tiny_dir, data, 
                      dtype="float32", progress=False).plan()
     assert job["batch_invariant"] is False and "experts" in job["batch_invariant_note"]
     assert json.loads((tmp_path / "o" / "job.json").read_text())["batch_invariant"] is False
+    with pytest.raises(JobError, match="experts"):  # asked for: refused before any replica
+        CaptureJob(str(tmp_path / "moe"), data, SPEC, str(tmp_path / "q"), ray=True,
+                   dtype="float32", batch_invariant=True, progress=False).plan()
     plain = CaptureJob(tiny_dir, data, SPEC, str(tmp_path / "p"), ray=True, dtype="float32",
                        progress=False).plan()
     assert plain["batch_invariant"] is True and plain["batch_invariant_note"] is None

@@ -452,9 +452,11 @@ class CaptureJob:
             require_ray()
             shape = config_shape(self.model)
             batch_invariant = self.batch_invariant
-            if batch_invariant is None:
-                note = batch_invariance_refusal(self.model, self.dtype)
-                batch_invariant = note is None
+            if batch_invariant is not False:
+                refusal = batch_invariance_refusal(self.model, self.dtype)
+                if refusal is not None and batch_invariant:  # asked for: refused here, once
+                    raise JobError(refusal)
+                note, batch_invariant = refusal, refusal is None
         else:
             if self.llm is None:
                 names = resolve_names(self.spec, config_shape(self.model)) \
@@ -534,7 +536,7 @@ class CaptureJob:
                 "reused": len(plan) - len(todo), "tokens": int(index["tokens"].sum()),
                 "errors": int(index["error"].notna().sum()), "seconds": round(seconds, 2),
                 "tokens_per_s": round(tokens / seconds, 1) if todo and seconds else None,
-                # until the first shard: the engine's (or replicas') start-up and one shard
+                # until the first shard: one shard, and on Ray the replicas' start-up
                 "first_shard_s": round(first[0], 2) if first else None,
                 # after it: the steady rate, start-up aside
                 "steady_tokens_per_s": round((tokens - first[1]) / (seconds - first[0]), 1)
