@@ -83,16 +83,23 @@ def resolve_names(spec: dict[str, Any], shape: Any) -> list[str]:
     return capture.names
 
 
+def model_config(model: str) -> Any:
+    """The model's transformers config, from its files alone (what a driver checks before any
+    replica loads the model)."""
+    from transformers import AutoConfig  # deferred: heavy
+
+    from workbench.models import resolve_model
+
+    return AutoConfig.from_pretrained(resolve_model(model, prepare=False).path,
+                                      local_files_only=True)
+
+
 def config_shape(model: str) -> Any:
     """A `ModelShape` from the model's config alone (what a driver checks a spec against
     before any replica loads the model)."""
-    from transformers import AutoConfig  # deferred: heavy
-
     from workbench.inside.resolve import ModelShape
-    from workbench.models import resolve_model
 
-    cfg = AutoConfig.from_pretrained(resolve_model(model, prepare=False).path,
-                                     local_files_only=True)
+    cfg = model_config(model)
     heads = cfg.num_attention_heads
     return ModelShape(cfg.num_hidden_layers, cfg.hidden_size, heads,
                       getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, cfg.vocab_size,
@@ -296,17 +303,15 @@ def batch_invariance_refusal(model: str, dtype: str) -> str | None:
     device from its config (no weights read). A Ray job's driver decides with it, so every
     replica runs the same arithmetic and job.json says which before any replica starts."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: heavy
+    from transformers import AutoModelForCausalLM  # deferred: heavy
 
     from workbench.engine.kernels import projections
     from workbench.engine.step.runner import check_batch_invariant
     from workbench.errors import ValidationError
-    from workbench.models import resolve_model
     from workbench.models.architectures import architecture_of, module_at
     from workbench.models.devices import resolve_dtype
 
-    cfg = AutoConfig.from_pretrained(resolve_model(model, prepare=False).path,
-                                     local_files_only=True)
+    cfg = model_config(model)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(cfg)
     torch_dtype = torch.float32 if dtype == "gguf" else resolve_dtype(dtype, "cpu")
@@ -368,14 +373,8 @@ def check_same_folder(job: dict[str, Any], out: str) -> None:
     folder must be one every node sees (a shared file system): refused, before the model loads,
     where this node does not find the driver's job.json there."""
     import socket
-    from pathlib import Path
 
-    path = Path(out) / sh.JOB_FILE
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        found = None
-    if found is None or any(found.get(key) != job.get(key) for key in sh.COMPARED):
+    if sh.job_differences(out, job) != []:
         raise JobError(f"replica on {socket.gethostname()}: {out!r} is not the driver's output "
                        "folder here (no job.json of this job in it). On a cluster, --out must "
                        "be a folder every node sees: a shared file system (NFS, a cluster "

@@ -116,16 +116,23 @@ def prepare_folder(out: str | Path, job: dict[str, Any]) -> None:
         probe.unlink()
     except OSError as exc:
         raise JobError(f"cannot write to the output folder {str(out)!r}: {exc}") from exc
-    path = out / JOB_FILE
-    if path.is_file():
-        old = json.loads(path.read_text())
-        differ = [f"{key}: folder has {old.get(key)!r}, this job {job.get(key)!r}"
-                  for key in COMPARED if old.get(key) != job.get(key)]
-        if differ:
-            raise JobError(f"{str(out)!r} holds another job's output; it differs in "
-                           + "; ".join(differ) + ". Use another --out folder.")
-        return
-    write_atomic(path, json.dumps(job, indent=1, sort_keys=True).encode())
+    differ = job_differences(out, job)
+    if differ:
+        raise JobError(f"{str(out)!r} holds another job's output; it differs in "
+                       + "; ".join(differ) + ". Use another --out folder.")
+    if differ is None:
+        write_atomic(out / JOB_FILE, json.dumps(job, indent=1, sort_keys=True).encode())
+
+
+def job_differences(out: str | Path, job: dict[str, Any]) -> list[str] | None:
+    """How the job.json in `out` differs from `job` in what makes a job (`COMPARED`), one line
+    a key; None where `out` holds no readable job.json."""
+    try:
+        old = json.loads((Path(out) / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return [f"{key}: folder has {old.get(key)!r}, this job {job.get(key)!r}"
+            for key in COMPARED if old.get(key) != job.get(key)]
 
 
 def clean_temporaries(out: str | Path) -> int:
