@@ -5,6 +5,9 @@ A 2-D weight `[N, K]` of a block type (`BLOCK_TYPES`) is stored as N rows, each 
 blocks of `block_bytes` bytes, in GGML's layout (row n's blocks cover its K weights in order).
 `QuantizedWeight` keeps those bytes untouched; the engine's GGUF kernel multiplies float32
 activations with them in C, and `dequantize()` is the float32 reference it is tested against.
+The int8 kernel of the 32-value types (Q4_0, Q4_1, Q8_0) reads them interleaved instead
+(`layout="rows16"`, `interleaved()`): each 16 rows' blocks side by side, the same bytes moved
+within the rows' own span.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class QuantizedWeight:
     out_features: int
     in_features: int
     data: torch.Tensor
+    layout: str = "ggml"  # or "rows16" (`interleaved`)
 
     def __post_init__(self) -> None:
         block = BLOCK_TYPES.get(self.kind)
@@ -59,6 +63,10 @@ class QuantizedWeight:
             raise ValueError(f"a {self.kind} weight [{self.out_features}, {self.in_features}] "
                              f"takes uint8 data [{self.out_features}, {row_bytes}], got "
                              f"{tuple(self.data.shape)}")
+        if self.layout not in LAYOUTS or (self.layout == "rows16" and self.kind not in ROWS16):
+            raise ValueError(f"a {self.kind} weight's layout must be one of "
+                             f"{LAYOUTS if self.kind in ROWS16 else ('ggml',)}, got "
+                             f"{self.layout!r}")
 
     @property
     def block(self) -> BlockType:
@@ -75,7 +83,7 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out_features, in_features]: GGML's formulas, equal bit for bit
         to gguf-py's `gguf.quants.dequantize`."""
-        blocks = self.data.reshape(-1, self.block.block_bytes)  # [B, block_bytes]
+        blocks = self.ggml().data.reshape(-1, self.block.block_bytes)  # [B, block_bytes]
         return _DEQUANTIZE[self.kind](blocks).reshape(self.out_features, self.in_features)
 
     @classmethod
@@ -98,6 +106,8 @@ class QuantizedWeight:
         if not weights:
             raise ValueError("cat takes at least one weight")
         first = weights[0]
+        if any(weight.layout != "ggml" for weight in weights):
+            raise ValueError("cat takes weights in GGML's layout (interleave the result)")
         for weight in weights[1:]:
             if (weight.kind, weight.in_features) != (first.kind, first.in_features):
                 raise ValueError(f"cat takes weights of one kind and in_features, got "
@@ -107,10 +117,37 @@ class QuantizedWeight:
         return cls(first.kind, data.shape[0], first.in_features, data)
 
     def rows(self, start: int, stop: int) -> QuantizedWeight:
-        """Rows [start, stop) as a view: the same bytes, no copy."""
+        """Rows [start, stop) as a view: the same bytes, no copy (interleaved: where both ends
+        fall on a group's edge or the end, else a copy in GGML's layout)."""
         if not 0 <= start <= stop <= self.out_features:
             raise ValueError(f"rows: [{start}, {stop}) is not within [0, {self.out_features}]")
+        if self.layout == "rows16":
+            if start % 16 or (stop % 16 and stop != self.out_features):
+                return self.ggml().rows(start, stop)
+            return QuantizedWeight(self.kind, stop - start, self.in_features,
+                                   self.data[start:stop], "rows16")
         return QuantizedWeight(self.kind, stop - start, self.in_features, self.data[start:stop])
+
+    def interleaved(self, in_place: bool = False) -> QuantizedWeight:
+        """This weight in the "rows16" layout (Q4_0, Q4_1, Q8_0): per group of 16 rows and per
+        block, the 16 rows' d side by side (fp16), then their m (Q4_1), then their codes in
+        chunks of 4 bytes a row (chunk j: bytes [4j, 4j + 4) of each row's codes, the 16 rows
+        in turn); the rows after the last full group as they are. `in_place`: this weight's
+        own bytes rearranged (its object, and any other that shares them, then read wrongly:
+        for an engine that takes the weight over)."""
+        if self.layout == "rows16":
+            return self
+        if self.kind not in ROWS16:
+            raise ValueError(f"{self.kind} has no rows16 layout (only {ROWS16})")
+        return QuantizedWeight(self.kind, self.out_features, self.in_features,
+                               _regroup(self, in_place, inverse=False), "rows16")
+
+    def ggml(self) -> QuantizedWeight:
+        """This weight in GGML's layout (itself, or a copy of an interleaved one)."""
+        if self.layout == "ggml":
+            return self
+        return QuantizedWeight(self.kind, self.out_features, self.in_features,
+                               _regroup(self, False, inverse=True))
 
     def select_rows(self, index: torch.Tensor | Sequence[int]) -> QuantizedWeight:
         """The rows `index` (a permutation or a subset of out_features), in that order."""
@@ -120,7 +157,36 @@ class QuantizedWeight:
         if index.numel() and not (0 <= int(index.min()) and int(index.max()) < self.out_features):
             raise ValueError(f"select_rows: an index out of [0, {self.out_features})")
         return QuantizedWeight(self.kind, index.numel(), self.in_features,
-                               self.data.index_select(0, index).contiguous())
+                               self.ggml().data.index_select(0, index).contiguous())
+
+
+LAYOUTS = ("ggml", "rows16")
+ROWS16 = ("Q4_0", "Q4_1", "Q8_0")  # the types with a rows16 layout
+
+
+def _regroup(weight: QuantizedWeight, in_place: bool, inverse: bool) -> torch.Tensor:
+    """`weight.data` interleaved by 16 rows (`QuantizedWeight.interleaved`), or back
+    (`inverse`); into a copy, or in place (a few groups at a time through a small buffer)."""
+    bb, hdr = weight.block.block_bytes, 4 if weight.kind == "Q4_1" else 2
+    g, fields, chunks = weight.in_features // 32, hdr // 2, (bb - hdr) // 4
+    data = weight.data if in_place else weight.data.clone()
+    for start in range(0, weight.out_features // 16 * 16, 16 * 256):
+        part = data[start:min(start + 16 * 256, weight.out_features // 16 * 16)]
+        n = part.shape[0] // 16
+        if inverse:
+            inter = part.reshape(n, g, 16 * bb)
+            scales = inter[..., :16 * hdr].reshape(n, g, fields, 16, 2).permute(0, 3, 1, 2, 4)
+            codes = inter[..., 16 * hdr:].reshape(n, g, chunks, 16, 4).permute(0, 3, 1, 2, 4)
+            moved = torch.cat([scales.reshape(n, 16, g, hdr), codes.reshape(n, 16, g, bb - hdr)],
+                              dim=-1)
+        else:
+            rows = part.reshape(n, 16, g, bb)
+            scales = rows[..., :hdr].reshape(n, 16, g, fields, 2).permute(0, 2, 3, 1, 4)
+            codes = rows[..., hdr:].reshape(n, 16, g, chunks, 4).permute(0, 2, 3, 1, 4)
+            moved = torch.cat([scales.reshape(n, g, 16 * hdr),
+                               codes.reshape(n, g, 16 * (bb - hdr))], dim=-1)
+        part.copy_(moved.reshape(part.shape))
+    return data
 
 
 def _halves(blocks: torch.Tensor, at: int) -> torch.Tensor:

@@ -11,8 +11,8 @@ float16 conversion round as the C code's (IEEE, to nearest even).
 
 The products' bound (`gguf_q8.error_bound`): each of the float32 roundings (a fused
 multiply-add per block and lane, the lanes' tree, the mins' sum) is within half an ulp of a
-partial sum no larger than the sum of the absolute terms, so |got - exact| <= (blocks + 8) *
-2^-24 * sum |fp32(d_w d_a) * codes' products| (+ the mins' terms).
+partial sum no larger than the sum of the absolute terms, so |got - exact| <= (2 * blocks + 8)
+* 2^-24 * sum |fp32(d_w d_a) * codes' products| (+ the mins' terms).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from workbench.engine.kernels import c_library, gguf_products, gguf_q8
 from workbench.models.cpu import cpu_features
-from workbench.models.gguf_blocks import BLOCK_TYPES
+from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
 
 pytestmark = pytest.mark.skipif(
     not cpu_features().has("avx2", "fma", "f16c") or c_library.library() is None,
@@ -149,7 +149,7 @@ def weight_and_input(kind: str, out: int, rows: int, seed: int = 0):
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 17])
 def test_product_is_the_integer_sums_times_the_scales(isa, kind, rows):
     runs(isa)
-    weight, x = weight_and_input(kind, 13, rows, seed=rows)
+    weight, x = weight_and_input(kind, 45, rows, seed=rows)  # two groups of 16 and 13 after
     exact, magnitude = gguf_q8.exact_product(x, weight)
     got = gguf_q8.linear(x, weight, isa=isa).double()
     assert ((got - exact).abs() <= gguf_q8.error_bound(weight, magnitude)).all()
@@ -169,18 +169,32 @@ def test_the_exact_product_is_near_the_float_product(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_rows_bits_are_its_own_in_any_batch_and_thread_count(isa, kind):
     runs(isa)
-    weight, x = weight_and_input(kind, 11, 9)
-    bias = torch.randn(11)
+    weight, x = weight_and_input(kind, 43, 19)
+    bias = torch.randn(43)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = torch.cat([gguf_q8.linear(x[i:i + 1], weight, bias, isa=isa) for i in range(9)])
+        alone = torch.cat([gguf_q8.linear(x[i:i + 1], weight, bias, isa=isa) for i in range(19)])
         torch.set_num_threads(2)
         batched = gguf_q8.linear(x, weight, bias, isa=isa)
-        middle = gguf_q8.linear(x[3:8], weight, bias, isa=isa)
+        middle = gguf_q8.linear(x[3:14], weight, bias, isa=isa)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(alone, batched) and torch.equal(middle, batched[3:8])
+    assert torch.equal(alone, batched) and torch.equal(middle, batched[3:14])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_weight_rows_bits_are_the_same_in_a_group_and_after_the_groups(isa, kind):
+    """The 32-value types' rows interleaved by 16 and the rows after the last group go through
+    two paths that scale the same integer sums in the same order: equal bits."""
+    runs(isa)
+    weight, x = weight_and_input(kind, 17, 5)
+    last = weight.rows(16, 17)
+    moved = QuantizedWeight(kind, 17, weight.in_features,
+                            torch.cat([last.data, weight.data[1:16], weight.data[:1]]))
+    out, out_moved = gguf_q8.linear(x, weight, isa=isa), gguf_q8.linear(x, moved, isa=isa)
+    assert torch.equal(out[:, 16], out_moved[:, 0]) and torch.equal(out[:, 0], out_moved[:, 16])
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -190,7 +204,7 @@ def test_the_isas_agree_within_summation_order(isa):
     if not all(gguf_q8.available(i) for i in ISAS):
         pytest.skip("one ISA only on this CPU")
     for kind in KINDS:
-        weight, x = weight_and_input(kind, 7, 3)
+        weight, x = weight_and_input(kind, 23, 3)
         assert torch.equal(gguf_q8.linear(x, weight, isa="avx2"),
                            gguf_q8.linear(x, weight, isa="avx512"))
 
@@ -199,9 +213,9 @@ def test_the_isas_agree_within_summation_order(isa):
 def test_the_bound_catches_one_wrong_code(isa):
     """One weight code changed: the product leaves the bound (the test can fail)."""
     runs(isa)
-    weight, x = weight_and_input("Q4_1", 5, 2)
+    weight, x = weight_and_input("Q4_1", 21, 2)
     exact, magnitude = gguf_q8.exact_product(x, weight)
-    weight.data[0, 4] ^= 0x0F  # block 0's first code
+    weight.data[0, 4] ^= 0x0F  # row 0 (interleaved in a group): block 0's first code
     got = gguf_q8.linear(x, weight, isa=isa).double()
     assert not ((got - exact).abs() <= gguf_q8.error_bound(weight, magnitude)).all()
 

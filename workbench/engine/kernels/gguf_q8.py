@@ -19,7 +19,7 @@ import torch
 
 from workbench.engine.kernels import c_library, c_products, gguf_products
 from workbench.models.cpu import cpu_features
-from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
+from workbench.models.gguf_blocks import BLOCK_TYPES, ROWS16, QuantizedWeight
 
 ISAS = gguf_products.ISAS  # best first: the same ISAs as the float32 arithmetic
 _FLAGS = {"avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
@@ -81,6 +81,8 @@ def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None =
         raise ValueError(f"bias must be float32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
     if weight.data.dtype != torch.uint8 or not weight.data.is_contiguous():
         raise ValueError("the weight's data must be contiguous uint8")
+    if weight.kind in ROWS16:  # the functions read these interleaved (a copy, unless it is)
+        weight = weight.interleaved()
     return c_products.product(linear_function(weight.kind, isa), x, weight.data,
                               None if bias is None else bias.contiguous(), out_features=n)
 
@@ -114,7 +116,7 @@ def _weight_terms(weight: QuantizedWeight) -> _Terms:
     32; Q6_K's two scales of 16 as a code factor): (codes int64 [N, G, 32], d [N, G/8 or G],
     per-group integer scale int64 [N, G, 32] or None, mins' term (m or dmin, mins) or None)."""
     n, k = weight.shape
-    blocks = weight.data.reshape(-1, weight.block.block_bytes)
+    blocks = weight.ggml().data.reshape(-1, weight.block.block_bytes)
     kind = weight.kind
     if kind in ("Q4_0", "Q4_1", "Q8_0"):
         if kind == "Q8_0":
@@ -203,21 +205,24 @@ def exact_product(x: torch.Tensor, weight: QuantizedWeight) -> tuple[torch.Tenso
 
 
 def error_bound(weight: QuantizedWeight, magnitude: torch.Tensor) -> torch.Tensor:
-    """How far `linear` may be from `exact_product`: each of its float32 roundings (a fused
-    multiply-add per block and lane, the 8 lanes' tree, the mins' sum) is within half an ulp
-    of a partial sum no larger than the magnitude: (blocks + 8) * 2^-24 * magnitude."""
+    """How far `linear` may be from `exact_product`: each of its float32 roundings (per block
+    a fused multiply-add, and Q4_1's second one for m_w * s_a; the K-quants' 8 lanes' tree and
+    mins' sum) is within half an ulp of a partial sum no larger than the magnitude:
+    (2 * blocks + 8) * 2^-24 * magnitude."""
     blocks = weight.in_features // weight.block.block_size
-    return (blocks + 8) * 2.0 ** -24 * magnitude
+    return (2 * blocks + 8) * 2.0 ** -24 * magnitude
 
 
 def _known_product_holds(kind: str, isa: str) -> bool:
     """Whether the `kind` function on `isa` computes `exact_product` of random blocks (3 rows,
-    5 outputs) within `error_bound`."""
+    21 outputs: a group of 16 interleaved rows and 5 after it) within `error_bound`."""
     block = BLOCK_TYPES[kind]
     gen = torch.Generator().manual_seed(0)
-    weight = gguf_products.random_blocks(kind, 5, block.block_size * 2, gen)
+    weight = gguf_products.random_blocks(kind, 21, block.block_size * 2, gen)  # a group + 5
     x = torch.randn(3, weight.in_features, generator=gen)
     expected, magnitude = exact_product(x, weight)
+    if kind in ROWS16:
+        weight = weight.interleaved()
     got = c_products.product(getattr(c_library.library(), function_name(kind, isa)), x,
-                             weight.data, None, out_features=5)
+                             weight.data, None, out_features=21)
     return bool(((got.double() - expected).abs() <= error_bound(weight, magnitude)).all())

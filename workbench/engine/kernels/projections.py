@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from workbench.engine.kernels import c_products, gguf_products, gguf_q8
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
-from workbench.models.gguf_blocks import QuantizedWeight
+from workbench.models.gguf_blocks import ROWS16, QuantizedWeight
 
 
 @dataclass(eq=False)
@@ -265,8 +265,9 @@ class Gguf(LinearKernel):
         return None
 
     def prepare(self, weight, bias):
-        if not isinstance(weight, QuantizedWeight):
-            raise TypeError(f"the gguf kernel multiplies GGUF blocks, got {type(weight)}")
+        if not isinstance(weight, QuantizedWeight) or weight.layout != "ggml":
+            raise TypeError(f"the gguf kernel multiplies GGUF blocks in GGML's layout, got "
+                            f"{getattr(weight, 'layout', type(weight))}")
         return LinearWeights(weight.out_features, weight.in_features,
                              None if bias is None else bias.detach().float(),
                              c_weight=weight.data, blocks=weight,
@@ -296,6 +297,8 @@ class GgufQ8(Gguf):
 
     def prepare(self, weight, bias):
         weights = super().prepare(weight, bias)
+        if weight.kind in ROWS16:  # the functions read them interleaved: in place, taken over
+            weights.blocks = weight.interleaved(in_place=True)
         weights.function = gguf_q8.linear_function(weight.kind)
         return weights
 

@@ -232,7 +232,10 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
         blocks = blocks_of(lin)
         if blocks is None:
             return FastLinear(lin.weight, lin.bias, fallback)
-        return FastLinear(blocks, None if lin.bias is None else lin.bias.float(), kernel)
+        linear = FastLinear(blocks, None if lin.bias is None else lin.bias.float(), kernel)
+        # the blocks as the kernel keeps them ("gguf_q8" interleaves them in place)
+        quantized[f"{names[id(lin)]}.weight"] = linear.weights.blocks
+        return linear
 
     fused = 0
     for layer in (model.model.layers if layers is None else layers):

@@ -13,26 +13,29 @@
  *
  * Products (wb_q8_linear_<type>_<isa>, the wb_linear_fn signature: float32 rows in, float32 out):
  * each call quantizes its input rows (row by row: a row's blocks never depend on the others),
- * then for every output a block's products are summed exactly in int32 lanes (AVX-512 VNNI
- * vpdpbusd, or AVX2 maddubs + madd; K-quants weigh each sub-block's int16 pair sums by its
- * scale with vpdpwssd / madd), and acc = fma(d_w * d_a, float(lanes), acc) in 8 fp32 lanes,
- * block after block; Q4_1 adds m_w * s_a per block, Q4_K and Q5_K -d_a * dmin_w * sum(m_j *
- * bsum_j) (int32, exact). The 8 lanes and that scalar are summed in a fixed tree at the end.
+ * then sums each block's products exactly in int32 and scales the sums in fp32, block after
+ * block, as llama.cpp does: acc = fma(float(sum), fp32(d_w * d_a), acc); Q4_1 adds m_w * s_a
+ * (a second fma), Q4_K and Q5_K -d_a * dmin_w * sum(m_j * bsum_j) (int32, exact).
+ * - Q4_0, Q4_1, Q8_0 read their weights interleaved by 16 rows (the "rows16" layout, below):
+ *   a vector's int32 lanes are 16 (AVX2: 8) weight rows' sums of one block, built by vpdpbusd
+ *   (AVX-512 VNNI) or maddubs (AVX2) against 4 activation codes broadcast: a block of 16
+ *   weight rows costs 8 dot-product instructions and one scaling per input row of the tile,
+ *   no horizontal sum. One chain of fmas per output, its order fixed: the same bits in any
+ *   batch, tile, thread count, or path (group or tail).
+ * - The K-quants weigh each sub-block's int16 pair sums by its scale (vpdpwssd / madd) into 8
+ *   lanes a row, scaled per 256-block, the 8 lanes and the mins' scalar summed in a fixed tree
+ *   at the end; one weight row at a time against chunks of up to 6 input rows (VNNI) or 4
+ *   (AVX2), the next weight row prefetched at the pace of the blocks.
  * Integer identities keep the bytes unsigned where vpdpbusd needs them: a Q4_0 code n - 8 as
- * n with -8 * sum(q) added to the lanes first, a Q8_0 weight w as w + 128 with -128 * sum(q)
+ * n with -8 * sum(q) as the sum's start, a Q8_0 weight w as w + 128 with -128 * sum(q)
  * (VNNI; AVX2: |w| times q with w's sign); Q6_K's q - 32 in int16 pairs. So the result is the
  * exact sum over blocks of fp32(d_w d_a) * (exact integer sum) (+ the mins' terms) up to fp32
  * rounding of that sum, in an order that does not depend on the row count, the chunk a row
  * falls in, or the thread count: a row's bits are the same in any batch.
  *
- * Work: one weight row at a time against chunks of up to 6 input rows (VNNI, 32 vector
- * registers) or 4 (AVX2), each weight block unpacked once per chunk; each sum in two chains of
- * fused multiply-adds (even and odd blocks, added at the end: one chain would wait on the
- * fma's latency every block); the next weight row prefetched at the pace of the blocks;
- * threads (OpenMP) take contiguous ranges of weight rows. (Several weight rows a chunk, their
- * streams interleaved, read the 30 MB LM head of SmolLM2 4-8x slower from memory on a 2-core
- * Zen 4 slice than one row at a time.) The input rows are quantized by the calling thread (in
- * parallel from 8 rows on) into a buffer of its own, before the products start.
+ * Threads (OpenMP) take contiguous ranges of weight rows (of 16-row groups); the input rows are
+ * quantized by the calling thread (in parallel from 8 rows on) into a buffer of its own,
+ * before the products start.
  */
 #include "wb.h"
 
@@ -148,31 +151,26 @@ static uint8_t *wbq_scratch(int64_t bytes) {
     return wbq_buffer;
 }
 
-/* A 32-block type's row, repacked: K codes (32-byte aligned), d_a [G4] and s_a [G4] as floats
- * (G4: G rounded up to 8), then per block 8 int32 lanes of -offset * (sum of its 4 codes): what
- * the dot products start from (Q4_0: offset 8, Q8_0 on VNNI: 128), then the Q8_0 / Q8_1 blocks
- * themselves (the quantizer's output, 36 bytes a block). */
-static inline int64_t wbq_g4(int64_t K) { return (K / 32 + 7) & ~(int64_t)7; }
-
-static inline int64_t wbq_stride32(int64_t K) {
-    return (K + 8 * wbq_g4(K) + 32 * (K / 32) + 36 * (K / 32) + 63) & ~(int64_t)63;
-}
+/* A 32-block type's row as the products read it: its K codes (64-byte aligned), then per block
+ * d_a, s_a (Q8_1; else 0) as floats and the int32 a dot product starts from: -offset * (sum of
+ * the block's codes) (Q4_0: offset 8, Q8_0 on VNNI: 128, else 0). */
+static inline int64_t wbq_stride32(int64_t K) { return (K + 12 * (K / 32) + 63) & ~(int64_t)63; }
 
 __attribute__((target(WBQ_T2))) static void wbq_pack32(const float *x, int64_t K, int with_sum,
                                                         int offset, uint8_t *pk) {
-    const int64_t G = K / 32, G4 = wbq_g4(K), bb = with_sum ? 36 : 34;
-    uint8_t *blocks = pk + K + 8 * G4 + 32 * G;
-    wbq_q8_0_row(x, blocks, K, with_sum);
-    float *da = (float *)(pk + K), *sa = da + G4;
-    int32_t *init = (int32_t *)(sa + G4);
+    const int64_t G = K / 32;
+    float *da = (float *)(pk + K), *sa = da + G;
+    int32_t *init = (int32_t *)(sa + G);
     for (int64_t g = 0; g < G; ++g) {
-        const uint8_t *blk = blocks + g * bb;
+        uint8_t blk[36];
+        wbq_q8_0_row(x + 32 * g, blk, 32, with_sum);
         const int8_t *q = (const int8_t *)(blk + (with_sum ? 4 : 2));
         memcpy(pk + 32 * g, q, 32);
         da[g] = wbq_half(blk);
         sa[g] = with_sum ? wbq_half(blk + 2) : 0.0f;
-        for (int l = 0; l < 8; ++l)
-            init[8 * g + l] = -offset * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+        int sum = 0;
+        for (int i = 0; i < 32; ++i) sum += q[i];
+        init[g] = -offset * sum;
     }
 }
 
@@ -320,54 +318,227 @@ static inline void wbq_prefetch(const uint8_t *p, int64_t n) {
     for (int64_t at = 0; at < n; at += 64) _mm_prefetch((const char *)(p + at), _MM_HINT_T0);
 }
 
-/* Input rows [0, P) of the pack (stride bytes each) with weight rows w, w + rb, ... (WBQ_WROWS
- * of them): out[p][r]. */
-#define WBQ_CHUNK32(T, ISA)                                                                    \
-    static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
-    wbq_chunk_##T##_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,          \
-                          const uint8_t *w, int64_t rb, const uint8_t *next,                   \
-                          float out[][WBQ_WROWS_##ISA]) {                                     \
-        enum { WR = WBQ_WROWS_##ISA };                                                         \
-        const int64_t G = K / 32, G4 = wbq_g4(K);                                              \
-        /* two chains a sum: even blocks and odd blocks, added at the end */                   \
-        __m256 acc[WBQ_ROWS_##ISA][WR][2];                                                     \
-        float mins[WBQ_ROWS_##ISA][WR][2];                                                     \
-        for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r)                                                       \
-                for (int h = 0; h < 2; ++h) {                                                  \
-                    acc[p][r][h] = _mm256_setzero_ps();                                        \
-                    mins[p][r][h] = 0.0f;                                                      \
-                }                                                                              \
-        for (int64_t g0 = 0; g0 < G; g0 += 2) {                                                \
-            if (next) wbq_prefetch(next + g0 * WR * WBQ_BB_##T, 2 * WR * WBQ_BB_##T);          \
-            for (int h = 0; h < 2; ++h) {                                                      \
-                const int64_t g = g0 + h;                                                      \
-                if (g >= G) break;                                                             \
-                float dw[WR], mw[WR];                                                          \
-                __m256i u[WR];                                                                 \
-                for (int r = 0; r < WR; ++r)                                                   \
-                    u[r] = wbq_w_##T(w + r * rb + g * WBQ_BB_##T, &dw[r], &mw[r]);             \
-                for (int p = 0; p < P; ++p) {                                                  \
-                    const uint8_t *row = pk + p * stride;                                      \
-                    const float *da = (const float *)(row + K);                                \
-                    const __m256i q = _mm256_load_si256((const __m256i *)(row + 32 * g));      \
-                    const __m256i i0 = WBQ_OFFSET_##T##_##ISA                                  \
-                        ? _mm256_load_si256((const __m256i *)(da + 2 * G4) + g)                \
-                        : _mm256_setzero_si256();                                              \
-                    const float a = da[g], sa = WBQ_SUM_##T ? da[G4 + g] : 0.0f;               \
-                    for (int r = 0; r < WR; ++r) {                                             \
-                        const __m256i i = WBQ_DOT_##T##_##ISA(i0, u[r], q);                    \
-                        acc[p][r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * a),             \
-                                                       _mm256_cvtepi32_ps(i), acc[p][r][h]);  \
-                        if (WBQ_SUM_##T) mins[p][r][h] += mw[r] * sa;                          \
-                    }                                                                          \
+/* ---- the 32-block types (Q4_0, Q4_1, Q8_0), their weight rows interleaved by 16 ----
+ *
+ * The layout ("rows16", written by `QuantizedWeight.interleaved`): each group of 16 weight rows
+ * keeps its bytes where the rows had them, block after block; a block of the group holds the 16
+ * rows' d (fp16) side by side, then (Q4_1) their m, then their codes in chunks of 64 bytes: chunk
+ * j is bytes [4j, 4j + 4) of each row's codes, row after row (Q4: low nibbles are the block's
+ * values 4j..4j+3, high nibbles 16+4j..; Q8_0: values 4j..4j+3). Rows past the last full group
+ * stay as GGML has them. So one vector of int32 lanes holds 16 (AVX2: 8) rows' sums of one
+ * block: vpdpbusd (or maddubs) against 4 activation codes broadcast, the lanes never summed
+ * across; a lane's sum is then scaled as in the row-by-row tail:
+ *   acc = fma(float(int32 sum), fp32(d_w * d_a), acc);  Q4_1: acc = fma(m_w, s_a, acc)
+ * block after block, one chain per output: the same bits whatever the batch, the tile, the
+ * thread or the path (group or tail) that computes it. */
+
+#define WBQ_K_q4_0 0
+#define WBQ_K_q4_1 1
+#define WBQ_K_q8_0 2
+#define WBQ_HDR(kind) ((kind) == WBQ_K_q4_1 ? 4 : 2)       /* scale bytes a row and block */
+#define WBQ_CHUNKS(kind) ((kind) == WBQ_K_q8_0 ? 8 : 4)    /* 64-byte chunks of codes */
+#define WBQ_BBK(kind) ((kind) == WBQ_K_q4_0 ? 18 : (kind) == WBQ_K_q4_1 ? 20 : 34)
+
+static inline int32_t wbq_word(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* AVX-512 VNNI: input rows [0, P) of the pack against one group of 16 weight rows -> y[p][0, 16) */
+WBQ_INLINE5 void wbq_group_avx512(const int kind, const uint8_t *wg, const uint8_t *pk,
+                                  int64_t stride, int64_t K, const int P, const float *bias,
+                                  float *y, int64_t N) {
+    const int64_t G = K / 32, gb = 16 * WBQ_BBK(kind);
+    const uint8_t *codes0 = wg + 16 * WBQ_HDR(kind);
+    __m512 acc[8];
+    for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8(-128);
+    for (int64_t g = 0; g < G; ++g) {
+        const uint8_t *blk = wg + g * gb, *codes = codes0 + g * gb;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        __m512i isum[8];
+        for (int p = 0; p < P; ++p) {
+            const int32_t *init = (const int32_t *)(pk + p * stride + K + 8 * G);
+            isum[p] = kind == WBQ_K_q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(init[g]);
+        }
+        if (kind == WBQ_K_q8_0) {
+            for (int j = 0; j < 8; ++j) {
+                const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * j), flip);
+                for (int p = 0; p < P; ++p)
+                    isum[p] = _mm512_dpbusd_epi32(
+                        isum[p], w, _mm512_set1_epi32(wbq_word(pk + p * stride + 32 * g + 4 * j)));
+            }
+        } else {
+            for (int j = 0; j < 4; ++j) {
+                const __m512i raw = _mm512_loadu_si512(codes + 64 * j);
+                const __m512i lo = _mm512_and_si512(raw, low4);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                for (int p = 0; p < P; ++p) {
+                    const uint8_t *q = pk + p * stride + 32 * g + 4 * j;
+                    isum[p] = _mm512_dpbusd_epi32(isum[p], lo, _mm512_set1_epi32(wbq_word(q)));
+                    isum[p] = _mm512_dpbusd_epi32(isum[p], hi,
+                                                  _mm512_set1_epi32(wbq_word(q + 16)));
+                }
+            }
+        }
+        const __m512 mw = kind == WBQ_K_q4_1
+            ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+            : _mm512_setzero_ps();
+        for (int p = 0; p < P; ++p) {
+            const float *da = (const float *)(pk + p * stride + K);
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[p]),
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(da[g])), acc[p]);
+            if (kind == WBQ_K_q4_1) acc[p] = _mm512_fmadd_ps(mw, _mm512_set1_ps(da[G + g]), acc[p]);
+        }
+    }
+    const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(y + p * N, _mm512_add_ps(acc[p], b));
+}
+
+/* AVX2: the same for half h of a group (8 weight rows); Q4 codes' pair sums stay in int16 over a
+ * block (8 maddubs of |pairs| <= 2 * 15 * 127: <= 30480), Q8_0's as |w| times q with w's sign */
+WBQ_INLINE void wbq_group_avx2(const int kind, const uint8_t *wg, const uint8_t *pk,
+                               int64_t stride, int64_t K, const int P, const float *bias,
+                               float *y, int64_t N) {
+    const int64_t G = K / 32, gb = 16 * WBQ_BBK(kind);
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t *codes0 = wg + 16 * WBQ_HDR(kind) + 32 * h;
+        __m256 acc[4];
+        for (int p = 0; p < P; ++p) acc[p] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; ++g) {
+            const uint8_t *blk = wg + g * gb, *codes = codes0 + g * gb;
+            __m256i isum[4];
+            if (kind == WBQ_K_q8_0) {
+                for (int p = 0; p < P; ++p) isum[p] = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 64 * j));
+                    const __m256i aw = _mm256_sign_epi8(w, w);
+                    for (int p = 0; p < P; ++p) {
+                        const __m256i q = _mm256_set1_epi32(
+                            wbq_word(pk + p * stride + 32 * g + 4 * j));
+                        isum[p] = _mm256_add_epi32(isum[p], _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), ones));
+                    }
+                }
+            } else {
+                __m256i t[4];
+                for (int p = 0; p < P; ++p) t[p] = _mm256_setzero_si256();
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(codes + 64 * j));
+                    const __m256i lo = _mm256_and_si256(raw, low4);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                    for (int p = 0; p < P; ++p) {
+                        const uint8_t *q = pk + p * stride + 32 * g + 4 * j;
+                        t[p] = _mm256_add_epi16(t[p], _mm256_maddubs_epi16(
+                            lo, _mm256_set1_epi32(wbq_word(q))));
+                        t[p] = _mm256_add_epi16(t[p], _mm256_maddubs_epi16(
+                            hi, _mm256_set1_epi32(wbq_word(q + 16))));
+                    }
+                }
+                for (int p = 0; p < P; ++p) {
+                    const int32_t *init = (const int32_t *)(pk + p * stride + K + 8 * G);
+                    isum[p] = _mm256_add_epi32(_mm256_madd_epi16(t[p], ones),
+                                               _mm256_set1_epi32(init[g]));
+                }
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            const __m256 mw = kind == WBQ_K_q4_1
+                ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
+                : _mm256_setzero_ps();
+            for (int p = 0; p < P; ++p) {
+                const float *da = (const float *)(pk + p * stride + K);
+                acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[p]),
+                                         _mm256_mul_ps(dw, _mm256_set1_ps(da[g])), acc[p]);
+                if (kind == WBQ_K_q4_1)
+                    acc[p] = _mm256_fmadd_ps(mw, _mm256_set1_ps(da[G + g]), acc[p]);
+            }
+        }
+        const __m256 b = bias ? _mm256_loadu_ps(bias + 8 * h) : _mm256_setzero_ps();
+        for (int p = 0; p < P; ++p) _mm256_storeu_ps(y + p * N + 8 * h, _mm256_add_ps(acc[p], b));
+    }
+}
+
+/* A weight row past the last full group (GGML's layout) against input row pk -> *y: the
+ * block's codes summed exactly in int32, then scaled as a group's lane is. */
+#define WBQ_TAIL(ISA)                                                                          \
+    static __attribute__((target(WBQ_TARGET_##ISA))) float wbq_tail_##ISA(                    \
+        const int kind, const uint8_t *w, const uint8_t *pk, int64_t K) {                     \
+        const int64_t G = K / 32;                                                              \
+        const float *da = (const float *)(pk + K);                                             \
+        const int32_t *init = (const int32_t *)(da + 2 * G);                                   \
+        float acc = 0.0f;                                                                      \
+        for (int64_t g = 0; g < G; ++g) {                                                      \
+            const uint8_t *blk = w + g * WBQ_BBK(kind);                                        \
+            float dw, mw;                                                                      \
+            const __m256i u = kind == WBQ_K_q4_0 ? wbq_w_q4_0(blk, &dw, &mw)                   \
+                : kind == WBQ_K_q4_1 ? wbq_w_q4_1(blk, &dw, &mw) : wbq_w_q8_0(blk, &dw, &mw);  \
+            const __m256i q = _mm256_load_si256((const __m256i *)(pk + 32 * g));               \
+            const __m256i l = kind == WBQ_K_q4_0 ? WBQ_DOT_q4_0_##ISA(_mm256_setzero_si256(), u, q) \
+                : kind == WBQ_K_q4_1 ? WBQ_DOT_q4_1_##ISA(_mm256_setzero_si256(), u, q)        \
+                : WBQ_DOT_q8_0_##ISA(_mm256_setzero_si256(), u, q);                            \
+            int32_t lanes[8];                                                                  \
+            _mm256_storeu_si256((__m256i *)lanes, l);                                          \
+            int32_t sum = init[g];                                                             \
+            for (int i = 0; i < 8; ++i) sum += lanes[i];                                       \
+            acc = fmaf((float)sum, dw * da[g], acc);                                           \
+            if (kind == WBQ_K_q4_1) acc = fmaf(mw, da[G + g], acc);                            \
+        }                                                                                      \
+        return acc;                                                                            \
+    }
+WBQ_TAIL(avx2)
+WBQ_TAIL(avx512)
+
+#define WBQ_ROWS_GROUP_avx2 4
+#define WBQ_ROWS_GROUP_avx512 8
+
+/* y [M, N] = x [M, K] w^T (+ b), w in the rows16 layout: the rows quantized, then each thread
+ * takes a contiguous range of units (a group of 16 weight rows, or one tail row) and runs every
+ * input row through it, WBQ_ROWS_GROUP at a time (the group's blocks stay in L1 meanwhile). */
+#define WBQ_LINEAR32(T, ISA)                                                                   \
+    __attribute__((target(WBQ_TARGET_##ISA))) void wb_q8_linear_##T##_##ISA(                  \
+        const float *x, const void *w, const float *b, float *y, int64_t M, int64_t N,        \
+        int64_t K, int threads) {                                                             \
+        enum { KIND = WBQ_K_##T, R = WBQ_ROWS_GROUP_##ISA };                                   \
+        const int64_t stride = wbq_stride32(K), rb = K / 32 * WBQ_BBK(KIND);                  \
+        const uint8_t *pk = wbq_pack(x, M, K, 0, WBQ_SUM_##T, WBQ_OFFSET_##T##_##ISA, stride,  \
+                                     threads);                                                 \
+        if (!pk) {                                                                             \
+            wbq_nan(y, M * N);                                                                 \
+            return;                                                                            \
+        }                                                                                      \
+        const int64_t groups = N / 16, units = groups + N % 16;                                \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
+        for (int64_t u = 0; u < units; ++u) {                                                 \
+            if (u >= groups) {                                                                 \
+                const int64_t n = 16 * groups + (u - groups);                                  \
+                for (int64_t m = 0; m < M; ++m)                                                \
+                    y[m * N + n] = wbq_tail_##ISA(KIND, (const uint8_t *)w + n * rb,           \
+                                                  pk + m * stride, K) + (b ? b[n] : 0.0f);     \
+                continue;                                                                      \
+            }                                                                                  \
+            const uint8_t *wg = (const uint8_t *)w + u * 16 * rb;                              \
+            const float *bias = b ? b + 16 * u : 0;                                            \
+            for (int64_t m = 0; m < M; m += R) {                                              \
+                const int P = M - m < R ? (int)(M - m) : R;                                    \
+                const uint8_t *pm = pk + m * stride;                                           \
+                float *ym = y + m * N + 16 * u;                                                \
+                switch (P) { /* constant row counts: the sums stay in registers */            \
+                case 1: wbq_group_##ISA(KIND, wg, pm, stride, K, 1, bias, ym, N); break;       \
+                case 2: wbq_group_##ISA(KIND, wg, pm, stride, K, 2, bias, ym, N); break;       \
+                case 3: wbq_group_##ISA(KIND, wg, pm, stride, K, 3, bias, ym, N); break;       \
+                case 4: wbq_group_##ISA(KIND, wg, pm, stride, K, 4, bias, ym, N); break;       \
+                case 5: wbq_group_##ISA(KIND, wg, pm, stride, K, R > 5 ? 5 : R, bias, ym, N);  \
+                    break;                                                                     \
+                case 6: wbq_group_##ISA(KIND, wg, pm, stride, K, R > 6 ? 6 : R, bias, ym, N);  \
+                    break;                                                                     \
+                case 7: wbq_group_##ISA(KIND, wg, pm, stride, K, R > 7 ? 7 : R, bias, ym, N);  \
+                    break;                                                                     \
+                default: wbq_group_##ISA(KIND, wg, pm, stride, K, R, bias, ym, N); break;      \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r)                                                       \
-                out[p][r] = hsum(_mm256_add_ps(acc[p][r][0], acc[p][r][1]))                    \
-                    + (mins[p][r][0] + mins[p][r][1]);                                         \
     }
 
 /* Q4_K and Q5_K: a 256-block's 8 sub-blocks of 32, scale sc_j and min m_j each */
@@ -542,15 +713,12 @@ static inline void wbq_prefetch(const uint8_t *p, int64_t n) {
         }                                                                                      \
     }
 
-#define WBQ_TYPE32(T, BB)                                                                      \
-    WBQ_CHUNK32(T, avx2)                                                                       \
-    WBQ_CHUNK32(T, avx512)                                                                     \
-    WBQ_LINEAR(T, avx2, 32, BB, 0, WBQ_SUM_##T, WBQ_OFFSET_##T##_avx2)                         \
-    WBQ_LINEAR(T, avx512, 32, BB, 0, WBQ_SUM_##T, WBQ_OFFSET_##T##_avx512)
-
-WBQ_TYPE32(q4_0, 18)
-WBQ_TYPE32(q4_1, 20)
-WBQ_TYPE32(q8_0, 34)
+WBQ_LINEAR32(q4_0, avx2)
+WBQ_LINEAR32(q4_0, avx512)
+WBQ_LINEAR32(q4_1, avx2)
+WBQ_LINEAR32(q4_1, avx512)
+WBQ_LINEAR32(q8_0, avx2)
+WBQ_LINEAR32(q8_0, avx512)
 
 WBQ_CHUNK_K45(q4_k, avx2, 144, WBQ_Q4_K_CODES)
 WBQ_CHUNK_K45(q4_k, avx512, 144, WBQ_Q4_K_CODES)
