@@ -59,6 +59,23 @@ def test_models_route_names_the_arithmetic():
                                   "batch_invariant": False}
 
 
+def test_the_engine_interleaves_the_blocks_in_place_and_says_so():
+    """The q8 kernel reads Q4_1 interleaved by 16 rows: it rearranges the blocks it takes over
+    in place (no second copy), and the loaded model's `quantized` entries say the new layout
+    (read back, the same weights), so nothing reads them as GGML's."""
+    loaded, _ = quantized_pair("Q4_1")
+    before = {name: (w.data.data_ptr(), w.dequantize()) for name, w in loaded.quantized.items()}
+    llm = make_llm(loaded, dtype="gguf", gguf_activations="q8")
+    head = llm.llm_engine.model.lm_head
+    assert head.weights.blocks is loaded.quantized["lm_head.weight"]
+    assert head.weights.c_weight.data_ptr() == before["lm_head.weight"][0]  # in place
+    for name, weight in loaded.quantized.items():
+        assert weight.layout == "rows16", name
+        assert torch.equal(weight.dequantize(), before[name][1]), name
+    with pytest.raises(TypeError, match="GGML's layout"):  # the float kernel reads GGML's
+        projections.TABLE["gguf"].prepare(loaded.quantized["lm_head.weight"], None)
+
+
 def test_a_rows_tokens_and_logprobs_are_its_own_in_any_batch():
     """Quantized per row, summed in one order: a request alone and beside others, the same
     bits, without batch_invariant (and with it)."""
