@@ -64,6 +64,8 @@ def test_the_engine_interleaves_the_blocks_in_place_and_says_so():
     in place (no second copy), and the loaded model's `quantized` entries say the new layout
     (read back, the same weights), so nothing reads them as GGML's."""
     loaded, _ = quantized_pair("Q4_1")
+    # a tied LM head: its blocks under the embedding's name too (as `read_quantized` names them)
+    loaded.quantized["model.embed_tokens.weight"] = loaded.quantized["lm_head.weight"]
     before = {name: (w.data.data_ptr(), w.dequantize()) for name, w in loaded.quantized.items()}
     llm = make_llm(loaded, dtype="gguf", gguf_activations="q8")
     head = llm.llm_engine.model.lm_head

@@ -233,8 +233,10 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
         if blocks is None:
             return FastLinear(lin.weight, lin.bias, fallback)
         linear = FastLinear(blocks, None if lin.bias is None else lin.bias.float(), kernel)
-        # the blocks as the kernel keeps them ("gguf_q8" interleaves them in place)
-        quantized[f"{names[id(lin)]}.weight"] = linear.weights.blocks
+        kept = linear.weights.blocks  # "gguf_q8" interleaves them in place: every name says so
+        assert kept is not None  # a block kernel keeps its blocks
+        for name in [name for name, weight in quantized.items() if weight is blocks]:
+            quantized[name] = kept  # a tied LM head's blocks are its embedding's too
         return linear
 
     fused = 0
