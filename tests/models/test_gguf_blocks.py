@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from workbench.engine.kernels import gguf_products
-from workbench.models.gguf_blocks import ROWS16, QuantizedWeight
+from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
 
 
-@pytest.mark.parametrize("kind", ROWS16)
+@pytest.mark.parametrize("kind", sorted(BLOCK_TYPES))
 @pytest.mark.parametrize("rows", [5, 16, 37])
 def test_interleaved_is_the_same_weight(kind, rows):
-    weight = gguf_products.random_blocks(kind, rows, 96, torch.Generator().manual_seed(rows))
+    k = 512 if kind.endswith("_K") else 96
+    weight = gguf_products.random_blocks(kind, rows, k, torch.Generator().manual_seed(rows))
     inter = weight.interleaved()
     assert inter.layout == "rows16" and inter.data.data_ptr() != weight.data.data_ptr()
     assert torch.equal(inter.ggml().data, weight.data)
@@ -50,12 +51,18 @@ def test_rows_of_an_interleaved_weight_are_views_on_group_edges_else_copies():
     assert odd.layout == "ggml" and torch.equal(odd.data, weight.rows(3, 20).data)
 
 
-def test_what_has_no_interleaved_layout_is_refused():
-    k_quant = gguf_products.random_blocks("Q4_K", 16, 256, torch.Generator().manual_seed(3))
-    with pytest.raises(ValueError, match="no rows16 layout"):
-        k_quant.interleaved()
+def test_a_k_quants_scales_are_interleaved_byte_by_byte():
+    weight = gguf_products.random_blocks("Q4_K", 16, 256, torch.Generator().manual_seed(3))
+    block = weight.interleaved().data.reshape(-1)  # one block of 16 rows: 2304 bytes
+    rows = weight.data  # [16, 144]: d, dmin, 12 bytes of scales, 128 of codes
+    assert torch.equal(block[64:256].view(12, 16), rows[:, 4:16].T)  # plane b: byte b of each
+    assert torch.equal(block[256:320].view(16, 4), rows[:, 16:20])  # code word 0 of each row
+
+
+def test_what_is_not_a_layout_is_refused():
+    weight = gguf_products.random_blocks("Q4_K", 16, 256, torch.Generator().manual_seed(3))
     with pytest.raises(ValueError, match="layout"):
-        QuantizedWeight("Q4_K", 16, 256, k_quant.data, "rows16")
+        QuantizedWeight("Q4_K", 16, 256, weight.data, "rows8")
     inter = gguf_products.random_blocks("Q4_1", 16, 64, torch.Generator()).interleaved()
     with pytest.raises(ValueError, match="GGML's layout"):
         QuantizedWeight.cat([inter, inter])

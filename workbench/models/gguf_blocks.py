@@ -5,9 +5,8 @@ A 2-D weight `[N, K]` of a block type (`BLOCK_TYPES`) is stored as N rows, each 
 blocks of `block_bytes` bytes, in GGML's layout (row n's blocks cover its K weights in order).
 `QuantizedWeight` keeps those bytes untouched; the engine's GGUF kernel multiplies float32
 activations with them in C, and `dequantize()` is the float32 reference it is tested against.
-The int8 kernel of the 32-value types (Q4_0, Q4_1, Q8_0) reads them interleaved instead
-(`layout="rows16"`, `interleaved()`): each 16 rows' blocks side by side, the same bytes moved
-within the rows' own span.
+The int8 kernel reads them interleaved instead (`layout="rows16"`, `interleaved()`): each 16
+rows' blocks side by side, the same bytes moved within the rows' own span.
 """
 
 from __future__ import annotations
@@ -63,10 +62,8 @@ class QuantizedWeight:
             raise ValueError(f"a {self.kind} weight [{self.out_features}, {self.in_features}] "
                              f"takes uint8 data [{self.out_features}, {row_bytes}], got "
                              f"{tuple(self.data.shape)}")
-        if self.layout not in LAYOUTS or (self.layout == "rows16" and self.kind not in ROWS16):
-            raise ValueError(f"a {self.kind} weight's layout must be one of "
-                             f"{LAYOUTS if self.kind in ROWS16 else ('ggml',)}, got "
-                             f"{self.layout!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"a weight's layout must be one of {LAYOUTS}, got {self.layout!r}")
 
     @property
     def block(self) -> BlockType:
@@ -129,16 +126,15 @@ class QuantizedWeight:
         return QuantizedWeight(self.kind, stop - start, self.in_features, self.data[start:stop])
 
     def interleaved(self, in_place: bool = False) -> QuantizedWeight:
-        """This weight in the "rows16" layout (Q4_0, Q4_1, Q8_0): per group of 16 rows and per
-        block, the 16 rows' d side by side (fp16), then their m (Q4_1), then their codes in
-        chunks of 4 bytes a row (chunk j: bytes [4j, 4j + 4) of each row's codes, the 16 rows
-        in turn); the rows after the last full group as they are. `in_place`: this weight's
-        own bytes rearranged (its object, and any other that shares them, then read wrongly:
-        for an engine that takes the weight over)."""
+        """This weight in the "rows16" layout: per group of 16 rows and per block, each field of
+        the block (`FIELDS`) for the 16 rows in turn: their d side by side (fp16), then their m
+        (Q4_1), then their codes in words of 4 bytes (word j: bytes [4j, 4j + 4) of each row's
+        codes, the 16 rows in turn; the K-quants' packed scales byte by byte); the rows after
+        the last full group as they are. `in_place`: this weight's own bytes rearranged (its
+        object, and any other that shares them, then read wrongly: for an engine that takes
+        the weight over)."""
         if self.layout == "rows16":
             return self
-        if self.kind not in ROWS16:
-            raise ValueError(f"{self.kind} has no rows16 layout (only {ROWS16})")
         return QuantizedWeight(self.kind, self.out_features, self.in_features,
                                _regroup(self, in_place, inverse=False), "rows16")
 
@@ -161,30 +157,41 @@ class QuantizedWeight:
 
 
 LAYOUTS = ("ggml", "rows16")
-ROWS16 = ("Q4_0", "Q4_1", "Q8_0")  # the types with a rows16 layout
+# The rows16 layout per type: a block's fields as (offset, bytes, unit); within a block of 16
+# rows, each field in turn holds unit 0 of the 16 rows, then unit 1, ... (d and m: one fp16 a
+# row; codes: words of 4 bytes; the K-quants' packed scales: byte planes)
+FIELDS = {
+    "Q4_0": ((0, 2, 2), (2, 16, 4)),
+    "Q4_1": ((0, 2, 2), (2, 2, 2), (4, 16, 4)),
+    "Q8_0": ((0, 2, 2), (2, 32, 4)),
+    "Q4_K": ((0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 128, 4)),
+    "Q5_K": ((0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 32, 4), (48, 128, 4)),
+    "Q6_K": ((0, 128, 4), (128, 64, 4), (192, 16, 1), (208, 2, 2)),
+}
 
 
 def _regroup(weight: QuantizedWeight, in_place: bool, inverse: bool) -> torch.Tensor:
     """`weight.data` interleaved by 16 rows (`QuantizedWeight.interleaved`), or back
     (`inverse`); into a copy, or in place (a few groups at a time through a small buffer)."""
-    bb, hdr = weight.block.block_bytes, 4 if weight.kind == "Q4_1" else 2
-    g, fields, chunks = weight.in_features // 32, hdr // 2, (bb - hdr) // 4
+    bb = weight.block.block_bytes
+    g = weight.in_features // weight.block.block_size
     data = weight.data if in_place else weight.data.clone()
-    for start in range(0, weight.out_features // 16 * 16, 16 * 256):
-        part = data[start:min(start + 16 * 256, weight.out_features // 16 * 16)]
+    full = weight.out_features // 16 * 16
+    for start in range(0, full, 16 * 256):
+        part = data[start:min(start + 16 * 256, full)]
         n = part.shape[0] // 16
         if inverse:
-            inter = part.reshape(n, g, 16 * bb)
-            scales = inter[..., :16 * hdr].reshape(n, g, fields, 16, 2).permute(0, 3, 1, 2, 4)
-            codes = inter[..., 16 * hdr:].reshape(n, g, chunks, 16, 4).permute(0, 3, 1, 2, 4)
-            moved = torch.cat([scales.reshape(n, 16, g, hdr), codes.reshape(n, 16, g, bb - hdr)],
-                              dim=-1)
+            inter, at, fields = part.reshape(n, g, 16 * bb), 0, []
+            for _, size, unit in FIELDS[weight.kind]:
+                field = inter[..., at:at + 16 * size].reshape(n, g, size // unit, 16, unit)
+                fields.append(field.permute(0, 3, 1, 2, 4).reshape(n, 16, g, size))
+                at += 16 * size
+            moved = torch.cat(fields, dim=-1)
         else:
             rows = part.reshape(n, 16, g, bb)
-            scales = rows[..., :hdr].reshape(n, 16, g, fields, 2).permute(0, 2, 3, 1, 4)
-            codes = rows[..., hdr:].reshape(n, 16, g, chunks, 4).permute(0, 2, 3, 1, 4)
-            moved = torch.cat([scales.reshape(n, g, 16 * hdr),
-                               codes.reshape(n, g, 16 * (bb - hdr))], dim=-1)
+            moved = torch.cat([rows[..., at:at + size].reshape(n, 16, g, size // unit, unit)
+                               .permute(0, 2, 3, 1, 4).reshape(n, g, 16 * size)
+                               for at, size, unit in FIELDS[weight.kind]], dim=-1)
         part.copy_(moved.reshape(part.shape))
     return data
 

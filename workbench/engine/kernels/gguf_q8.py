@@ -19,7 +19,7 @@ import torch
 
 from workbench.engine.kernels import c_library, c_products, gguf_products
 from workbench.models.cpu import cpu_features
-from workbench.models.gguf_blocks import BLOCK_TYPES, ROWS16, QuantizedWeight
+from workbench.models.gguf_blocks import BLOCK_TYPES, QuantizedWeight
 
 ISAS = gguf_products.ISAS  # best first: the same ISAs as the float32 arithmetic
 _FLAGS = {"avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
@@ -30,6 +30,8 @@ PARTNER = {"Q4_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q4_K": "Q8_K", "Q5_K
            "Q6_K": "Q8_K"}
 # an activation type: values a block, bytes a block
 ACTIVATION_BLOCKS = {"Q8_0": (32, 34), "Q8_1": (32, 36), "Q8_K": (256, 292)}
+# the types whose functions read the weight interleaved by 16 rows (`QuantizedWeight.interleaved`)
+INTERLEAVED = ("Q4_0", "Q4_1", "Q8_0")
 
 
 def function_name(kind: str, isa: str) -> str:
@@ -81,7 +83,7 @@ def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None =
         raise ValueError(f"bias must be float32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
     if weight.data.dtype != torch.uint8 or not weight.data.is_contiguous():
         raise ValueError("the weight's data must be contiguous uint8")
-    if weight.kind in ROWS16:  # the functions read these interleaved (a copy, unless it is)
+    if weight.kind in INTERLEAVED:  # the functions read these interleaved (a copy, unless it is)
         weight = weight.interleaved()
     return c_products.product(linear_function(weight.kind, isa), x, weight.data,
                               None if bias is None else bias.contiguous(), out_features=n)
@@ -221,7 +223,7 @@ def _known_product_holds(kind: str, isa: str) -> bool:
     weight = gguf_products.random_blocks(kind, 21, block.block_size * 2, gen)  # a group + 5
     x = torch.randn(3, weight.in_features, generator=gen)
     expected, magnitude = exact_product(x, weight)
-    if kind in ROWS16:
+    if kind in INTERLEAVED:
         weight = weight.interleaved()
     got = c_products.product(getattr(c_library.library(), function_name(kind, isa)), x,
                              weight.data, None, out_features=21)

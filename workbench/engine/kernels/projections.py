@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from workbench.engine.kernels import c_products, gguf_products, gguf_q8
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
-from workbench.models.gguf_blocks import ROWS16, QuantizedWeight
+from workbench.models.gguf_blocks import QuantizedWeight
 
 
 @dataclass(eq=False)
@@ -297,7 +297,7 @@ class GgufQ8(Gguf):
 
     def prepare(self, weight, bias):
         weights = super().prepare(weight, bias)
-        if weight.kind in ROWS16:  # the functions read them interleaved: in place, taken over
+        if weight.kind in gguf_q8.INTERLEAVED:  # the functions read them interleaved: in place, taken over
             weights.blocks = weight.interleaved(in_place=True)
         weights.function = gguf_q8.linear_function(weight.kind)
         return weights
