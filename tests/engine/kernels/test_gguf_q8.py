@@ -9,10 +9,11 @@ round-half-even(x * (127 / amax)), Q8_1's s = fp16(d * sum q) with the fp32 d), 
 round-half-even(iscale * x)), d = 1 / iscale, bsums of 16). NumPy's float32 arithmetic and
 float16 conversion round as the C code's (IEEE, to nearest even).
 
-The products' bound (`gguf_q8.error_bound`): each of the float32 roundings (a fused
-multiply-add per block and lane, the lanes' tree, the mins' sum) is within half an ulp of a
+The products' bound (`gguf_q8.error_bound`): each of the float32 roundings (the fused
+multiply-adds per block, a K-quant block's int32 sum to float, the tail's lanes' tree) is
+within half an ulp of a
 partial sum no larger than the sum of the absolute terms, so |got - exact| <= (2 * blocks + 8)
-* 2^-24 * sum |fp32(d_w d_a) * codes' products| (+ the mins' terms).
+* 2^-24 * sum |fp32(d_w d_a) * codes' products| (+ the mins' terms); K-quants (3 * blocks + 8).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ PARTNER = {"Q4_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q4_K": "Q8_K", "Q5_K
 # an activation type: values a block, bytes a block
 ACTIVATION_BLOCKS = {"Q8_0": (32, 34), "Q8_1": (32, 36), "Q8_K": (256, 292)}
 # the types whose functions read the weight interleaved by 16 rows (`QuantizedWeight.interleaved`)
-INTERLEAVED = ("Q4_0", "Q4_1", "Q8_0")
+INTERLEAVED = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def function_name(kind: str, isa: str) -> str:
@@ -207,12 +207,14 @@ def exact_product(x: torch.Tensor, weight: QuantizedWeight) -> tuple[torch.Tenso
 
 
 def error_bound(weight: QuantizedWeight, magnitude: torch.Tensor) -> torch.Tensor:
-    """How far `linear` may be from `exact_product`: each of its float32 roundings (per block
-    a fused multiply-add, and Q4_1's second one for m_w * s_a; the K-quants' 8 lanes' tree and
-    mins' sum) is within half an ulp of a partial sum no larger than the magnitude:
-    (2 * blocks + 8) * 2^-24 * magnitude."""
+    """How far `linear` may be from `exact_product`: each of its float32 roundings is within
+    half an ulp of a partial sum no larger than the magnitude. A block costs at most two (a
+    fused multiply-add, and Q4_1's second one for m_w * s_a) or, K-quants, three (the block's
+    int32 sum to float, its fma, the mins' fma); the rows after the last group of 16 of a K-quant
+    add 8 lanes in a tree: ((2 or 3) * blocks + 8) * 2^-24 * magnitude."""
     blocks = weight.in_features // weight.block.block_size
-    return (2 * blocks + 8) * 2.0 ** -24 * magnitude
+    per = 3 if weight.block.block_size == 256 else 2
+    return (per * blocks + 8) * 2.0 ** -24 * magnitude
 
 
 def _known_product_holds(kind: str, isa: str) -> bool:

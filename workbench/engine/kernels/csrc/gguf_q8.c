@@ -16,16 +16,17 @@
  * then sums each block's products exactly in int32 and scales the sums in fp32, block after
  * block, as llama.cpp does: acc = fma(float(sum), fp32(d_w * d_a), acc); Q4_1 adds m_w * s_a
  * (a second fma), Q4_K and Q5_K -d_a * dmin_w * sum(m_j * bsum_j) (int32, exact).
- * - Q4_0, Q4_1, Q8_0 read their weights interleaved by 16 rows (the "rows16" layout, below):
+ * - Every type reads its weights interleaved by 16 rows (the "rows16" layout, below):
  *   a vector's int32 lanes are 16 (AVX2: 8) weight rows' sums of one block, built by vpdpbusd
  *   (AVX-512 VNNI) or maddubs (AVX2) against 4 activation codes broadcast: a block of 16
  *   weight rows costs 8 dot-product instructions and one scaling per input row of the tile,
  *   no horizontal sum. One chain of fmas per output, its order fixed: the same bits in any
  *   batch, tile, thread count, or path (group or tail).
- * - The K-quants weigh each sub-block's int16 pair sums by its scale (vpdpwssd / madd) into 8
- *   lanes a row, scaled per 256-block, the 8 lanes and the mins' scalar summed in a fixed tree
- *   at the end; one weight row at a time against chunks of up to 6 input rows (VNNI) or 4
- *   (AVX2), the next weight row prefetched at the pace of the blocks.
+ * - The K-quants too, their 256-blocks interleaved by 16 rows (planes of their packed scales,
+ *   words of their codes): a lane's sub-block sums weighed by its integer scales in int32, then
+ *   scaled per block (below). The rows after the last group of 16 go one at a time through the
+ *   row-at-a-time kernel: each sub-block's int16 pair sums weighed by its scale (vpdpwssd / madd)
+ *   into 8 lanes, scaled per block, the 8 lanes and the mins' scalar summed in a fixed tree.
  * Integer identities keep the bytes unsigned where vpdpbusd needs them: a Q4_0 code n - 8 as
  * n with -8 * sum(q) as the sum's start, a Q8_0 weight w as w + 128 with -128 * sum(q)
  * (VNNI; AVX2: |w| times q with w's sign); Q6_K's q - 32 in int16 pairs. So the result is the
@@ -541,7 +542,8 @@ WBQ_TAIL(avx512)
         }                                                                                      \
     }
 
-/* Q4_K and Q5_K: a 256-block's 8 sub-blocks of 32, scale sc_j and min m_j each */
+/* ---- one weight row in GGML's layout at a time (the K-quants' rows after the last group) ----
+ * Q4_K and Q5_K: a 256-block's 8 sub-blocks of 32, scale sc_j and min m_j each */
 #define WBQ_CHUNK_K45(T, ISA, BB, CODES)                                                       \
     static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
     wbq_chunk_##T##_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,          \
@@ -658,61 +660,6 @@ WBQ_TAIL(avx512)
             for (int r = 0; r < WR; ++r) out[p][r] = hsum(acc[p][r]);                          \
     }
 
-/* y [M, N] = x [M, K] w^T (+ b): the rows quantized (kq: Q8_K, else Q8_0 / Q8_1), then chunks
- * of WBQ_ROWS input rows by WBQ_WROWS weight rows (the last weight rows' chunk repeats its last
- * row where N runs out), weight rows split among the threads. */
-#define WBQ_LINEAR(T, ISA, BS, BB, KQ, SUM, OFFSET)                                            \
-    __attribute__((target(WBQ_TARGET_##ISA))) void wb_q8_linear_##T##_##ISA(                  \
-        const float *x, const void *w, const float *b, float *y, int64_t M, int64_t N,        \
-        int64_t K, int threads) {                                                             \
-        const int64_t stride = (KQ) ? K / 256 * 292 : wbq_stride32(K), rb = K / (BS) * (BB); \
-        const uint8_t *pk = wbq_pack(x, M, K, KQ, SUM, OFFSET, stride, threads);              \
-        if (!pk) {                                                                             \
-            wbq_nan(y, M * N);                                                                 \
-            return;                                                                            \
-        }                                                                                      \
-        enum { R = WBQ_ROWS_##ISA, WR = WBQ_WROWS_##ISA };                                     \
-        const int64_t groups = (N + WR - 1) / WR;                                              \
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
-        for (int64_t i = 0; i < groups; ++i) {                                                \
-            const int64_t n0 = i * WR, nr = N - n0 < WR ? N - n0 : WR;                         \
-            const uint8_t *wn = (const uint8_t *)w + n0 * rb;                                  \
-            /* past N: the last row again (computed, not stored) */                            \
-            const int64_t step = nr == WR ? rb : 0;                                            \
-            /* the next chunk's weight rows, fetched into L1 at the pace of this one's blocks */ \
-            const uint8_t *next = n0 + 2 * WR <= N ? wn + WR * rb : 0;                         \
-            for (int64_t m = 0; m < M; m += R) {                                              \
-                const int P = M - m < R ? (int)(M - m) : R;                                    \
-                const uint8_t *pf = m == 0 ? next : 0;                                         \
-                const uint8_t *pm = pk + m * stride;                                           \
-                float s[R][WR];                                                                \
-                if (nr < WR) {                                                                 \
-                    for (int64_t r = 0; r < nr; ++r) { /* each row alone, WR times */          \
-                        float t[R][WR];                                                        \
-                        for (int p = 0; p < P; ++p) /* row by row: any P */                    \
-                            wbq_chunk_##T##_##ISA(pm + p * stride, stride, K, 1, wn + r * rb, 0, \
-                                                  0, t + p);                                   \
-                        for (int p = 0; p < P; ++p) s[p][r] = t[p][0];                         \
-                    }                                                                          \
-                } else {                                                                       \
-                    switch (P) { /* constant row counts: the sums stay in registers */        \
-                    case 1: wbq_chunk_##T##_##ISA(pm, stride, K, 1, wn, step, pf, s); break;   \
-                    case 2: wbq_chunk_##T##_##ISA(pm, stride, K, 2, wn, step, pf, s); break;   \
-                    case 3: wbq_chunk_##T##_##ISA(pm, stride, K, 3, wn, step, pf, s); break;   \
-                    case 4: wbq_chunk_##T##_##ISA(pm, stride, K, R > 4 ? 4 : R, wn, step, pf, s); \
-                        break;                                                                 \
-                    case 5: wbq_chunk_##T##_##ISA(pm, stride, K, R > 5 ? 5 : R, wn, step, pf, s); \
-                        break;                                                                 \
-                    default: wbq_chunk_##T##_##ISA(pm, stride, K, R, wn, step, pf, s); break;  \
-                    }                                                                          \
-                }                                                                              \
-                for (int p = 0; p < P; ++p)                                                    \
-                    for (int64_t r = 0; r < nr; ++r)                                           \
-                        y[(m + p) * N + n0 + r] = s[p][r] + (b ? b[n0 + r] : 0.0f);           \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
 WBQ_LINEAR32(q4_0, avx2)
 WBQ_LINEAR32(q4_0, avx512)
 WBQ_LINEAR32(q4_1, avx2)
@@ -720,15 +667,265 @@ WBQ_LINEAR32(q4_1, avx512)
 WBQ_LINEAR32(q8_0, avx2)
 WBQ_LINEAR32(q8_0, avx512)
 
+/* ---- the K-quants interleaved by 16 rows (FIELDS in models/gguf_blocks.py) ----
+ * A 256-block of 16 rows: Q4_K / Q5_K: their d, their dmin (fp16 each), the 12 bytes of packed
+ * 6-bit scales and mins as 12 planes (plane b: byte b of each row), (Q5_K: the 32 bytes of high
+ * bits as 8 words a row), the 128 bytes of nibbles as 32 words a row; Q6_K: its 128 bytes of
+ * low nibbles as 32 words, its 64 of high bits as 16 words, its 16 int8 scales as 16 planes, d.
+ * Each lane (a weight row) sums a sub-block's codes times the activation codes exactly in int32,
+ * weighs the sum by its integer scale (Q6_K: the codes' -32 through the activations' sums of
+ * 16), adds up the block in int32; then per block acc = fma(float(sum), fp32(d_w * d_a), acc)
+ * and (Q4_K, Q5_K) acc = fnma(float(sum_j m_j * bsum_j), fp32(dmin_w * d_a), acc). The same
+ * functions for both ISAs through these few vector helpers (AVX2: 8 rows, half h of a group). */
+#define WBQ_KV_avx512 __m512i
+#define WBQ_KF_avx512 __m512
+#define WBQ_KV_avx2 __m256i
+#define WBQ_KF_avx2 __m256
+#define WBQ_LANES_avx512 16
+#define WBQ_LANES_avx2 8
+#define WBQ_KROWS_avx512 6
+#define WBQ_KROWS_avx2 2
+WBQ_INLINE5 __m512i wbk_load_avx512(const uint8_t *p) { return _mm512_loadu_si512(p); }
+WBQ_INLINE __m256i wbk_load_avx2(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+WBQ_INLINE5 __m512i wbk_bcast_avx512(const uint8_t *p) { return _mm512_set1_epi32(wbq_word(p)); }
+WBQ_INLINE __m256i wbk_bcast_avx2(const uint8_t *p) { return _mm256_set1_epi32(wbq_word(p)); }
+WBQ_INLINE5 __m512i wbk_dot_avx512(__m512i acc, __m512i u, __m512i s) {
+    return _mm512_dpbusd_epi32(acc, u, s);
+}
+WBQ_INLINE __m256i wbk_dot_avx2(__m256i acc, __m256i u, __m256i s) {  /* |pairs| <= 2*63*127 */
+    return wbq_dot2(acc, u, s);
+}
+WBQ_INLINE5 __m512i wbk_bits_avx512(__m512i v, int shift, int mask) {  /* bytes: (v >> shift) & mask */
+    return _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi8((char)mask));
+}
+WBQ_INLINE __m256i wbk_bits_avx2(__m256i v, int shift, int mask) {
+    return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8((char)mask));
+}
+WBQ_INLINE5 __m512i wbk_or_avx512(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+WBQ_INLINE __m256i wbk_or_avx2(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
+WBQ_INLINE5 __m512i wbk_shl4_avx512(__m512i v) { return _mm512_slli_epi16(v, 4); }
+WBQ_INLINE __m256i wbk_shl4_avx2(__m256i v) { return _mm256_slli_epi16(v, 4); }
+WBQ_INLINE5 __m512i wbk_zero_avx512(void) { return _mm512_setzero_si512(); }
+WBQ_INLINE __m256i wbk_zero_avx2(void) { return _mm256_setzero_si256(); }
+WBQ_INLINE5 __m512i wbk_add_avx512(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
+WBQ_INLINE __m256i wbk_add_avx2(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
+WBQ_INLINE5 __m512i wbk_mul_avx512(__m512i a, __m512i b) { return _mm512_mullo_epi32(a, b); }
+WBQ_INLINE __m256i wbk_mul_avx2(__m256i a, __m256i b) { return _mm256_mullo_epi32(a, b); }
+WBQ_INLINE5 __m512i wbk_set_avx512(int v) { return _mm512_set1_epi32(v); }
+WBQ_INLINE __m256i wbk_set_avx2(int v) { return _mm256_set1_epi32(v); }
+/* a plane of 16 bytes (AVX2: 8 of them, at p) as int32 lanes, unsigned or signed */
+WBQ_INLINE5 __m512i wbk_u8_avx512(const uint8_t *p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+WBQ_INLINE __m256i wbk_u8_avx2(const uint8_t *p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+WBQ_INLINE5 __m512i wbk_i8_avx512(const uint8_t *p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+WBQ_INLINE __m256i wbk_i8_avx2(const uint8_t *p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+WBQ_INLINE5 __m512 wbk_half_avx512(const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+WBQ_INLINE __m256 wbk_half_avx2(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+WBQ_INLINE5 __m512 wbk_fzero_avx512(void) { return _mm512_setzero_ps(); }
+WBQ_INLINE __m256 wbk_fzero_avx2(void) { return _mm256_setzero_ps(); }
+WBQ_INLINE5 __m512 wbk_scale_avx512(__m512 acc, __m512i sum, __m512 dw, float da) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc);
+}
+WBQ_INLINE __m256 wbk_scale_avx2(__m256 acc, __m256i sum, __m256 dw, float da) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc);
+}
+WBQ_INLINE5 __m512 wbk_unscale_avx512(__m512 acc, __m512i sum, __m512 dm, float da) {
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dm, _mm512_set1_ps(da)), acc);
+}
+WBQ_INLINE __m256 wbk_unscale_avx2(__m256 acc, __m256i sum, __m256 dm, float da) {
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dm, _mm256_set1_ps(da)), acc);
+}
+WBQ_INLINE5 void wbk_store_avx512(float *y, __m512 v, const float *b) {
+    _mm512_storeu_ps(y, b ? _mm512_add_ps(v, _mm512_loadu_ps(b)) : v);
+}
+WBQ_INLINE void wbk_store_avx2(float *y, __m256 v, const float *b) {
+    _mm256_storeu_ps(y, b ? _mm256_add_ps(v, _mm256_loadu_ps(b)) : v);
+}
+
+/* Q4_K (hb 0) or Q5_K (hb 1): input rows [0, P) of the Q8_K pack against one group of 16 weight
+ * rows -> y[p][0, 16); the lanes of half h (AVX2) of the group at a time */
+#define WBQ_KGROUP45(ISA)                                                                      \
+    static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
+    wbk_group45_##ISA(const int hb, const uint8_t *wg, const uint8_t *pk, int64_t stride,     \
+                      int64_t K, const int P, const float *bias, float *y, int64_t N) {       \
+        enum { L = WBQ_LANES_##ISA };                                                          \
+        const int64_t G = K / 256, gb = 16 * (hb ? 176 : 144);                                 \
+        for (int h = 0; h < 16 / L; ++h) {                                                     \
+            WBQ_KF_##ISA acc[WBQ_KROWS_##ISA];                                                 \
+            for (int p = 0; p < P; ++p) acc[p] = wbk_fzero_##ISA();                            \
+            for (int64_t g = 0; g < G; ++g) {                                                  \
+                const uint8_t *blk = wg + g * gb, *planes = blk + 64 + L * h;                  \
+                const uint8_t *qh = blk + 256 + 4 * L * h;                                     \
+                const uint8_t *qs = blk + (hb ? 768 : 256) + 4 * L * h;                        \
+                WBQ_KV_##ISA sum[WBQ_KROWS_##ISA], mins[WBQ_KROWS_##ISA];                      \
+                for (int p = 0; p < P; ++p) sum[p] = mins[p] = wbk_zero_##ISA();               \
+                for (int j = 0; j < 8; ++j) {                                                  \
+                    const WBQ_KV_##ISA lo = wbk_u8_##ISA(planes + 16 * (j < 4 ? j : j + 4));   \
+                    const WBQ_KV_##ISA hi = wbk_u8_##ISA(planes + 16 * (j < 4 ? j + 4 : j - 4)); \
+                    WBQ_KV_##ISA sc, mn;                                                       \
+                    if (j < 4) {                                                               \
+                        sc = wbk_bits_##ISA(lo, 0, 63);                                        \
+                        mn = wbk_bits_##ISA(hi, 0, 63);                                        \
+                    } else {                                                                   \
+                        const WBQ_KV_##ISA top = wbk_u8_##ISA(planes + 16 * j);                \
+                        sc = wbk_or_##ISA(wbk_bits_##ISA(lo, 0, 15),                           \
+                                          wbk_shl4_##ISA(wbk_bits_##ISA(hi, 6, 3)));           \
+                        mn = wbk_or_##ISA(wbk_bits_##ISA(lo, 4, 15),                           \
+                                          wbk_shl4_##ISA(wbk_bits_##ISA(top, 6, 3)));          \
+                    }                                                                          \
+                    WBQ_KV_##ISA part[WBQ_KROWS_##ISA];                                        \
+                    for (int p = 0; p < P; ++p) part[p] = wbk_zero_##ISA();                    \
+                    for (int t = 0; t < 8; ++t) {                                              \
+                        WBQ_KV_##ISA c = wbk_bits_##ISA(                                       \
+                            wbk_load_##ISA(qs + 64 * (8 * (j >> 1) + t)), 4 * (j & 1), 15);    \
+                        if (hb)                                                                \
+                            c = wbk_or_##ISA(c, wbk_shl4_##ISA(wbk_bits_##ISA(                 \
+                                                   wbk_load_##ISA(qh + 64 * t), j, 1)));       \
+                        for (int p = 0; p < P; ++p)                                            \
+                            part[p] = wbk_dot_##ISA(part[p], c, wbk_bcast_##ISA(               \
+                                pk + p * stride + g * 292 + 4 + 32 * j + 4 * t));              \
+                    }                                                                          \
+                    for (int p = 0; p < P; ++p) {                                              \
+                        const int16_t *bs = (const int16_t *)(pk + p * stride + g * 292 + 260); \
+                        sum[p] = wbk_add_##ISA(sum[p], wbk_mul_##ISA(part[p], sc));            \
+                        mins[p] = wbk_add_##ISA(mins[p], wbk_mul_##ISA(                        \
+                            mn, wbk_set_##ISA(bs[2 * j] + bs[2 * j + 1])));                    \
+                    }                                                                          \
+                }                                                                              \
+                const WBQ_KF_##ISA dw = wbk_half_##ISA(blk + 2 * L * h);                       \
+                const WBQ_KF_##ISA dm = wbk_half_##ISA(blk + 32 + 2 * L * h);                  \
+                for (int p = 0; p < P; ++p) {                                                  \
+                    float da;                                                                  \
+                    memcpy(&da, pk + p * stride + g * 292, 4);                                 \
+                    acc[p] = wbk_scale_##ISA(acc[p], sum[p], dw, da);                          \
+                    acc[p] = wbk_unscale_##ISA(acc[p], mins[p], dm, da);                       \
+                }                                                                              \
+            }                                                                                  \
+            for (int p = 0; p < P; ++p)                                                        \
+                wbk_store_##ISA(y + p * N + L * h, acc[p], bias ? bias + L * h : 0);           \
+        }                                                                                      \
+    }
+
+/* Q6_K: 16 sub-blocks of 16 values; sub-block s = 8n + 2 part + half: its codes are nibble
+ * (part >> 1) of low words 16n + 8 (part & 1) + 4 half + t and bits 2 part of high words
+ * 8n + 4 half + t (t < 4), its scale plane s, its activations' sum bsums[s] */
+#define WBQ_KGROUP6(ISA)                                                                       \
+    static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
+    wbk_group6_##ISA(const int hb, const uint8_t *wg, const uint8_t *pk, int64_t stride,      \
+                     int64_t K, const int P, const float *bias, float *y, int64_t N) {        \
+        enum { L = WBQ_LANES_##ISA };                                                          \
+        (void)hb;                                                                              \
+        const int64_t G = K / 256, gb = 16 * 210;                                              \
+        for (int h = 0; h < 16 / L; ++h) {                                                     \
+            WBQ_KF_##ISA acc[WBQ_KROWS_##ISA];                                                 \
+            for (int p = 0; p < P; ++p) acc[p] = wbk_fzero_##ISA();                            \
+            for (int64_t g = 0; g < G; ++g) {                                                  \
+                const uint8_t *blk = wg + g * gb, *ql = blk + 4 * L * h;                       \
+                const uint8_t *qh = blk + 2048 + 4 * L * h, *planes = blk + 3072 + L * h;      \
+                WBQ_KV_##ISA sum[WBQ_KROWS_##ISA];                                             \
+                for (int p = 0; p < P; ++p) sum[p] = wbk_zero_##ISA();                         \
+                for (int s = 0; s < 16; ++s) {                                                 \
+                    const int n = s >> 3, part = (s >> 1) & 3, half = s & 1;                   \
+                    const WBQ_KV_##ISA sc = wbk_i8_##ISA(planes + 16 * s);                     \
+                    WBQ_KV_##ISA sub[WBQ_KROWS_##ISA];                                         \
+                    for (int p = 0; p < P; ++p) {                                              \
+                        const int16_t *bs = (const int16_t *)(pk + p * stride + g * 292 + 260); \
+                        sub[p] = wbk_set_##ISA(-32 * bs[s]);                                   \
+                    }                                                                          \
+                    for (int t = 0; t < 4; ++t) {                                              \
+                        const int lw = 16 * n + 8 * (part & 1) + 4 * half + t;                 \
+                        const int hw = 8 * n + 4 * half + t;                                   \
+                        const WBQ_KV_##ISA c = wbk_or_##ISA(                                   \
+                            wbk_bits_##ISA(wbk_load_##ISA(ql + 64 * lw), 4 * (part >> 1), 15), \
+                            wbk_shl4_##ISA(wbk_bits_##ISA(wbk_load_##ISA(qh + 64 * hw),        \
+                                                          2 * part, 3)));                      \
+                        for (int p = 0; p < P; ++p)                                            \
+                            sub[p] = wbk_dot_##ISA(sub[p], c, wbk_bcast_##ISA(                 \
+                                pk + p * stride + g * 292 + 4 + 16 * s + 4 * t));              \
+                    }                                                                          \
+                    for (int p = 0; p < P; ++p)                                                \
+                        sum[p] = wbk_add_##ISA(sum[p], wbk_mul_##ISA(sub[p], sc));             \
+                }                                                                              \
+                const WBQ_KF_##ISA dw = wbk_half_##ISA(blk + 3328 + 2 * L * h);                \
+                for (int p = 0; p < P; ++p) {                                                  \
+                    float da;                                                                  \
+                    memcpy(&da, pk + p * stride + g * 292, 4);                                 \
+                    acc[p] = wbk_scale_##ISA(acc[p], sum[p], dw, da);                          \
+                }                                                                              \
+            }                                                                                  \
+            for (int p = 0; p < P; ++p)                                                        \
+                wbk_store_##ISA(y + p * N + L * h, acc[p], bias ? bias + L * h : 0);           \
+        }                                                                                      \
+    }
+WBQ_KGROUP45(avx2)
+WBQ_KGROUP45(avx512)
+WBQ_KGROUP6(avx2)
+WBQ_KGROUP6(avx512)
+
 WBQ_CHUNK_K45(q4_k, avx2, 144, WBQ_Q4_K_CODES)
 WBQ_CHUNK_K45(q4_k, avx512, 144, WBQ_Q4_K_CODES)
 WBQ_CHUNK_K45(q5_k, avx2, 176, wbq_codes_q5_k(blk, j))
 WBQ_CHUNK_K45(q5_k, avx512, 176, wbq_codes_q5_k(blk, j))
 WBQ_CHUNK_Q6_K(avx2)
 WBQ_CHUNK_Q6_K(avx512)
-WBQ_LINEAR(q4_k, avx2, 256, 144, 1, 0, 0)
-WBQ_LINEAR(q4_k, avx512, 256, 144, 1, 0, 0)
-WBQ_LINEAR(q5_k, avx2, 256, 176, 1, 0, 0)
-WBQ_LINEAR(q5_k, avx512, 256, 176, 1, 0, 0)
-WBQ_LINEAR(q6_k, avx2, 256, 210, 1, 0, 0)
-WBQ_LINEAR(q6_k, avx512, 256, 210, 1, 0, 0)
+/* y [M, N] = x [M, K] w^T (+ b), w in the rows16 layout: the rows quantized to Q8_K, then each
+ * thread takes a contiguous range of units (a group of 16 weight rows, or one tail row: GGML's
+ * layout, through the row-at-a-time chunk) and runs every input row through it. */
+#define WBQ_LINEAR_K(T, ISA, BB, GROUP, HB)                                                    \
+    __attribute__((target(WBQ_TARGET_##ISA))) void wb_q8_linear_##T##_##ISA(                  \
+        const float *x, const void *w, const float *b, float *y, int64_t M, int64_t N,        \
+        int64_t K, int threads) {                                                             \
+        enum { R = WBQ_KROWS_##ISA };                                                          \
+        const int64_t stride = K / 256 * 292, rb = K / 256 * (BB);                             \
+        const uint8_t *pk = wbq_pack(x, M, K, 1, 0, 0, stride, threads);                      \
+        if (!pk) {                                                                             \
+            wbq_nan(y, M * N);                                                                 \
+            return;                                                                            \
+        }                                                                                      \
+        const int64_t groups = N / 16, units = groups + N % 16;                                \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
+        for (int64_t u = 0; u < units; ++u) {                                                 \
+            if (u >= groups) {                                                                 \
+                const int64_t n = 16 * groups + (u - groups);                                  \
+                for (int64_t m = 0; m < M; ++m) {                                              \
+                    float s[WBQ_ROWS_##ISA][WBQ_WROWS_##ISA];                                  \
+                    wbq_chunk_##T##_##ISA(pk + m * stride, stride, K, 1,                       \
+                                          (const uint8_t *)w + n * rb, 0, 0, s);               \
+                    y[m * N + n] = s[0][0] + (b ? b[n] : 0.0f);                                \
+                }                                                                              \
+                continue;                                                                      \
+            }                                                                                  \
+            const uint8_t *wg = (const uint8_t *)w + u * 16 * rb;                              \
+            const float *bias = b ? b + 16 * u : 0;                                            \
+            for (int64_t m = 0; m < M; m += R) {                                              \
+                const int P = M - m < R ? (int)(M - m) : R;                                    \
+                const uint8_t *pm = pk + m * stride;                                           \
+                float *ym = y + m * N + 16 * u;                                                \
+                switch (P) { /* constant row counts: the sums stay in registers */            \
+                case 1: GROUP##_##ISA(HB, wg, pm, stride, K, 1, bias, ym, N); break;           \
+                case 2: GROUP##_##ISA(HB, wg, pm, stride, K, R > 2 ? 2 : R, bias, ym, N); break; \
+                case 3: GROUP##_##ISA(HB, wg, pm, stride, K, R > 3 ? 3 : R, bias, ym, N); break; \
+                case 4: GROUP##_##ISA(HB, wg, pm, stride, K, R > 4 ? 4 : R, bias, ym, N); break; \
+                case 5: GROUP##_##ISA(HB, wg, pm, stride, K, R > 5 ? 5 : R, bias, ym, N); break; \
+                default: GROUP##_##ISA(HB, wg, pm, stride, K, R, bias, ym, N); break;          \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+WBQ_LINEAR_K(q4_k, avx2, 144, wbk_group45, 0)
+WBQ_LINEAR_K(q4_k, avx512, 144, wbk_group45, 0)
+WBQ_LINEAR_K(q5_k, avx2, 176, wbk_group45, 1)
+WBQ_LINEAR_K(q5_k, avx512, 176, wbk_group45, 1)
+WBQ_LINEAR_K(q6_k, avx2, 210, wbk_group6, 0)
+WBQ_LINEAR_K(q6_k, avx512, 210, wbk_group6, 0)
