@@ -185,10 +185,10 @@ def test_a_rows_bits_are_its_own_in_any_batch_and_thread_count(isa, kind):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_weight_rows_bits_are_the_same_in_a_group_and_after_the_groups(isa, kind):
-    """The 32-value types' rows interleaved by 16 and the rows after the last group go through
-    two paths that scale the same integer sums in the same order: equal bits."""
+    """The rows after the last group of 16 go through the groups' arithmetic (interleaved into a
+    group of their own): a row moved from a group to after them keeps its bits."""
     runs(isa)
     weight, x = weight_and_input(kind, 17, 5)
     last = weight.rows(16, 17)

@@ -210,8 +210,8 @@ def error_bound(weight: QuantizedWeight, magnitude: torch.Tensor) -> torch.Tenso
     """How far `linear` may be from `exact_product`: each of its float32 roundings is within
     half an ulp of a partial sum no larger than the magnitude. A block costs at most two (a
     fused multiply-add, and Q4_1's second one for m_w * s_a) or, K-quants, three (the block's
-    int32 sum to float, its fma, the mins' fma); the rows after the last group of 16 of a K-quant
-    add 8 lanes in a tree: ((2 or 3) * blocks + 8) * 2^-24 * magnitude."""
+    int32 sum to float, its fma, the mins' fma), and the bias one: ((2 or 3) * blocks + 8) *
+    2^-24 * magnitude."""
     blocks = weight.in_features // weight.block.block_size
     per = 3 if weight.block.block_size == 256 else 2
     return (per * blocks + 8) * 2.0 ** -24 * magnitude

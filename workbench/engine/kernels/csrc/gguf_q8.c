@@ -24,12 +24,13 @@
  *   batch, tile, thread count, or path (group or tail).
  * - The K-quants too, their 256-blocks interleaved by 16 rows (planes of their packed scales,
  *   words of their codes): a lane's sub-block sums weighed by its integer scales in int32, then
- *   scaled per block (below). The rows after the last group of 16 go one at a time through the
- *   row-at-a-time kernel: each sub-block's int16 pair sums weighed by its scale (vpdpwssd / madd)
- *   into 8 lanes, scaled per block, the 8 lanes and the mins' scalar summed in a fixed tree.
+ *   scaled once per block: acc = fma(float(sum), fp32(d_w * d_a), acc), Q4_K and Q5_K
+ *   acc = fnma(float(sum_j m_j * bsum_j), fp32(dmin_w * d_a), acc).
+ * - The rows after the last full group (GGML's layout in the weight) are interleaved into a
+ *   group of their own per call, the missing rows zero: every row goes through one arithmetic.
  * Integer identities keep the bytes unsigned where vpdpbusd needs them: a Q4_0 code n - 8 as
  * n with -8 * sum(q) as the sum's start, a Q8_0 weight w as w + 128 with -128 * sum(q)
- * (VNNI; AVX2: |w| times q with w's sign); Q6_K's q - 32 in int16 pairs. So the result is the
+ * (VNNI; AVX2: |w| times q with w's sign); Q6_K's q - 32 through the sums of 16. So the result is the
  * exact sum over blocks of fp32(d_w d_a) * (exact integer sum) (+ the mins' terms) up to fp32
  * rounding of that sum, in an order that does not depend on the row count, the chunk a row
  * falls in, or the thread count: a row's bits are the same in any batch.
@@ -202,7 +203,7 @@ static void wbq_nan(float *y, int64_t count) {
     for (int64_t i = 0; i < count; ++i) y[i] = NAN;
 }
 
-/* ---- the dot products of 32 bytes ---- */
+/* ---- the dot products ---- */
 
 /* AVX2: u8 x s8 pairs in int16 (no saturation: |u| <= 128, |s| <= 127 here), then int32. */
 WBQ_INLINE __m256i wbq_dot2(__m256i acc, __m256i u, __m256i s) {
@@ -210,26 +211,8 @@ WBQ_INLINE __m256i wbq_dot2(__m256i acc, __m256i u, __m256i s) {
                                                    _mm256_set1_epi16(1)));
 }
 
-WBQ_INLINE5 __m256i wbq_dot5(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_dpbusd_epi32(acc, u, s);
-}
-
-/* int16 pairs weighed by int16 scales into int32 lanes */
-WBQ_INLINE __m256i wbq_dotw2(__m256i acc, __m256i a, __m256i b) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-}
-
-WBQ_INLINE5 __m256i wbq_dotw5(__m256i acc, __m256i a, __m256i b) {
-    return _mm256_dpwssd_epi32(acc, a, b);
-}
-
-/* per type and ISA: the int32 lanes of one weight block's codes w (as unpacked) and q */
-#define WBQ_DOT_q4_0_avx2(i, w, q) wbq_dot2(i, w, q)
-#define WBQ_DOT_q4_1_avx2(i, w, q) wbq_dot2(i, w, q)
-#define WBQ_DOT_q8_0_avx2(i, w, q) wbq_dot2(i, _mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w))
-#define WBQ_DOT_q4_0_avx512(i, w, q) wbq_dot5(i, w, q)
-#define WBQ_DOT_q4_1_avx512(i, w, q) wbq_dot5(i, w, q)
-#define WBQ_DOT_q8_0_avx512(i, w, q) wbq_dot5(i, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), q)
+/* what a 32-value type's dot products start from: -offset * sum(q) (Q4_0's codes n - 8 taken
+ * as n, Q8_0's w as w + 128 on VNNI), and whether its activations carry s (Q8_1) */
 #define WBQ_OFFSET_q4_0_avx2 8
 #define WBQ_OFFSET_q4_1_avx2 0
 #define WBQ_OFFSET_q8_0_avx2 0
@@ -239,85 +222,17 @@ WBQ_INLINE5 __m256i wbq_dotw5(__m256i acc, __m256i a, __m256i b) {
 #define WBQ_SUM_q4_0 0
 #define WBQ_SUM_q4_1 1
 #define WBQ_SUM_q8_0 0
+#define WBQ_OFFSET_q4_k_avx2 0 /* the K-quants' partner, Q8_K, keeps its own sums */
+#define WBQ_OFFSET_q5_k_avx2 0
+#define WBQ_OFFSET_q6_k_avx2 0
+#define WBQ_OFFSET_q4_k_avx512 0
+#define WBQ_OFFSET_q5_k_avx512 0
+#define WBQ_OFFSET_q6_k_avx512 0
+#define WBQ_SUM_q4_k 0
+#define WBQ_SUM_q5_k 0
+#define WBQ_SUM_q6_k 0
 #define WBQ_TARGET_avx2 WBQ_T2
 #define WBQ_TARGET_avx512 WBQ_T5
-/* a chunk: up to WBQ_ROWS input rows times WBQ_WROWS weight rows, one fp32 sum each */
-#define WBQ_ROWS_avx2 4
-#define WBQ_ROWS_avx512 6
-#define WBQ_WROWS_avx2 1
-#define WBQ_WROWS_avx512 1
-#define WBQ_DOTW_avx2 wbq_dotw2
-#define WBQ_DOTW_avx512 wbq_dotw5
-
-/* ---- the weight blocks' codes ---- */
-
-/* 16 bytes of nibbles -> 32 codes (low nibbles are weights 0-15, high 16-31) */
-WBQ_INLINE __m256i wbq_nibbles(const uint8_t *p) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
-}
-
-WBQ_INLINE __m256i wbq_w_q4_0(const uint8_t *blk, float *d, float *m) {
-    *d = wbq_half(blk);
-    *m = 0.0f;
-    return wbq_nibbles(blk + 2);
-}
-
-WBQ_INLINE __m256i wbq_w_q4_1(const uint8_t *blk, float *d, float *m) {
-    *d = wbq_half(blk);
-    *m = wbq_half(blk + 2);
-    return wbq_nibbles(blk + 4);
-}
-
-WBQ_INLINE __m256i wbq_w_q8_0(const uint8_t *blk, float *d, float *m) {
-    *d = wbq_half(blk);
-    *m = 0.0f;
-    return _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(blk + 18)),
-                            _mm_loadu_si128((const __m128i *)(blk + 2)));
-}
-
-#define WBQ_BB_q4_0 18
-#define WBQ_BB_q4_1 20
-#define WBQ_BB_q8_0 34
-
-/* GGML's get_scale_min_k4 */
-static inline void wbq_scale_min(const uint8_t *q, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-/* Q5_K's sub-block j: 32 codes 0..31 */
-WBQ_INLINE __m256i wbq_codes_q5_k(const uint8_t *blk, int j) {
-    const __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * (j >> 1)));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
-    return _mm256_or_si256(
-        _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (j & 1)), _mm256_set1_epi8(0x0F)),
-        _mm256_slli_epi16(hi, 4));
-}
-
-/* Q6_K's group j of 32 (two sub-blocks of 16): codes 0..63 (the weights' q + 32) */
-WBQ_INLINE __m256i wbq_codes_q6_k(const uint8_t *blk, int j) {
-    const int h = j >> 2, i = j & 3;
-    const __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (i & 1)));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (i >> 1)),
-                                        _mm256_set1_epi8(0x0F));
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), _mm256_set1_epi8(3));
-    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-}
-
-/* ---- the products ---- */
-
-/* the bytes [p, p + n) (n <= 192) fetched into L1 */
-static inline void wbq_prefetch(const uint8_t *p, int64_t n) {
-    for (int64_t at = 0; at < n; at += 64) _mm_prefetch((const char *)(p + at), _MM_HINT_T0);
-}
 
 /* ---- the 32-block types (Q4_0, Q4_1, Q8_0), their weight rows interleaved by 16 ----
  *
@@ -337,7 +252,6 @@ static inline void wbq_prefetch(const uint8_t *p, int64_t n) {
 #define WBQ_K_q4_1 1
 #define WBQ_K_q8_0 2
 #define WBQ_HDR(kind) ((kind) == WBQ_K_q4_1 ? 4 : 2)       /* scale bytes a row and block */
-#define WBQ_CHUNKS(kind) ((kind) == WBQ_K_q8_0 ? 8 : 4)    /* 64-byte chunks of codes */
 #define WBQ_BBK(kind) ((kind) == WBQ_K_q4_0 ? 18 : (kind) == WBQ_K_q4_1 ? 20 : 34)
 
 static inline int32_t wbq_word(const uint8_t *p) {
@@ -460,212 +374,6 @@ WBQ_INLINE void wbq_group_avx2(const int kind, const uint8_t *wg, const uint8_t 
         for (int p = 0; p < P; ++p) _mm256_storeu_ps(y + p * N + 8 * h, _mm256_add_ps(acc[p], b));
     }
 }
-
-/* A weight row past the last full group (GGML's layout) against input row pk -> *y: the
- * block's codes summed exactly in int32, then scaled as a group's lane is. */
-#define WBQ_TAIL(ISA)                                                                          \
-    static __attribute__((target(WBQ_TARGET_##ISA))) float wbq_tail_##ISA(                    \
-        const int kind, const uint8_t *w, const uint8_t *pk, int64_t K) {                     \
-        const int64_t G = K / 32;                                                              \
-        const float *da = (const float *)(pk + K);                                             \
-        const int32_t *init = (const int32_t *)(da + 2 * G);                                   \
-        float acc = 0.0f;                                                                      \
-        for (int64_t g = 0; g < G; ++g) {                                                      \
-            const uint8_t *blk = w + g * WBQ_BBK(kind);                                        \
-            float dw, mw;                                                                      \
-            const __m256i u = kind == WBQ_K_q4_0 ? wbq_w_q4_0(blk, &dw, &mw)                   \
-                : kind == WBQ_K_q4_1 ? wbq_w_q4_1(blk, &dw, &mw) : wbq_w_q8_0(blk, &dw, &mw);  \
-            const __m256i q = _mm256_load_si256((const __m256i *)(pk + 32 * g));               \
-            const __m256i l = kind == WBQ_K_q4_0 ? WBQ_DOT_q4_0_##ISA(_mm256_setzero_si256(), u, q) \
-                : kind == WBQ_K_q4_1 ? WBQ_DOT_q4_1_##ISA(_mm256_setzero_si256(), u, q)        \
-                : WBQ_DOT_q8_0_##ISA(_mm256_setzero_si256(), u, q);                            \
-            int32_t lanes[8];                                                                  \
-            _mm256_storeu_si256((__m256i *)lanes, l);                                          \
-            int32_t sum = init[g];                                                             \
-            for (int i = 0; i < 8; ++i) sum += lanes[i];                                       \
-            acc = fmaf((float)sum, dw * da[g], acc);                                           \
-            if (kind == WBQ_K_q4_1) acc = fmaf(mw, da[G + g], acc);                            \
-        }                                                                                      \
-        return acc;                                                                            \
-    }
-WBQ_TAIL(avx2)
-WBQ_TAIL(avx512)
-
-#define WBQ_ROWS_GROUP_avx2 4
-#define WBQ_ROWS_GROUP_avx512 8
-
-/* y [M, N] = x [M, K] w^T (+ b), w in the rows16 layout: the rows quantized, then each thread
- * takes a contiguous range of units (a group of 16 weight rows, or one tail row) and runs every
- * input row through it, WBQ_ROWS_GROUP at a time (the group's blocks stay in L1 meanwhile). */
-#define WBQ_LINEAR32(T, ISA)                                                                   \
-    __attribute__((target(WBQ_TARGET_##ISA))) void wb_q8_linear_##T##_##ISA(                  \
-        const float *x, const void *w, const float *b, float *y, int64_t M, int64_t N,        \
-        int64_t K, int threads) {                                                             \
-        enum { KIND = WBQ_K_##T, R = WBQ_ROWS_GROUP_##ISA };                                   \
-        const int64_t stride = wbq_stride32(K), rb = K / 32 * WBQ_BBK(KIND);                  \
-        const uint8_t *pk = wbq_pack(x, M, K, 0, WBQ_SUM_##T, WBQ_OFFSET_##T##_##ISA, stride,  \
-                                     threads);                                                 \
-        if (!pk) {                                                                             \
-            wbq_nan(y, M * N);                                                                 \
-            return;                                                                            \
-        }                                                                                      \
-        const int64_t groups = N / 16, units = groups + N % 16;                                \
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
-        for (int64_t u = 0; u < units; ++u) {                                                 \
-            if (u >= groups) {                                                                 \
-                const int64_t n = 16 * groups + (u - groups);                                  \
-                for (int64_t m = 0; m < M; ++m)                                                \
-                    y[m * N + n] = wbq_tail_##ISA(KIND, (const uint8_t *)w + n * rb,           \
-                                                  pk + m * stride, K) + (b ? b[n] : 0.0f);     \
-                continue;                                                                      \
-            }                                                                                  \
-            const uint8_t *wg = (const uint8_t *)w + u * 16 * rb;                              \
-            const float *bias = b ? b + 16 * u : 0;                                            \
-            for (int64_t m = 0; m < M; m += R) {                                              \
-                const int P = M - m < R ? (int)(M - m) : R;                                    \
-                const uint8_t *pm = pk + m * stride;                                           \
-                float *ym = y + m * N + 16 * u;                                                \
-                switch (P) { /* constant row counts: the sums stay in registers */            \
-                case 1: wbq_group_##ISA(KIND, wg, pm, stride, K, 1, bias, ym, N); break;       \
-                case 2: wbq_group_##ISA(KIND, wg, pm, stride, K, 2, bias, ym, N); break;       \
-                case 3: wbq_group_##ISA(KIND, wg, pm, stride, K, 3, bias, ym, N); break;       \
-                case 4: wbq_group_##ISA(KIND, wg, pm, stride, K, 4, bias, ym, N); break;       \
-                case 5: wbq_group_##ISA(KIND, wg, pm, stride, K, R > 5 ? 5 : R, bias, ym, N);  \
-                    break;                                                                     \
-                case 6: wbq_group_##ISA(KIND, wg, pm, stride, K, R > 6 ? 6 : R, bias, ym, N);  \
-                    break;                                                                     \
-                case 7: wbq_group_##ISA(KIND, wg, pm, stride, K, R > 7 ? 7 : R, bias, ym, N);  \
-                    break;                                                                     \
-                default: wbq_group_##ISA(KIND, wg, pm, stride, K, R, bias, ym, N); break;      \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
-/* ---- one weight row in GGML's layout at a time (the K-quants' rows after the last group) ----
- * Q4_K and Q5_K: a 256-block's 8 sub-blocks of 32, scale sc_j and min m_j each */
-#define WBQ_CHUNK_K45(T, ISA, BB, CODES)                                                       \
-    static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
-    wbq_chunk_##T##_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,          \
-                          const uint8_t *w, int64_t rb, const uint8_t *next,                   \
-                          float out[][WBQ_WROWS_##ISA]) {                                     \
-        enum { WR = WBQ_WROWS_##ISA };                                                         \
-        const int64_t G = K / 256;                                                             \
-        __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
-        float mins[WBQ_ROWS_##ISA][WR];                                                        \
-        for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r) {                                                     \
-                acc[p][r] = _mm256_setzero_ps();                                               \
-                mins[p][r] = 0.0f;                                                             \
-            }                                                                                  \
-        for (int64_t g = 0; g < G; ++g) {                                                      \
-            float dw[WR], mw[WR];                                                              \
-            int sc[WR][8], mn[WR][8];                                                          \
-            for (int r = 0; r < WR; ++r) {                                                     \
-                const uint8_t *blk = w + r * rb + g * (BB);                                    \
-                dw[r] = wbq_half(blk);                                                         \
-                mw[r] = wbq_half(blk + 2);                                                     \
-                for (int j = 0; j < 8; ++j) wbq_scale_min(blk + 4, j, &sc[r][j], &mn[r][j]);   \
-            }                                                                                  \
-            __m256i isum[WBQ_ROWS_##ISA][WR];                                                  \
-            for (int p = 0; p < P; ++p)                                                        \
-                for (int r = 0; r < WR; ++r) isum[p][r] = _mm256_setzero_si256();              \
-            for (int j = 0; j < 8; ++j) {                                                      \
-                if (next) wbq_prefetch(next + (g * 8 + j) * WR * (BB) / 8, WR * (BB) / 8);     \
-                __m256i u[WR], s[WR];                                                          \
-                for (int r = 0; r < WR; ++r) {                                                 \
-                    const uint8_t *blk = w + r * rb + g * (BB);                                \
-                    u[r] = CODES;                                                              \
-                    s[r] = _mm256_set1_epi16((short)sc[r][j]);                                 \
-                }                                                                              \
-                for (int p = 0; p < P; ++p) {                                                  \
-                    const uint8_t *a = pk + p * stride + g * 292 + 4;                          \
-                    const __m256i q = _mm256_loadu_si256((const __m256i *)(a + 32 * j));       \
-                    for (int r = 0; r < WR; ++r)                                               \
-                        isum[p][r] = WBQ_DOTW_##ISA(isum[p][r], _mm256_maddubs_epi16(u[r], q), \
-                                                    s[r]);                                     \
-                }                                                                              \
-            }                                                                                  \
-            for (int p = 0; p < P; ++p) {                                                      \
-                const uint8_t *a = pk + p * stride + g * 292;                                  \
-                float da;                                                                      \
-                int16_t bs[16];                                                                \
-                memcpy(&da, a, 4);                                                             \
-                memcpy(bs, a + 260, 32);                                                       \
-                for (int r = 0; r < WR; ++r) {                                                 \
-                    int m = 0;                                                                 \
-                    for (int j = 0; j < 8; ++j) m += mn[r][j] * (bs[2 * j] + bs[2 * j + 1]);   \
-                    acc[p][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw[r]),                   \
-                                                _mm256_cvtepi32_ps(isum[p][r]), acc[p][r]);   \
-                    mins[p][r] = fmaf(-(da * mw[r]), (float)m, mins[p][r]);                    \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-        for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r) out[p][r] = hsum(acc[p][r]) + mins[p][r];            \
-    }
-
-#define WBQ_Q4_K_CODES                                                                         \
-    _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(                                     \
-                         (const __m256i *)(blk + 16 + 32 * (j >> 1))), 4 * (j & 1)),          \
-                     _mm256_set1_epi8(15))
-
-/* Q6_K: 8 groups of 32, an int8 scale per 16; (q - 32) q8 pairs in int16, then scaled */
-#define WBQ_CHUNK_Q6_K(ISA)                                                                    \
-    static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
-    wbq_chunk_q6_k_##ISA(const uint8_t *pk, int64_t stride, int64_t K, const int P,           \
-                         const uint8_t *w, int64_t rb, const uint8_t *next,                    \
-                         float out[][WBQ_WROWS_##ISA]) {                                      \
-        enum { WR = WBQ_WROWS_##ISA };                                                         \
-        const int64_t G = K / 256;                                                             \
-        __m256 acc[WBQ_ROWS_##ISA][WR];                                                        \
-        for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r) acc[p][r] = _mm256_setzero_ps();                      \
-        const __m256i m32 = _mm256_set1_epi8(32);                                              \
-        for (int64_t g = 0; g < G; ++g) {                                                      \
-            __m256i isum[WBQ_ROWS_##ISA][WR];                                                  \
-            for (int p = 0; p < P; ++p)                                                        \
-                for (int r = 0; r < WR; ++r) isum[p][r] = _mm256_setzero_si256();              \
-            for (int j = 0; j < 8; ++j) {                                                      \
-                if (next) wbq_prefetch(next + (g * 8 + j) * WR * 210 / 8, WR * 210 / 8);       \
-                __m256i u[WR], s[WR];                                                          \
-                const int k = 8 * (j >> 2) + 2 * (j & 3);                                      \
-                for (int r = 0; r < WR; ++r) {                                                 \
-                    const uint8_t *blk = w + r * rb + g * 210;                                 \
-                    const int8_t *sc = (const int8_t *)(blk + 192);                            \
-                    u[r] = wbq_codes_q6_k(blk, j);                                             \
-                    s[r] = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k])); \
-                }                                                                              \
-                for (int p = 0; p < P; ++p) {                                                  \
-                    const uint8_t *a = pk + p * stride + g * 292 + 4;                          \
-                    const __m256i q = _mm256_loadu_si256((const __m256i *)(a + 32 * j));       \
-                    const __m256i q32 = _mm256_maddubs_epi16(m32, q);                          \
-                    for (int r = 0; r < WR; ++r)                                               \
-                        isum[p][r] = WBQ_DOTW_##ISA(                                           \
-                            isum[p][r], _mm256_sub_epi16(_mm256_maddubs_epi16(u[r], q), q32),  \
-                            s[r]);                                                             \
-                }                                                                              \
-            }                                                                                  \
-            for (int p = 0; p < P; ++p) {                                                      \
-                float da;                                                                      \
-                memcpy(&da, pk + p * stride + g * 292, 4);                                     \
-                for (int r = 0; r < WR; ++r) {                                                 \
-                    const float dw = wbq_half(w + r * rb + g * 210 + 208);                     \
-                    acc[p][r] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw),                      \
-                                                _mm256_cvtepi32_ps(isum[p][r]), acc[p][r]);   \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-        for (int p = 0; p < P; ++p)                                                            \
-            for (int r = 0; r < WR; ++r) out[p][r] = hsum(acc[p][r]);                          \
-    }
-
-WBQ_LINEAR32(q4_0, avx2)
-WBQ_LINEAR32(q4_0, avx512)
-WBQ_LINEAR32(q4_1, avx2)
-WBQ_LINEAR32(q4_1, avx512)
-WBQ_LINEAR32(q8_0, avx2)
-WBQ_LINEAR32(q8_0, avx512)
 
 /* ---- the K-quants interleaved by 16 rows (FIELDS in models/gguf_blocks.py) ----
  * A 256-block of 16 rows: Q4_K / Q5_K: their d, their dmin (fp16 each), the 12 bytes of packed
@@ -873,59 +581,133 @@ WBQ_KGROUP45(avx512)
 WBQ_KGROUP6(avx2)
 WBQ_KGROUP6(avx512)
 
-WBQ_CHUNK_K45(q4_k, avx2, 144, WBQ_Q4_K_CODES)
-WBQ_CHUNK_K45(q4_k, avx512, 144, WBQ_Q4_K_CODES)
-WBQ_CHUNK_K45(q5_k, avx2, 176, wbq_codes_q5_k(blk, j))
-WBQ_CHUNK_K45(q5_k, avx512, 176, wbq_codes_q5_k(blk, j))
-WBQ_CHUNK_Q6_K(avx2)
-WBQ_CHUNK_Q6_K(avx512)
-/* y [M, N] = x [M, K] w^T (+ b), w in the rows16 layout: the rows quantized to Q8_K, then each
- * thread takes a contiguous range of units (a group of 16 weight rows, or one tail row: GGML's
- * layout, through the row-at-a-time chunk) and runs every input row through it. */
-#define WBQ_LINEAR_K(T, ISA, BB, GROUP, HB)                                                    \
+/* ---- the products: y [M, N] = x [M, K] w^T (+ b), w in the rows16 layout ----
+ * The rows are quantized to the partner type, then each thread takes a contiguous range of
+ * groups of 16 weight rows and runs every input row through each, WBQ_ROWS at a time (the
+ * group's blocks stay in L1 meanwhile). The rows after the last full group (GGML's layout)
+ * are interleaved into a group of their own in a buffer of the thread's, the missing rows zero,
+ * and go through the same function: one arithmetic for every row. */
+#define WBQ_ROWS_q4_0_avx2 4
+#define WBQ_ROWS_q4_1_avx2 4
+#define WBQ_ROWS_q8_0_avx2 4
+#define WBQ_ROWS_q4_0_avx512 8
+#define WBQ_ROWS_q4_1_avx512 8
+#define WBQ_ROWS_q8_0_avx512 8
+#define WBQ_ROWS_q4_k_avx2 WBQ_KROWS_avx2
+#define WBQ_ROWS_q5_k_avx2 WBQ_KROWS_avx2
+#define WBQ_ROWS_q6_k_avx2 WBQ_KROWS_avx2
+#define WBQ_ROWS_q4_k_avx512 WBQ_KROWS_avx512
+#define WBQ_ROWS_q5_k_avx512 WBQ_KROWS_avx512
+#define WBQ_ROWS_q6_k_avx512 WBQ_KROWS_avx512
+
+/* a block's fields per type: (offset, bytes, unit), as FIELDS in models/gguf_blocks.py */
+typedef struct { int at, size, unit; } wbq_field;
+static const wbq_field WBQ_FIELDS[6][6] = {
+    {{0, 2, 2}, {2, 16, 4}},                                    /* Q4_0 */
+    {{0, 2, 2}, {2, 2, 2}, {4, 16, 4}},                         /* Q4_1 */
+    {{0, 2, 2}, {2, 32, 4}},                                    /* Q8_0 */
+    {{0, 2, 2}, {2, 2, 2}, {4, 12, 1}, {16, 128, 4}},           /* Q4_K */
+    {{0, 2, 2}, {2, 2, 2}, {4, 12, 1}, {16, 32, 4}, {48, 128, 4}},  /* Q5_K */
+    {{0, 128, 4}, {128, 64, 4}, {192, 16, 1}, {208, 2, 2}},     /* Q6_K */
+};
+#define WBQ_TYPE_q4_0 0
+#define WBQ_TYPE_q4_1 1
+#define WBQ_TYPE_q8_0 2
+#define WBQ_TYPE_q4_k 3
+#define WBQ_TYPE_q5_k 4
+#define WBQ_TYPE_q6_k 5
+
+static __thread uint8_t *wbq_tail_buffer;
+static __thread int64_t wbq_tail_capacity;
+
+/* rows w [0, nr) (nr < 16, GGML's layout, rb bytes each: G blocks of bb) as one interleaved
+ * group, the other rows zero, in this thread's buffer (NULL: out of memory) */
+static const uint8_t *wbq_tail_group(int type, const uint8_t *w, int64_t nr, int64_t rb,
+                                     int64_t G, int bb) {
+    if (16 * rb > wbq_tail_capacity) {
+        free(wbq_tail_buffer);
+        wbq_tail_buffer = aligned_alloc(64, (size_t)((16 * rb + 4095) & ~(int64_t)4095));
+        wbq_tail_capacity = wbq_tail_buffer ? (16 * rb + 4095) & ~(int64_t)4095 : 0;
+        if (!wbq_tail_buffer) return NULL;
+    }
+    memset(wbq_tail_buffer, 0, (size_t)(16 * rb));
+    for (int64_t g = 0; g < G; ++g) {
+        uint8_t *out = wbq_tail_buffer + g * 16 * bb;
+        for (const wbq_field *f = WBQ_FIELDS[type]; f->size; out += 16 * f->size, ++f)
+            for (int k = 0; k < f->size / f->unit; ++k)
+                for (int64_t r = 0; r < nr; ++r)
+                    memcpy(out + (16 * k + r) * f->unit, w + r * rb + g * bb + f->at + k * f->unit,
+                           (size_t)f->unit);
+    }
+    return wbq_tail_buffer;
+}
+
+/* T: the type; BS, BB: its block's values and bytes; KQ: its partner is Q8_K; GROUP(FIRST, ...):
+ * the function for a group of 16 weight rows and up to WBQ_ROWS input rows */
+#define WBQ_LINEAR(T, ISA, BS, BB, KQ, GROUP, FIRST)                                           \
     __attribute__((target(WBQ_TARGET_##ISA))) void wb_q8_linear_##T##_##ISA(                  \
         const float *x, const void *w, const float *b, float *y, int64_t M, int64_t N,        \
         int64_t K, int threads) {                                                             \
-        enum { R = WBQ_KROWS_##ISA };                                                          \
-        const int64_t stride = K / 256 * 292, rb = K / 256 * (BB);                             \
-        const uint8_t *pk = wbq_pack(x, M, K, 1, 0, 0, stride, threads);                      \
+        enum { R = WBQ_ROWS_##T##_##ISA };                                                     \
+        const int64_t stride = (KQ) ? K / 256 * 292 : wbq_stride32(K), rb = K / (BS) * (BB);  \
+        const uint8_t *pk = wbq_pack(x, M, K, KQ, WBQ_SUM_##T, WBQ_OFFSET_##T##_##ISA, stride,  \
+                                     threads);                                                 \
         if (!pk) {                                                                             \
             wbq_nan(y, M * N);                                                                 \
             return;                                                                            \
         }                                                                                      \
-        const int64_t groups = N / 16, units = groups + N % 16;                                \
+        const int64_t groups = (N + 15) / 16;                                                  \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
-        for (int64_t u = 0; u < units; ++u) {                                                 \
-            if (u >= groups) {                                                                 \
-                const int64_t n = 16 * groups + (u - groups);                                  \
-                for (int64_t m = 0; m < M; ++m) {                                              \
-                    float s[WBQ_ROWS_##ISA][WBQ_WROWS_##ISA];                                  \
-                    wbq_chunk_##T##_##ISA(pk + m * stride, stride, K, 1,                       \
-                                          (const uint8_t *)w + n * rb, 0, 0, s);               \
-                    y[m * N + n] = s[0][0] + (b ? b[n] : 0.0f);                                \
-                }                                                                              \
-                continue;                                                                      \
-            }                                                                                  \
+        for (int64_t u = 0; u < groups; ++u) {                                                \
+            const int64_t nr = N - 16 * u < 16 ? N - 16 * u : 16;                              \
             const uint8_t *wg = (const uint8_t *)w + u * 16 * rb;                              \
-            const float *bias = b ? b + 16 * u : 0;                                            \
+            if (nr < 16) wg = wbq_tail_group(WBQ_TYPE_##T, wg, nr, rb, K / (BS), BB);          \
             for (int64_t m = 0; m < M; m += R) {                                              \
                 const int P = M - m < R ? (int)(M - m) : R;                                    \
                 const uint8_t *pm = pk + m * stride;                                           \
-                float *ym = y + m * N + 16 * u;                                                \
-                switch (P) { /* constant row counts: the sums stay in registers */            \
-                case 1: GROUP##_##ISA(HB, wg, pm, stride, K, 1, bias, ym, N); break;           \
-                case 2: GROUP##_##ISA(HB, wg, pm, stride, K, R > 2 ? 2 : R, bias, ym, N); break; \
-                case 3: GROUP##_##ISA(HB, wg, pm, stride, K, R > 3 ? 3 : R, bias, ym, N); break; \
-                case 4: GROUP##_##ISA(HB, wg, pm, stride, K, R > 4 ? 4 : R, bias, ym, N); break; \
-                case 5: GROUP##_##ISA(HB, wg, pm, stride, K, R > 5 ? 5 : R, bias, ym, N); break; \
-                default: GROUP##_##ISA(HB, wg, pm, stride, K, R, bias, ym, N); break;          \
+                float tail[R * 16];                                                            \
+                /* the last group: into tail (16 wide), its nr columns then copied */         \
+                float *ym = nr < 16 ? tail : y + m * N + 16 * u;                               \
+                const int64_t ld = nr < 16 ? 16 : N;                                           \
+                const float *bias = b && nr == 16 ? b + 16 * u : 0;                            \
+                if (!wg) { /* out of memory for the last group */                             \
+                    for (int p = 0; p < P * 16; ++p) tail[p] = NAN;                            \
+                } else {                                                                       \
+                    switch (P) { /* constant row counts: the sums stay in registers */        \
+                    case 1: GROUP##_##ISA(FIRST, wg, pm, stride, K, 1, bias, ym, ld); break;   \
+                    case 2: GROUP##_##ISA(FIRST, wg, pm, stride, K, R > 2 ? 2 : R, bias, ym, ld); \
+                        break;                                                                 \
+                    case 3: GROUP##_##ISA(FIRST, wg, pm, stride, K, R > 3 ? 3 : R, bias, ym, ld); \
+                        break;                                                                 \
+                    case 4: GROUP##_##ISA(FIRST, wg, pm, stride, K, R > 4 ? 4 : R, bias, ym, ld); \
+                        break;                                                                 \
+                    case 5: GROUP##_##ISA(FIRST, wg, pm, stride, K, R > 5 ? 5 : R, bias, ym, ld); \
+                        break;                                                                 \
+                    case 6: GROUP##_##ISA(FIRST, wg, pm, stride, K, R > 6 ? 6 : R, bias, ym, ld); \
+                        break;                                                                 \
+                    case 7: GROUP##_##ISA(FIRST, wg, pm, stride, K, R > 7 ? 7 : R, bias, ym, ld); \
+                        break;                                                                 \
+                    default: GROUP##_##ISA(FIRST, wg, pm, stride, K, R, bias, ym, ld); break;  \
+                    }                                                                          \
                 }                                                                              \
+                if (nr < 16) /* the bias added as the group's function adds it */             \
+                    for (int p = 0; p < P; ++p)                                                \
+                        for (int64_t r = 0; r < nr; ++r)                                       \
+                            y[(m + p) * N + 16 * u + r] = b ? tail[p * 16 + r] + b[16 * u + r] \
+                                                            : tail[p * 16 + r];                \
             }                                                                                  \
         }                                                                                      \
     }
-WBQ_LINEAR_K(q4_k, avx2, 144, wbk_group45, 0)
-WBQ_LINEAR_K(q4_k, avx512, 144, wbk_group45, 0)
-WBQ_LINEAR_K(q5_k, avx2, 176, wbk_group45, 1)
-WBQ_LINEAR_K(q5_k, avx512, 176, wbk_group45, 1)
-WBQ_LINEAR_K(q6_k, avx2, 210, wbk_group6, 0)
-WBQ_LINEAR_K(q6_k, avx512, 210, wbk_group6, 0)
+
+WBQ_LINEAR(q4_0, avx2, 32, 18, 0, wbq_group, WBQ_K_q4_0)
+WBQ_LINEAR(q4_0, avx512, 32, 18, 0, wbq_group, WBQ_K_q4_0)
+WBQ_LINEAR(q4_1, avx2, 32, 20, 0, wbq_group, WBQ_K_q4_1)
+WBQ_LINEAR(q4_1, avx512, 32, 20, 0, wbq_group, WBQ_K_q4_1)
+WBQ_LINEAR(q8_0, avx2, 32, 34, 0, wbq_group, WBQ_K_q8_0)
+WBQ_LINEAR(q8_0, avx512, 32, 34, 0, wbq_group, WBQ_K_q8_0)
+WBQ_LINEAR(q4_k, avx2, 256, 144, 1, wbk_group45, 0)
+WBQ_LINEAR(q4_k, avx512, 256, 144, 1, wbk_group45, 0)
+WBQ_LINEAR(q5_k, avx2, 256, 176, 1, wbk_group45, 1)
+WBQ_LINEAR(q5_k, avx512, 256, 176, 1, wbk_group45, 1)
+WBQ_LINEAR(q6_k, avx2, 256, 210, 1, wbk_group6, 0)
+WBQ_LINEAR(q6_k, avx512, 256, 210, 1, wbk_group6, 0)
