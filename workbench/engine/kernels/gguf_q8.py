@@ -4,7 +4,8 @@
 partner (`PARTNER`: Q4_0 and Q8_0 meet Q8_0, Q4_1 meets Q8_1, the K-quants Q8_K), bit for bit
 as llama.cpp's x86 quantizers do (`quantize`), then sums each block's integer products exactly
 and scales them in float32 (`linear`): the result is `exact_product` up to float32 summation
-order (`error_bound`), whatever the row count, the chunk or the thread count. Two instruction
+order (`error_bound`), whatever the row count, the chunk or the thread count. The functions read
+the weight interleaved by 16 rows (`QuantizedWeight.interleaved`). Two instruction
 sets: "avx512" (AVX-512 VNNI with VL and BW, F16C) and "avx2" (AVX2, FMA, F16C); `isas()` lists
 those this CPU runs, best first; `WORKBENCH_GGUF_ISA=avx2` forces AVX2 here too (the variable
 of `gguf_products`).
@@ -30,8 +31,6 @@ PARTNER = {"Q4_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q4_K": "Q8_K", "Q5_K
            "Q6_K": "Q8_K"}
 # an activation type: values a block, bytes a block
 ACTIVATION_BLOCKS = {"Q8_0": (32, 34), "Q8_1": (32, 36), "Q8_K": (256, 292)}
-# the types whose functions read the weight interleaved by 16 rows (`QuantizedWeight.interleaved`)
-INTERLEAVED = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def function_name(kind: str, isa: str) -> str:
@@ -83,8 +82,7 @@ def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None =
         raise ValueError(f"bias must be float32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
     if weight.data.dtype != torch.uint8 or not weight.data.is_contiguous():
         raise ValueError("the weight's data must be contiguous uint8")
-    if weight.kind in INTERLEAVED:  # the functions read these interleaved (a copy, unless it is)
-        weight = weight.interleaved()
+    weight = weight.interleaved()  # what the functions read (a copy, unless it is)
     return c_products.product(linear_function(weight.kind, isa), x, weight.data,
                               None if bias is None else bias.contiguous(), out_features=n)
 
@@ -225,8 +223,7 @@ def _known_product_holds(kind: str, isa: str) -> bool:
     weight = gguf_products.random_blocks(kind, 21, block.block_size * 2, gen)  # a group + 5
     x = torch.randn(3, weight.in_features, generator=gen)
     expected, magnitude = exact_product(x, weight)
-    if kind in INTERLEAVED:
-        weight = weight.interleaved()
+    weight = weight.interleaved()
     got = c_products.product(getattr(c_library.library(), function_name(kind, isa)), x,
                              weight.data, None, out_features=21)
     return bool(((got.double() - expected).abs() <= error_bound(weight, magnitude)).all())

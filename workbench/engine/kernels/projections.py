@@ -297,8 +297,8 @@ class GgufQ8(Gguf):
 
     def prepare(self, weight, bias):
         weights = super().prepare(weight, bias)
-        if weight.kind in gguf_q8.INTERLEAVED:  # the functions read them interleaved: in place, taken over
-            weights.blocks = weight.interleaved(in_place=True)
+        # its functions read the blocks interleaved by 16 rows: rearranged in place, taken over
+        weights.blocks = weight.interleaved(in_place=True)
         weights.function = gguf_q8.linear_function(weight.kind)
         return weights
 
