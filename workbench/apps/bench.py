@@ -44,7 +44,9 @@ from typing import Any
 from workbench.apps import bench_embed as embed
 from workbench.apps import soak
 from workbench.apps.bench_embed import EmbedContenders
+from workbench.models import shapes
 from workbench.models.registry import DEFAULT_MODEL
+from workbench.models.shapes import SHAPES
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
 PROMPT = "Once upon a time, in a small village at the edge of a great forest,"
@@ -99,14 +101,44 @@ class Contenders:
         return LLM(model=self.config.model, dtype=self.config.dtype, kernel=self.config.kernel,
                    seed=self.config.seed, **engine_extras(self.config))
 
+    def both_do_not_fit(self) -> str | None:
+        """Why transformers' copy and ours cannot share this process (None: they can): the
+        two copies of the weights (and a tenth beside) above the memory available now, less
+        ours where it is loaded."""
+        import psutil
+
+        from workbench.models.registry import resolve_model
+
+        if "theirs" in self.__dict__:
+            return None
+        path = resolve_model(self.config.model).path
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        free = psutil.virtual_memory().available + (size if "ours" in self.__dict__ else 0)
+        if 2.2 * size <= free:
+            return None
+        return (f"transformers' copy beside ours: 2 x {size / 1e9:.1f} GB of weights, "
+                f"{free / 1e9:.1f} GB available (bench_load compares them apart)")
+
     @cached_property
     def embed(self):
         """Both sides of the embedding benchmark, on the default embedding model."""
         return EmbedContenders(dtype=float_dtype(self.config.dtype, "auto"))
 
+    @cached_property
+    def tokenizer(self):
+        """The model's tokenizer: transformers' side's where it is loaded, else read alone."""
+        if "theirs" in self.__dict__:
+            return self.theirs.tokenizer
+        from transformers import AutoTokenizer  # deferred: transformers is heavy to import
+
+        from workbench.models.registry import resolve_model
+
+        return AutoTokenizer.from_pretrained(resolve_model(self.config.model).path,
+                                             local_files_only=True)
+
     def prompt_ids(self, count: int) -> list[list[int]]:
         """`count` prompts' token ids: the story prompt, then one per topic."""
-        tokenizer = self.theirs.tokenizer
+        tokenizer = self.tokenizer
         texts = [PROMPT] if count == 1 else [f"Write a short story about {TOPICS[i % len(TOPICS)]}."
                                               for i in range(count)]
         return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
@@ -178,6 +210,118 @@ def bench_concurrent16(side: Contenders, config: BenchConfig) -> dict[str, float
     padded batch; the figures are named after the count (`concurrent16_tok_s`)."""
     return compare(f"concurrent{config.concurrency}", side, config,
                    side.prompt_ids(config.concurrency), sample=True)
+
+
+def long_prompt(side: Contenders, length: int = 512) -> list[int]:
+    """A prompt of `length` tokens: the story prompt's, repeated."""
+    story = side.prompt_ids(1)[0]
+    return (story * (length // len(story) + 1))[:length]
+
+
+def bench_prefill512(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """A 512-token prompt: our prefill (one token out, the prefix cache reset) against
+    transformers' forward over the same tokens (the last position's logits only, as ours), in
+    turn, best of `repeats` (`prefill512_ratio`)."""
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
+
+    prompt = long_prompt(side)
+    ids = torch.tensor([prompt])
+
+    def ours() -> int:
+        side.ours.llm_engine.reset_prefix_cache()
+        ours_generate(side.ours, [prompt], 1, sample=False)
+        return len(prompt)
+
+    def theirs() -> int:
+        with torch.inference_mode():
+            side.theirs.model(ids, logits_to_keep=1)
+        return len(prompt)
+
+    ours(), theirs()  # warm-up
+    ours_rate = theirs_rate = 0.0
+    for _ in range(config.repeats):
+        ours_rate = max(ours_rate, tokens_per_second(ours))
+        theirs_rate = max(theirs_rate, tokens_per_second(theirs))
+    return {"prefill512_tok_s": round(ours_rate, 2), "hf_prefill512_tok_s": round(theirs_rate, 2),
+            "prefill512_ratio": round(ours_rate / theirs_rate, 3)}
+
+
+def bench_load(side: Contenders, config: BenchConfig) -> dict[str, Any]:
+    """Loading, each side in a spawned child of its own (a fresh interpreter, its imports done
+    before the clock starts), one after the other: `LLM(model)` against transformers'
+    `from_pretrained` in the same dtype (`load_s`, `hf_load_s`, `load_time_ratio`); the
+    resident memory the load added (`resident_after_load_mb`, with `resident_over_weights`
+    against `weights_mb`, the checkpoint's weights in that dtype) and its peak
+    (`peak_load_over_weights`); and a greedy stream of `tokens` tokens on the freshly loaded
+    model (`fresh_single_stream_tok_s`, `hf_fresh_single_stream_tok_s`): the figures of a
+    model too large for both sides to share one process (`--shape llama-8b`)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    prompt = side.prompt_ids(1)[0]
+    found = {}
+    for which in ("ours", "theirs"):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            found[which] = pool.submit(_child_load, which, config, prompt).result()
+    ours, theirs = found["ours"], found["theirs"]
+    weights = ours["weights_mb"]
+    return {"weights_mb": weights, "load_s": ours["load_s"], "hf_load_s": theirs["load_s"],
+            "load_time_ratio": round(ours["load_s"] / theirs["load_s"], 3),
+            "resident_after_load_mb": ours["added_mb"],
+            "resident_over_weights": round(ours["added_mb"] / weights, 3),
+            "peak_load_over_weights": round(ours["peak_added_mb"] / weights, 3),
+            "hf_resident_over_weights": round(theirs["added_mb"] / theirs["weights_mb"], 3),
+            "fresh_single_stream_tok_s": ours["tok_s"], "hf_fresh_single_stream_tok_s":
+                theirs["tok_s"]}
+
+
+def _child_load(which: str, config: BenchConfig, prompt: list[int]) -> dict[str, float]:
+    """What a child of `bench_load` runs: one side loaded and streaming, and its figures."""
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
+    import transformers  # noqa: F401  (imported before the clock starts, on both sides)
+
+    from workbench import LLM
+    from workbench.models import load_model, memory
+
+    torch.set_num_threads(config.threads)
+    before = memory.resident()
+    start = time.perf_counter()
+    if which == "ours":
+        llm = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel, seed=config.seed,
+                  **engine_extras(config))
+        loaded = llm.llm_engine.loaded
+        run = lambda tokens: ours_generate(llm, [prompt], tokens, sample=False)
+    else:
+        loaded = load_model(config.model, dtype=float_dtype(config.dtype), progress=False)
+        run = lambda tokens: hf_generate(loaded, [prompt], tokens, sample=False)
+    load_s = time.perf_counter() - start
+    after = memory.resident()
+    run(4)  # warm-up
+    rate = tokens_per_second(lambda: run(config.tokens))
+    weights = weights_bytes(loaded.config, loaded.dtype, loaded.quantized) / 2**20
+    added = peak = float("nan")
+    if before is not None and after is not None:
+        added, peak = after.rss - before.rss, after.peak - before.rss
+    return {"load_s": round(load_s, 2), "weights_mb": round(weights, 1),
+            "added_mb": round(added, 1), "peak_added_mb": round(peak, 1), "tok_s": round(rate, 2)}
+
+
+def weights_bytes(config, dtype, quantized: dict | None = None) -> int:
+    """The bytes of a checkpoint's weights of `config` in `dtype` (a tied weight once), where
+    `quantized` has a weight's GGUF blocks, those: the model built on the meta device."""
+    quantized = quantized or {}
+    return sum(quantized[name].nbytes if name in quantized else p.numel() * p.element_size()
+               for name, p in meta_model(config, dtype).named_parameters())
+
+
+def meta_model(config, dtype):
+    """A model of `config` in `dtype` on the meta device: its weights' names and shapes, no
+    memory."""
+    import torch  # deferred: torch is heavy; `workbench bench --help` stays light
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def hf_beam(lm, prompt: list[int], width: int, tokens: int) -> int:
@@ -358,7 +502,7 @@ def decode_step_bytes(model, quantized: dict | None = None) -> int:
     for name, p in model.named_parameters():  # a tied weight once, by its first name
         if p is not embed:
             total += quantized[name].nbytes if name in quantized else p.numel() * p.element_size()
-    if head is not None and head.weight.data_ptr() == embed.data_ptr():
+    if head is not None and head.weight is embed:
         blocks = quantized.get("lm_head.weight")
         total += blocks.nbytes if blocks is not None else embed.numel() * embed.element_size()
     return total
@@ -377,9 +521,11 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
     read = memory_read_bandwidth_apart(config.threads)
-    quantized = side.ours.llm_engine.loaded.quantized
-    # the weights as loaded (ours are fused, the same bytes), or the blocks ours reads instead
-    limit = read.median * 1e9 / decode_step_bytes(side.theirs.model, quantized)
+    loaded = side.ours.llm_engine.loaded
+    # the weights as the checkpoint holds them (ours are fused, the same bytes), or the blocks
+    # ours reads instead
+    model = meta_model(loaded.config, loaded.dtype)
+    limit = read.median * 1e9 / decode_step_bytes(model, loaded.quantized)
     return {**figures, "memory_read_gb_s": round(read.median, 2),
             "memory_read_gb_s_q1": round(read.q1, 2), "memory_read_gb_s_q3": round(read.q3, 2),
             "single_stream_limit_tok_s": round(limit, 2)}
@@ -592,8 +738,14 @@ def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, f
 
 
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
-    bench_machine, bench_single_stream, bench_gguf_activations, bench_concurrent16, bench_beam4,
-    bench_embed, bench_inside, bench_invariant, bench_capture, bench_engine_memory)
+    bench_machine, bench_load, bench_single_stream, bench_gguf_activations, bench_concurrent16,
+    bench_prefill512, bench_beam4, bench_embed, bench_inside, bench_invariant, bench_capture,
+    bench_engine_memory)
+# the benchmarks that hold transformers' copy beside ours in this process
+BOTH_IN_PROCESS = frozenset({bench_single_stream, bench_concurrent16, bench_prefill512,
+                             bench_beam4, bench_gguf_activations, bench_invariant, bench_capture})
+# what `--shape` runs by default: the serving figures at size (`--only` to choose)
+SHAPE_BENCHMARKS = ("machine", "load", "single_stream", "concurrent16", "prefill512", "inside")
 
 
 def peak_rss_mb() -> float:
@@ -626,6 +778,10 @@ def _run(config: BenchConfig, benchmarks, log, side, figures) -> dict[str, Any]:
     torch.set_num_threads(config.threads)
     side, results = side or Contenders(config), {}
     for benchmark in BENCHMARKS if benchmarks is None else benchmarks:
+        crowded = benchmark in BOTH_IN_PROCESS and side.both_do_not_fit()
+        if crowded:  # said in the figures, never silently left out
+            results.setdefault("skipped", {})[benchmark.__name__] = crowded
+            continue
         if log:
             log(f"running {benchmark.__name__} ...")
         found = benchmark(side, config)
@@ -651,15 +807,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --dtype gguf: the activations the blocks meet (q8: llama.cpp's "
                         "int8 arithmetic); the other one is measured beside it")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--shape", choices=list(SHAPES), help="instead of --model: random weights "
+                        "in a real model's layer shapes (the alias random-SHAPE, built once); "
+                        f"runs {', '.join(SHAPE_BENCHMARKS)} unless --only says")
+    parser.add_argument("--only", help="the benchmarks to run, by name, comma-separated "
+                        f"(of {', '.join(b.__name__.removeprefix('bench_') for b in BENCHMARKS)})")
     parser.add_argument("--soak", action="store_true", help="instead: the soak and fuzz run "
                         "(workbench/apps/soak.py): disconnect storms, invalid bodies, schemathesis")
     args = parser.parse_args(argv)
     if args.soak:
         return soak.main(json_line=args.json, quick=args.quick)
-    settings = dict(model=args.model, dtype=args.dtype, kernel=args.kernel, threads=args.threads,
+    model = shapes.alias(args.shape) if args.shape else args.model
+    settings = dict(model=model, dtype=args.dtype, kernel=args.kernel, threads=args.threads,
                     gguf_activations=args.gguf_activations)
     config = BenchConfig.quick(**settings) if args.quick else BenchConfig(**settings)
-    results = run(config, log=lambda line: print(line, file=sys.stderr, flush=True))
+    names = args.only.split(",") if args.only else SHAPE_BENCHMARKS if args.shape else None
+    by_name = {b.__name__.removeprefix("bench_"): b for b in BENCHMARKS}
+    unknown = [n for n in names or () if n not in by_name]
+    if unknown:
+        parser.error(f"--only: no benchmark named {', '.join(unknown)} (of {', '.join(by_name)})")
+    benchmarks = [by_name[n] for n in names] if names else None
+    results = run(config, benchmarks, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(results) if args.json else format_table(results), flush=True)
     return 0
 

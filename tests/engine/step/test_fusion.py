@@ -195,55 +195,57 @@ def test_prepacked_bf16_projections_are_bit_identical():
         assert torch.equal(packed(ids).logits, lm.model(ids).logits)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 16, 17])
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 16, 17, 70])
 @pytest.mark.parametrize("k", [64, 67, 96])
 @pytest.mark.parametrize("bias", [True, False])
 def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias):
-    """Up to four rows go through the C AVX-512 BF16 kernel, and 12 to 16 with an even K (its
-    broadcast tiles, pairs of k a lane), the others through oneDNN; partial
-    blocks of weight rows (99 is not a multiple of 8) and of K (67, 96: masked tails). Each
-    output is within one bf16 rounding of the exact product, rarely a last bit off oneDNN's."""
+    """Up to four rows go through the C AVX-512 BF16 few-row kernel, and 12 to 16 with an even
+    K (its broadcast tiles, pairs of k a lane), the others through the invariant broadcast
+    tiles, all on the one plain weight; partial blocks of weight rows (99 is not a multiple of
+    8) and of K (67, 96: masked tails). Each output is within one bf16 rounding of the exact
+    product, rarely a last bit off oneDNN's."""
     needs("avx512bf16", torch.bfloat16)
     gen = torch.Generator().manual_seed(rows * k)
     weight = torch.randn(99, k, generator=gen).to(torch.bfloat16)
     b = torch.randn(99, generator=gen).to(torch.bfloat16) if bias else None
     x = torch.randn(1, rows, k, generator=gen).to(torch.bfloat16)
-    got = FastLinear(weight, b, "avx512bf16")(x)
+    linear = FastLinear(weight, b, "avx512bf16")
+    assert linear.weights.packed is None and linear.c_weight() is linear.weight  # one copy
+    got = linear(x)
     exact = x.double() @ weight.double().T + (0 if b is None else b.double())
     assert got.shape == (1, rows, 99) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
     reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
-    c_kernel = rows <= Avx512Bf16.MAX_ROWS or (
+    assert (got != reference).float().mean() < 0.05
+    few_rows = rows <= Avx512Bf16.MAX_ROWS or (
         Avx512Bf16.BROADCAST_ROWS[0] <= rows <= Avx512Bf16.BROADCAST_ROWS[1] and k % 2 == 0)
-    if not c_kernel:
-        assert torch.equal(got, reference)
-    else:
-        assert (got != reference).float().mean() < 0.05
+    if not few_rows:  # the invariant tiles: the batch-invariant engine's bits
+        invariant = c_products.product(c_products.linear_bf16_invariant_function(), x, weight,
+                                       b, 99)
+        assert torch.equal(got, invariant)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16, 17, Amx.MAX_ROWS, Amx.MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 4, 16, 17, 32, 33, 100])
 @pytest.mark.parametrize("n, k", [(99, 67), (48, 64), (20, 1536)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_amx_products_equal_float32_arithmetic_rounded_once(rows, n, k, bias):
-    """Up to Amx.MAX_ROWS rows on AMX tiles (the weight in their layout, zero padded where N is
-    not a multiple of 16 or K of 32; rows past 16 in a second tile), more through oneDNN. Each
-    output within one bf16 rounding of the exact product, rarely a last bit off oneDNN's."""
+    """Every row count on AMX tiles (the weight in their layout, its only copy, zero padded
+    where N is not a multiple of 16 or K of 32; rows past 16 in further tiles). Each output
+    within one bf16 rounding of the exact product, rarely a last bit off oneDNN's."""
     needs("amx", torch.bfloat16)
     gen = torch.Generator().manual_seed(rows * k + n)
     weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
     x = torch.randn(1, rows, k, generator=gen).to(torch.bfloat16)
     linear = FastLinear(weight, b, "amx")
-    assert linear.weight is None and linear.c_weight() is not None  # tiles, no plain copy
+    assert linear.weight is None and linear.weights.packed is None  # the tiles alone
+    assert linear.c_weight() is not None
     got = linear(x)
     exact = x.double() @ weight.double().T + (0 if b is None else b.double())
     assert got.shape == (1, rows, n) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
     reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
-    if rows > Amx.MAX_ROWS:
-        assert torch.equal(got, reference)
-    else:
-        assert (got != reference).float().mean() < 0.05
+    assert (got != reference).float().mean() < 0.05
 
 
 @pytest.mark.parametrize("kernel, dtype", [("avx512bf16", torch.bfloat16), ("avx2", torch.float32)])

@@ -179,16 +179,19 @@ class OneDnn(LinearKernel):
 
 
 class Avx512Bf16(OneDnn):
-    """bfloat16: as "onednn", except products of up to `MAX_ROWS` rows (a few sequences or beams
-    decoding) and of `BROADCAST_ROWS` rows, which go through `csrc/linear_bf16.c`'s AVX-512 BF16
-    function on a plain copy of the weight: fp32 accumulation and one rounding, a product may
-    differ from oneDNN's in the last bit of bf16."""
+    """bfloat16 in C on the plain weight, the only copy kept (`csrc/linear_bf16.c`'s AVX-512
+    BF16 functions): up to `MAX_ROWS` rows (a few sequences or beams decoding) and
+    `BROADCAST_ROWS` rows as few-row products, any other count through the invariant broadcast
+    tiles (as fast as oneDNN's prepacked products from 32 rows on, 1.1-1.5x slower from 5 to 11
+    and 17 to 31 rows, where a second, packed copy of every weight would buy that back: the
+    one-copy rule keeps models of 8B in memory). fp32 accumulation and one rounding, a product
+    may differ from oneDNN's in the last bit of bf16."""
 
     name = "avx512bf16"
-    # the C kernel beats oneDNN up to four rows (a step's products on an AMX Xeon: 12.6 vs 18.4
-    # ms at one row, 18.7 vs 19.9 at four, 26 vs 20 at eight), and a step in one C call needs it
+    # the few-row function beats oneDNN up to four rows (a step's products on an AMX Xeon: 12.6
+    # vs 18.4 ms at one row, 18.7 vs 19.9 at four, 26 vs 20 at eight), and from 12 to 16 rows
+    # (an even K) its broadcast tiles (26 vs 35 without AMX)
     MAX_ROWS = 4
-    # and from 12 to 16 rows (an even K) its broadcast tiles beat oneDNN without AMX (26 vs 35)
     BROADCAST_ROWS = (12, 16)
 
     def missing(self, dtype, features):
@@ -201,29 +204,30 @@ class Avx512Bf16(OneDnn):
         return lack
 
     def prepare(self, weight, bias):
-        weights = super().prepare(weight, bias)
-        weights.plain = weights.c_weight = weight.detach().contiguous()
+        weights = LinearKernel.prepare(self, weight, bias)
+        weights.c_weight = weights.plain
         return weights
 
     def c_function(self, weights, rows, dtype):
+        if dtype != torch.bfloat16:
+            return None
         low, high = self.BROADCAST_ROWS
-        if dtype == torch.bfloat16 and (rows <= self.MAX_ROWS or (
-                low <= rows <= high and weights.in_features % 2 == 0)):
+        if rows <= self.MAX_ROWS or (low <= rows <= high and weights.in_features % 2 == 0):
             return c_products.linear_bf16_function()
-        return None
+        return c_products.linear_bf16_invariant_function()
 
     def invariant_function(self, weights, dtype):
         return c_products.linear_bf16_invariant_function() if dtype == torch.bfloat16 else None
 
 
 class Amx(OneDnn):
-    """bfloat16: as "onednn", except products of up to `MAX_ROWS` rows (decoding, beams, small
-    batches), which go through `csrc/linear_amx.c` on a copy of the weight in its tiles' layout
-    (in place of the plain copy "avx512bf16" keeps): fp32 accumulation and one rounding, a
-    product may differ from oneDNN's in the last bit of bf16."""
+    """bfloat16 in C on AMX tiles (`csrc/linear_amx.c`), every row count, on the weight in its
+    tiles' layout, the only copy kept: each pair of 16-row weight blocks stays in L2 while every
+    16 input rows multiply with it, so a prefill's many rows read the weights once. fp32
+    accumulation and one rounding, a product may differ from oneDNN's in the last bit of
+    bf16."""
 
     name = "amx"
-    MAX_ROWS = 32  # as fast as oneDNN's at 32 rows, faster below
 
     def missing(self, dtype, features):
         lack = super().missing(dtype, features)
@@ -236,14 +240,13 @@ class Amx(OneDnn):
         return lack
 
     def prepare(self, weight, bias):
-        weights = super().prepare(weight, bias)
-        weights.c_weight = c_products.amx_pack(weight.detach())
-        return weights
+        weight = weight.detach()
+        return LinearWeights(weight.shape[0], weight.shape[1],
+                             None if bias is None else bias.detach(),
+                             c_weight=c_products.amx_pack(weight))
 
     def c_function(self, weights, rows, dtype):
-        if rows <= self.MAX_ROWS and dtype == torch.bfloat16:
-            return c_products.linear_amx_function()
-        return None
+        return c_products.linear_amx_function() if dtype == torch.bfloat16 else None
 
 
 class Gguf(LinearKernel):

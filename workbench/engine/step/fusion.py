@@ -22,6 +22,7 @@ from torch import nn
 
 from workbench.engine.kernels import c_products, projections
 from workbench.engine.kernels.projections import LinearKernel
+from workbench.models import memory
 from workbench.models.gguf_blocks import QuantizedWeight
 
 C_KERNELS = frozenset({"avx2", "amx", "avx512bf16", "gguf", "gguf_q8"})  # with C products (c_function)
@@ -73,12 +74,19 @@ class FastLinear(nn.Module):
     tile_rows: int = 0  # 0: the rows as they come
 
     def __init__(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None,
-                 kernel: str | LinearKernel):
+                 kernel: str | LinearKernel, sources: tuple[torch.Tensor, ...] = ()):
+        """`sources`: the model's weights that `weight` was made of (a fused group's, the
+        float weight a GGUF block stands for); once the kernel has its layout, the pages of
+        a checkpoint's file under them and under `weight` that it did not keep are given back
+        (`memory.release`): one copy of each weight stays resident."""
         super().__init__()
         self.register_state_dict_pre_hook(_taken_over)
         self.kernel = projections.get(kernel)
         self.weights = self.kernel.prepare(weight, bias)
         self.out_features, self.in_features = self.weights.out_features, self.weights.in_features
+        kept = (self.weights.plain, self.weights.packed, self.weights.c_weight)
+        memory.release(*sources, *([weight] if isinstance(weight, torch.Tensor) else []),
+                       keep=kept)
 
     @property
     def weight(self) -> torch.Tensor | None:
@@ -197,14 +205,15 @@ def _fused(linears: list[nn.Linear], blocks: list[QuantizedWeight | None], kerne
     biases = [lin.bias for lin in linears]
     bias = torch.cat([b.detach() for b in biases]) if all(
         b is not None for b in biases) else None
+    sources = tuple(lin.weight for lin in linears)
     if all(b is None for b in blocks):
         weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
-        return FastLinear(weight, bias, fallback)
+        return FastLinear(weight, bias, fallback, sources)
     kinds = {None if b is None else b.kind for b in blocks}
     if len(kinds) != 1:
         return None
     return FastLinear(QuantizedWeight.cat([b for b in blocks if b is not None]), None
-                      if bias is None else bias.float(), kernel)
+                      if bias is None else bias.float(), kernel, sources)
 
 
 def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
@@ -232,7 +241,8 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
         blocks = blocks_of(lin)
         if blocks is None:
             return FastLinear(lin.weight, lin.bias, fallback)
-        linear = FastLinear(blocks, None if lin.bias is None else lin.bias.float(), kernel)
+        linear = FastLinear(blocks, None if lin.bias is None else lin.bias.float(), kernel,
+                            (lin.weight,))
         kept = linear.weights.blocks  # "gguf_q8" interleaves them in place: every name says so
         assert kept is not None  # a block kernel keeps its blocks
         for name in [name for name, weight in quantized.items() if weight is blocks]:

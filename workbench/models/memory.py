@@ -1,0 +1,125 @@
+"""What a process holds in memory, and giving back the pages of a checkpoint it has converted.
+
+transformers loads a safetensors checkpoint whose dtype is the model's as private memory maps
+of its files: each weight is a view of the file's pages, read from disk (or the page cache) as
+they are first touched, and counted in the process's resident memory (`RssFile`) from then on,
+for as long as the file's map lives, which is as long as any weight of that file does. A kernel
+that keeps a weight in a layout of its own (a fused Q/K/V, oneDNN's or AMX's tiles) has copied
+it: `release(weight)` then drops the file's pages under it from this process (`madvise(
+MADV_DONTNEED)`), so resident memory holds the converted copy alone. Only a weight that lies in
+one map of a file, every page of it still the file's (never written: `/proc/self/pagemap`), is
+dropped: its content is the file's, so a later read (the tied embedding reading its rows, say)
+maps the pages in again, unchanged. Memory of any other kind is left to its owner (anonymous
+memory is freed when its last tensor goes; dropping its pages would zero them).
+
+`resident()`: this process's resident and peak resident memory, in MB (Linux's `/proc`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import functools
+import mmap
+import os
+from dataclasses import dataclass
+
+import torch
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4
+
+
+@dataclass(frozen=True)
+class Resident:
+    """Resident memory in MB: now (`rss`, of it `anon` and `file`), and the peak (`peak`)."""
+
+    rss: float
+    anon: float
+    file: float
+    peak: float
+
+
+def resident() -> Resident | None:
+    """This process's resident memory (None where `/proc/self/status` is not there)."""
+    fields = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                    fields[key] = round(int(value.split()[0]) / 1024, 1)  # kB
+    except OSError:
+        return None
+    return Resident(fields.get("VmRSS", 0.0), fields.get("RssAnon", 0.0),
+                    fields.get("RssFile", 0.0), fields.get("VmHWM", 0.0))
+
+
+def _file_maps() -> list[tuple[int, int]]:
+    """(start, end) of every map of a file in this process, sorted."""
+    maps = []
+    try:
+        with open("/proc/self/maps") as lines:
+            for line in lines:
+                parts = line.split()
+                if len(parts) < 6 or not parts[5].startswith("/"):
+                    continue  # not a file (anonymous, heap, stack, [vdso])
+                start, end = (int(a, 16) for a in parts[0].split("-"))
+                maps.append((start, end))
+    except OSError:
+        return []
+    return sorted(maps)
+
+
+def _all_file_pages(first: int, last: int) -> bool:
+    """Whether every page in [first, last) is the file's: not present, or present as a file
+    page (`/proc/self/pagemap` bit 61; a written page of a private map is anonymous)."""
+    count = (last - first) // _PAGE
+    try:
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(first // _PAGE * 8)
+            entries = memoryview(pagemap.read(count * 8)).cast("Q")
+    except OSError:
+        return False
+    if len(entries) != count:
+        return False
+    present, file_page = 1 << 63, 1 << 61
+    return all(not e & present or e & file_page for e in entries)
+
+
+@functools.cache
+def _madvise():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return libc.madvise
+
+
+def release(*weights: torch.Tensor | None, keep: tuple = ()) -> int:
+    """Drops from this process the whole pages of file maps under `weights` (weights a kernel
+    has copied: see the module docstring), except those of a tensor in `keep` (a kernel's kept
+    tensors, which may be the same memory); returns the bytes dropped. A no-op off Linux."""
+    kept = {t.untyped_storage().data_ptr() for t in keep if isinstance(t, torch.Tensor)}
+    spans = []
+    for weight in weights:
+        if weight is None or weight.device.type != "cpu" or weight.numel() == 0:
+            continue
+        storage = weight.untyped_storage()
+        if storage.data_ptr() in kept:
+            continue
+        start = weight.data_ptr()
+        spans.append((start, start + weight.numel() * weight.element_size()))
+    if not spans or not os.path.exists("/proc/self/maps"):
+        return 0
+    maps = _file_maps()
+    starts = [m[0] for m in maps]
+    dropped = 0
+    for start, end in spans:
+        i = bisect.bisect_right(starts, start) - 1
+        if i < 0 or end > maps[i][1]:
+            continue  # not (wholly) in one file map
+        first = -(-start // _PAGE) * _PAGE  # whole pages only: a neighbour's stay as they are
+        last = end // _PAGE * _PAGE
+        if last > first and _all_file_pages(first, last) and \
+                _madvise()(first, last - first, _MADV_DONTNEED) == 0:
+            dropped += last - first
+    return dropped
