@@ -38,7 +38,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0
+    # None: KV_CACHE_UTILIZATION of the memory available after the weights, at most what
+    # max_num_seqs sequences of max_model_len take (engine/step/model_limits.py)
+    kv_cache_memory_gb: float | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"  # fcfs | priority
@@ -83,6 +85,10 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValidationError(f"max_model_len must be at least 2, got {self.max_model_len}.",
                                   parameter="max_model_len", value=self.max_model_len)
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
+            raise ValidationError(f"kv_cache_memory_gb must be positive, got "
+                                  f"{self.kv_cache_memory_gb}.", parameter="kv_cache_memory_gb",
+                                  value=self.kv_cache_memory_gb)
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValidationError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}.",
                                   parameter="num_kv_blocks", value=self.num_kv_blocks)

@@ -359,3 +359,12 @@ def test_serve_flags_reach_the_server_config():
         "/llm", True, True, True)
     _, default = configs_from_args(build_parser().parse_args(["serve"]))
     assert (default.root_path, default.enable_prompt_tokens_details) == ("", False)
+
+
+def test_kv_cache_memory_flag_reaches_the_engine_config():
+    from workbench.apps.cli import build_parser, configs_from_args
+
+    engine, _ = configs_from_args(build_parser().parse_args(["serve", "--kv-cache-memory", "2.5"]))
+    assert engine.kv_cache_memory_gb == 2.5
+    default, _ = configs_from_args(build_parser().parse_args(["serve"]))
+    assert default.kv_cache_memory_gb is None  # sized from the memory there is

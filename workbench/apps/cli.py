@@ -68,6 +68,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GB",
+                   help="the KV cache's memory (default: what the machine has available after "
+                   "the weights, times 0.9, at most what --max-num-seqs sequences of "
+                   "--max-model-len take)")
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--max-capture-mb", type=float, default=None, metavar="N",
                    help="the most a request's `capture` and `logit_lens` may record, in MiB of "
@@ -190,6 +194,8 @@ def configs_from_args(args: argparse.Namespace):
         engine_kwargs["classifier_labels"] = tuple(args.classifier_labels)
     if args.max_capture_mb is not None:
         engine_kwargs["max_capture_mb"] = args.max_capture_mb
+    if args.kv_cache_memory is not None:
+        engine_kwargs["kv_cache_memory_gb"] = args.kv_cache_memory
     if args.steering_vectors:
         engine_kwargs["steering_vectors"] = parse_steering_vectors(args.steering_vectors)
     engine = EngineConfig(model=model, dtype=args.dtype, gguf_activations=args.gguf_activations,

@@ -49,6 +49,7 @@ from workbench.errors import ValidationError
 from workbench.inside.resolve import ModelShape
 from workbench.inside.vectors import load_vector
 from workbench.lora.request import LoRARequest
+from workbench.models import memory
 from workbench.models.loader import load_model
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
@@ -148,7 +149,8 @@ class LLMEngine:
         """KV cache blocks, scheduler and model runner; LoRA slots with `enable_lora`."""
         config = self.config
         dtype = next(self.model.parameters()).dtype
-        num_blocks = model_limits.num_kv_blocks(hf, dtype, config, self.max_model_len)
+        num_blocks = model_limits.num_kv_blocks(hf, dtype, config, self.max_model_len,
+                                                memory.available_beside(self.model))
         self.block_manager = BlockManager(num_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,

@@ -13,6 +13,8 @@ maps the pages in again, unchanged. Memory of any other kind is left to its owne
 memory is freed when its last tensor goes; dropping its pages would zero them).
 
 `resident()`: this process's resident and peak resident memory, in MB (Linux's `/proc`).
+`available_beside(model)`: the memory the machine has available beside a loaded model's weights
+(what the KV cache is sized from).
 """
 
 from __future__ import annotations
@@ -98,7 +100,9 @@ def release(*weights: torch.Tensor | None, keep: tuple = ()) -> int:
     """Drops from this process the whole pages of file maps under `weights` (weights a kernel
     has copied: see the module docstring), except those of a tensor in `keep` (a kernel's kept
     tensors, which may be the same memory); returns the bytes dropped. A no-op off Linux."""
-    kept = {t.untyped_storage().data_ptr() for t in keep if isinstance(t, torch.Tensor)}
+    # (oneDNN's packed weight is opaque, always a copy of its own)
+    kept = {t.untyped_storage().data_ptr() for t in keep
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided}
     spans = []
     for weight in weights:
         if weight is None or weight.device.type != "cpu" or weight.numel() == 0:
@@ -123,3 +127,31 @@ def release(*weights: torch.Tensor | None, keep: tuple = ()) -> int:
                 _madvise()(first, last - first, _MADV_DONTNEED) == 0:
             dropped += last - first
     return dropped
+
+
+def trim() -> None:
+    """Returns the C heap's free memory to the OS (glibc's `malloc_trim`): a conversion's
+    temporaries (a fused group's concatenation before its kernel packs it) are freed into a
+    heap that otherwise keeps them resident. A no-op where the C library has none."""
+    trim_heap = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim_heap is not None:
+        trim_heap(0)
+
+
+def available_beside(model: torch.nn.Module) -> int | None:
+    """The bytes of memory this machine has available once `model`'s weights are resident:
+    the OS's available memory (`psutil`) less the weights that lie in a file's map (counted
+    there as reclaimable page cache, but read every step). None for a model off the CPU."""
+    import psutil
+
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cpu":
+        return None
+    maps = _file_maps()
+    starts = [m[0] for m in maps]
+    mapped = 0
+    for p in {p.data_ptr(): p for p in params}.values():
+        i = bisect.bisect_right(starts, p.data_ptr()) - 1
+        if i >= 0 and p.data_ptr() < maps[i][1]:
+            mapped += p.numel() * p.element_size()
+    return max(0, psutil.virtual_memory().available - mapped)

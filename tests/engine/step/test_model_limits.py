@@ -49,6 +49,42 @@ def test_kv_blocks_come_from_the_count_or_the_memory_budget():
         num_kv_blocks(hf, torch.float32, EngineConfig(num_kv_blocks=7), 200)
 
 
+def test_by_default_the_cache_takes_most_of_the_memory_left_at_most_what_every_sequence_takes():
+    hf = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=2, hidden_size=64,
+                         num_attention_heads=4)  # 512 B a token, 8 KiB a block of 16
+    config = EngineConfig(max_num_seqs=4)
+    # plenty left: 4 sequences of 100 tokens (7 blocks each), no more
+    assert num_kv_blocks(hf, torch.float32, config, 100, available=2**30) == 28
+    # 100 blocks' worth left: 90% of it
+    assert num_kv_blocks(hf, torch.float32, EngineConfig(max_num_seqs=64), 100,
+                         available=100 * 8192) == 90
+
+
+def test_a_cache_that_cannot_hold_one_full_sequence_is_refused_naming_the_numbers():
+    hf = SimpleNamespace(num_hidden_layers=32, num_key_value_heads=8, hidden_size=4096,
+                         num_attention_heads=32)  # Llama-3.1-8B's: 128 KiB a token in bf16
+    with pytest.raises(ValidationError) as err:
+        num_kv_blocks(hf, torch.bfloat16, EngineConfig(), 131072, available=6 * 2**30)
+    message = str(err.value)
+    assert "max_model_len=131072 needs 16.00 GB" in message and "128 KiB a token" in message
+    assert "6.00 GB available after the weights" in message
+    assert err.value.parameter == "max_model_len"
+    # the same model at 8k fits
+    assert num_kv_blocks(hf, torch.bfloat16, EngineConfig(), 8192, available=6 * 2**30) > 512
+
+
+def test_a_budget_beyond_the_memory_available_is_refused():
+    hf = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=2, hidden_size=64,
+                         num_attention_heads=4)
+    with pytest.raises(ValidationError, match=r"kv_cache_memory_gb=8 \(--kv-cache-memory\) "
+                       r"is more than the 4.00 GB") as err:
+        num_kv_blocks(hf, torch.float32, EngineConfig(kv_cache_memory_gb=8), 100,
+                      available=4 * 2**30)
+    assert err.value.parameter == "kv_cache_memory_gb"
+    with pytest.raises(ValidationError, match="must be positive"):
+        EngineConfig(kv_cache_memory_gb=0)
+
+
 def test_generation_config_defaults_and_extra_eos_ids():
     gen = SimpleNamespace(eos_token_id=[2, 5], to_diff_dict=lambda: {
         "temperature": 0.6, "max_new_tokens": 64, "do_sample": True})

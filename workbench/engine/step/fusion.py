@@ -277,6 +277,7 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
                         setattr(owner, name, fast(lin))
     if kernel != "torch" and isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.lm_head = fast(model.lm_head)
+    memory.trim()
     return fused
 
 
