@@ -226,3 +226,59 @@ def test_the_engine_peak_rss_is_measured_in_a_child(tiny_llama, tiny_llama_dir, 
     figures = bench.bench_engine_memory(side, config)
     assert set(figures) == {"engine_peak_rss_mb"} and 50 < figures["engine_peak_rss_mb"] < 1024
     assert bench.own_peak_rss_mb() > 1024 + figures["engine_peak_rss_mb"] / 4 and held.sum() > 0
+
+
+def test_the_prefill_figures_compare_ours_with_transformers_forward(tiny_side):
+    figures = bench.bench_prefill512(tiny_side, bench.BenchConfig(tokens=2, repeats=1))
+    assert set(figures) == {"prefill512_tok_s", "hf_prefill512_tok_s", "prefill512_ratio"}
+    assert all(value > 0 for value in figures.values())
+    assert len(bench.long_prompt(tiny_side)) == 512
+
+
+def test_the_load_figures_come_from_a_child_per_side(tiny_llama_dir):
+    config = bench.BenchConfig.quick(model=str(tiny_llama_dir), tokens=3)
+    side = bench.Contenders(config)
+    figures = bench.bench_load(side, config)
+    assert "theirs" not in side.__dict__ and "ours" not in side.__dict__  # never loaded here
+    assert figures["load_s"] > 0 and figures["hf_load_s"] > 0 and figures["load_time_ratio"] > 0
+    assert figures["fresh_single_stream_tok_s"] > 0 and figures["hf_fresh_single_stream_tok_s"] > 0
+    from workbench.models.devices import resolve_dtype
+
+    size = 2 if str(resolve_dtype("auto", "cpu")) == "torch.bfloat16" else 4  # what auto picks
+    count = sum(p.numel() for p in tiny_model("llama").model.parameters())  # tied: once
+    assert figures["weights_mb"] == round(count * size / 2**20, 1)
+    assert {"resident_over_weights", "peak_load_over_weights", "hf_resident_over_weights"} <= \
+        set(figures)
+
+
+def test_only_runs_the_benchmarks_named_and_refuses_unknown_names(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "BENCHMARKS", (_fake, bench.bench_machine))
+    assert bench.main(["--json", "--quick", "--only", "_fake"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(figures) == {"fake_tok_s", "fake_ratio", "peak_rss_mb"}
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "nope"])
+    assert "no benchmark named nope" in capsys.readouterr().err
+
+
+def test_a_benchmark_that_needs_both_copies_is_skipped_saying_why(tiny_side, monkeypatch):
+    monkeypatch.setattr(bench, "BOTH_IN_PROCESS", frozenset({_fake}))
+    monkeypatch.setattr(bench.Contenders, "both_do_not_fit", lambda self: "too big")
+    results = bench.run(bench.BenchConfig.quick(), [_fake], side=tiny_side)
+    assert results["skipped"] == {"_fake": "too big"} and "fake_tok_s" not in results
+
+
+def test_a_shape_is_an_alias_of_a_random_model_in_the_cache():
+    from workbench.models import ALIASES, shapes
+
+    assert {shapes.alias(name) for name in shapes.SHAPES} <= set(ALIASES)
+    config = shapes.config_of("llama-1b")
+    names = dict(shapes.parameters_of(config))
+    assert sum(torch_numel(s) for s in names.values()) == 1_073_809_408  # 1.07B: the table once (tied), 16 layers
+    assert "lm_head.weight" not in names
+
+
+def torch_numel(shape) -> int:
+    import math
+
+    return math.prod(shape)

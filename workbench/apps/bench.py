@@ -116,7 +116,7 @@ class Contenders:
         free = psutil.virtual_memory().available + (size if "ours" in self.__dict__ else 0)
         if 2.2 * size <= free:
             return None
-        return (f"transformers' copy beside ours: 2 x {size / 1e9:.1f} GB of weights, "
+        return (f"transformers' copy beside ours: 2 x {size / 1e9:.1f} GB of weights and more, "
                 f"{free / 1e9:.1f} GB available (bench_load compares them apart)")
 
     @cached_property
@@ -738,14 +738,14 @@ def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, f
 
 
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
-    bench_machine, bench_load, bench_single_stream, bench_gguf_activations, bench_concurrent16,
+    bench_load, bench_machine, bench_single_stream, bench_gguf_activations, bench_concurrent16,
     bench_prefill512, bench_beam4, bench_embed, bench_inside, bench_invariant, bench_capture,
     bench_engine_memory)
 # the benchmarks that hold transformers' copy beside ours in this process
 BOTH_IN_PROCESS = frozenset({bench_single_stream, bench_concurrent16, bench_prefill512,
                              bench_beam4, bench_gguf_activations, bench_invariant, bench_capture})
 # what `--shape` runs by default: the serving figures at size (`--only` to choose)
-SHAPE_BENCHMARKS = ("machine", "load", "single_stream", "concurrent16", "prefill512", "inside")
+SHAPE_BENCHMARKS = ("load", "machine", "single_stream", "concurrent16", "prefill512", "inside")
 
 
 def peak_rss_mb() -> float:

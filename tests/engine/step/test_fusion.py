@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workbench.engine.kernels import c_products, projections
-from workbench.engine.kernels.projections import Amx, Avx2, Avx512Bf16
+from workbench.engine.kernels.projections import Avx2, Avx512Bf16
 from workbench.engine.step.fusion import (
     FastLinear,
     FusedPart,
