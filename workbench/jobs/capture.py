@@ -323,6 +323,11 @@ def batch_invariance_refusal(model: str, dtype: str) -> str | None:
     return None
 
 
+# a job's engine's KV cache unless its engine_kwargs say (an engine's default takes 90 % of the
+# memory available, and a job's prefix-cached documents would fill it in time on every replica)
+JOB_KV_CACHE_GB = 1.0
+
+
 def make_llm(model: Any, dtype: str, kernel: str, batch_invariant: bool | None,
              engine_kwargs: dict[str, Any]) -> tuple[Any, str | None]:
     """(the engine, why batch invariance is off or None); `batch_invariant=None` tries it."""
@@ -330,6 +335,8 @@ def make_llm(model: Any, dtype: str, kernel: str, batch_invariant: bool | None,
     from workbench.llm import LLM
 
     kwargs = {"max_capture_mb": _CAPTURE_MB, **engine_kwargs}
+    if "num_kv_blocks" not in kwargs:  # several replicas may share a machine: not 90 % each
+        kwargs.setdefault("kv_cache_memory_gb", JOB_KV_CACHE_GB)
     if batch_invariant is not None:
         return LLM(model=model, dtype=dtype, kernel=kernel, batch_invariant=batch_invariant,
                    **kwargs), None if batch_invariant else "asked: batch_invariant=False"
