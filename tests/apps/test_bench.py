@@ -241,6 +241,7 @@ def test_the_load_figures_come_from_a_child_per_side(tiny_llama_dir):
     figures = bench.bench_load(side, config)
     assert "theirs" not in side.__dict__ and "ours" not in side.__dict__  # never loaded here
     assert figures["load_s"] > 0 and figures["hf_load_s"] > 0 and figures["load_time_ratio"] > 0
+    assert figures["first_token_s"] >= figures["load_s"] and figures["first_token_time_ratio"] > 0
     assert figures["fresh_single_stream_tok_s"] > 0 and figures["hf_fresh_single_stream_tok_s"] > 0
     from workbench.models.devices import resolve_dtype
 
