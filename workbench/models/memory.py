@@ -20,10 +20,12 @@ memory is freed when its last tensor goes; dropping its pages would zero them).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import functools
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -57,20 +59,32 @@ def resident() -> Resident | None:
                     fields.get("RssFile", 0.0), fields.get("VmHWM", 0.0))
 
 
+@dataclass(frozen=True)
+class _FileMap:
+    start: int
+    end: int
+    offset: int  # of the file, at `start`
+    path: str
+
+
 def _file_maps() -> list[tuple[int, int]]:
     """(start, end) of every map of a file in this process, sorted."""
+    return [(m.start, m.end) for m in _file_map_list()]
+
+
+def _file_map_list() -> list[_FileMap]:
     maps = []
     try:
         with open("/proc/self/maps") as lines:
             for line in lines:
-                parts = line.split()
+                parts = line.split(maxsplit=5)
                 if len(parts) < 6 or not parts[5].startswith("/"):
                     continue  # not a file (anonymous, heap, stack, [vdso])
                 start, end = (int(a, 16) for a in parts[0].split("-"))
-                maps.append((start, end))
+                maps.append(_FileMap(start, end, int(parts[2], 16), parts[5].rstrip("\n")))
     except OSError:
         return []
-    return sorted(maps)
+    return sorted(maps, key=lambda m: m.start)
 
 
 def _all_file_pages(first: int, last: int) -> bool:
@@ -114,19 +128,60 @@ def release(*weights: torch.Tensor | None, keep: tuple = ()) -> int:
         spans.append((start, start + weight.numel() * weight.element_size()))
     if not spans or not os.path.exists("/proc/self/maps"):
         return 0
-    maps = _file_maps()
-    starts = [m[0] for m in maps]
+    maps = _file_map_list()
+    starts = [m.start for m in maps]
     dropped = 0
     for start, end in spans:
         i = bisect.bisect_right(starts, start) - 1
-        if i < 0 or end > maps[i][1]:
+        if i < 0 or end > maps[i].end:
             continue  # not (wholly) in one file map
         first = -(-start // _PAGE) * _PAGE  # whole pages only: a neighbour's stay as they are
         last = end // _PAGE * _PAGE
         if last > first and _all_file_pages(first, last) and \
                 _madvise()(first, last - first, _MADV_DONTNEED) == 0:
             dropped += last - first
+            if _drop_cache:
+                _uncache(maps[i].path, maps[i].offset + first - maps[i].start, last - first)
     return dropped
+
+
+_drop_cache = False
+
+
+@contextlib.contextmanager
+def dropping_page_cache(drop: bool = True) -> Iterator[None]:
+    """Within the block, `release` also drops the released bytes from the OS's page cache
+    (`posix_fadvise(DONTNEED)`): for a checkpoint that its converted copies and its files do
+    not both fit beside in memory (the 8B on 24 GB), so that the OS evicts the bytes already
+    converted rather than those still to read (least recently used: the later ones, read
+    before)."""
+    global _drop_cache
+    before, _drop_cache = _drop_cache, drop
+    try:
+        yield
+    finally:
+        _drop_cache = before
+
+
+def page_cache_is_tight(nbytes: int) -> bool:
+    """Whether a checkpoint of `nbytes` and its converted copy together may not fit in the
+    page cache beside each other: more than a quarter of the machine's memory."""
+    import psutil
+
+    return nbytes > psutil.virtual_memory().total // 4
+
+
+def _uncache(path: str, offset: int, length: int) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def trim() -> None:

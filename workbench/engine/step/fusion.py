@@ -249,6 +249,15 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
             quantized[name] = kept  # a tied LM head's blocks are its embedding's too
         return linear
 
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    with memory.dropping_page_cache(memory.page_cache_is_tight(size)):
+        fused = _fuse_layers(model, kernel, layers, quantized, names, blocks_of, fast, fallback)
+    memory.trim()
+    return fused
+
+
+def _fuse_layers(model, kernel, layers, quantized, names, blocks_of, fast, fallback) -> int:
+    """`fuse_projections`' work, layer by layer, then the LM head."""
     fused = 0
     for layer in (model.model.layers if layers is None else layers):
         for owner in list(layer.modules()):
@@ -277,7 +286,6 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
                         setattr(owner, name, fast(lin))
     if kernel != "torch" and isinstance(getattr(model, "lm_head", None), nn.Linear):
         model.lm_head = fast(model.lm_head)
-    memory.trim()
     return fused
 
 
