@@ -128,3 +128,24 @@ def test_an_engine_holds_one_copy_of_each_weight(model_300mb, kernel, dtype):
     converted = weights / 2 if dtype == "float32" else 0
     assert found["peak"] <= 1.3 * weights + (table if packs_head else 0) + converted, (
         found, weights)
+
+
+def test_dropping_the_page_cache_names_the_released_bytes_of_the_file(tmp_path, monkeypatch):
+    """Within `dropping_page_cache`, the bytes released are also dropped from the OS's page
+    cache: the file and the offsets the weight's whole pages hold in it."""
+    import struct
+
+    weight = _mapped(tmp_path)
+    weight.sum()
+    calls = []
+    monkeypatch.setattr(memory, "_uncache", lambda *args: calls.append(args))
+    memory.release(weight)
+    assert calls == []  # outside the block: the map's pages only
+    with memory.dropping_page_cache():
+        dropped = memory.release(weight)
+    path = tmp_path / "w.safetensors"
+    header = struct.unpack("<Q", path.read_bytes()[:8])[0]
+    start = 8 + header  # the one tensor's bytes begin right after the header
+    first = -(-weight.data_ptr() // 4096) * 4096
+    assert calls == [(str(path), start + first - weight.data_ptr(), dropped)]
+    assert not memory.page_cache_is_tight(2**20) and memory.page_cache_is_tight(2**50)
