@@ -142,3 +142,21 @@ def test_beam_search_progress_counts_steps(tiny_llama, monkeypatch):
     bar, = bars
     assert (bar.total, bar.desc, bar.n) == (12, "Beam search steps", 12)
     assert len(bar.updates) >= 6 and all(k >= 0 for k in bar.updates)
+
+
+def test_an_llm_says_at_once_that_it_takes_a_loaded_model_over():
+    """The caller's object becomes the engine's (its projections the kernels' own weights, one
+    copy each): the call's own warning says so, naming the model, and how to keep yours."""
+    import pytest
+
+    from workbench import LLM
+    from workbench.llm import ModelTakenOverWarning
+    from workbench.models import tiny_model
+
+    loaded = tiny_model("llama")
+    with pytest.warns(ModelTakenOverWarning, match="takes the loaded model 'tiny-llama' over"
+                      ".*copy.deepcopy"):
+        LLM(model=loaded)
+    with pytest.raises(RuntimeError, match="belongs to a workbench engine"):
+        loaded.model.state_dict()
+    assert "ModelTakenOverWarning" in LLM.__doc__

@@ -16,6 +16,7 @@ are all of the call's, the failed ones with finish_reason "error" and `error` se
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -64,12 +65,19 @@ _CONFIG_FIELDS = set(EngineConfig.__dataclass_fields__)
 _REMEMBERED_PARAMS = 4096  # the sampling params of this many latest requests, for `branch`
 
 
+class ModelTakenOverWarning(UserWarning):
+    """`LLM(model=loaded)` took the loaded model over (see `LLM`)."""
+
+
 class LLM:
     """An engine on one model, driven synchronously (see the module docstring).
 
     `model`: an alias, a directory, a .gguf file, or a model already loaded (`load_model`'s
-    `LoadedModel`), which the engine then takes over: its projections become the kernels' own
-    weights, so it can no longer be saved (save or copy it first)."""
+    `LoadedModel`), which the engine then takes over, and says so (`ModelTakenOverWarning`):
+    its projections become the kernels' own weights, each kept once in the layout its kernel
+    reads (no second copy), so the object belongs to the engine from then on: it can no longer
+    be saved or run as transformers' model. Save it or `copy.deepcopy` it first to keep
+    yours."""
 
     def __init__(self, model: Any = "smollm2-135m-instruct", **kwargs: Any):
         unknown = set(kwargs) - _CONFIG_FIELDS
@@ -79,6 +87,11 @@ class LLM:
         loaded = None
         if not isinstance(model, str):  # an already loaded model (workbench.models.LoadedModel)
             loaded, model = model, getattr(model, "served_name", "model")
+            warnings.warn(f"LLM takes the loaded model {model!r} over: its projections become "
+                          "the engine's kernels' weights (one copy each, in their layouts), so "
+                          "the object belongs to the engine now and can no longer be saved or "
+                          "run as transformers' model. Pass a copy (copy.deepcopy) to keep "
+                          "yours.", ModelTakenOverWarning, stacklevel=2)
         self.config = EngineConfig(model=model, **kwargs)
         self.llm_engine = on_model_thread(LLMEngine, self.config, loaded)
         self._ids = itertools.count()

@@ -260,3 +260,22 @@ def test_dataset_and_frame_inputs_same_shards(done, llm, tmp_path):
         "a datasets.Dataset"
     with pytest.raises(JobError, match="the data is a dict"):
         job_of(llm, {"text": ["a", "b"]}, tmp_path / "dict").run()
+
+
+def test_the_ids_users_already_have_are_the_default(llm, data, tmp_path):
+    """Without `id_column`, a column `id` (or `custom_id`) in which every row has its own id
+    numbers the documents, and job.json says so; without one, the row numbers do."""
+    from workbench.jobs.dataset import Source, default_id_column
+
+    job = job_of(llm, data, tmp_path / "ids", id_column=None)
+    job.run()
+    assert job.open().index["doc_id"].tolist() == ["a", "b", "c", "d", "e"]
+    assert json.loads((tmp_path / "ids" / "job.json").read_text())["columns"]["id"] == "id"
+    assert default_id_column([{"custom_id": "r1"}, {"custom_id": 7}]) == "custom_id"
+    assert default_id_column([{"id": "x"}, {"id": "x"}]) is None  # not its own: row numbers
+    assert default_id_column([{"id": "x"}, {"text": "no id"}]) is None
+    assert Source([{"text": "a", "id": 1}, {"text": "b", "id": 2}]).documents(0, 2)[1].doc_id \
+        == "2"
+    assert Source([{"text": "a"}, {"text": "b"}]).id_column is None
+    named = Source([{"text": "a", "id": 1, "key": "k"}], id_column="key")
+    assert named.id_column == "key" and named.documents(0, 1)[0].doc_id == "k"

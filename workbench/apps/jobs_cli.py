@@ -54,7 +54,8 @@ def capture_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-column", default="text")
     p.add_argument("--chat-column", default=None, metavar="COLUMN",
                    help="conversations (messages) rendered with the chat template instead")
-    p.add_argument("--id-column", default=None, help="document ids (default: row numbers)")
+    p.add_argument("--id-column", default=None, help="document ids (default: a column id or "
+                   "custom_id where every row has its own, else row numbers)")
     p.add_argument("--docs-per-shard", type=int, default=64)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--kernel", default="auto")

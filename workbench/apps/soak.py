@@ -18,6 +18,7 @@ import json
 import os
 import random
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -263,12 +264,14 @@ def run_soak(*, rounds: int = 4, clients: int = 64, fuzz_examples: int = 30,
     import torch
 
     from workbench.http.kernel_server import serve_in_kernel
-    from workbench.llm import LLM
+    from workbench.llm import LLM, ModelTakenOverWarning
     from workbench.models import tiny_model
 
     torch.set_num_threads(1)
-    llm = LLM(tiny_model("llama", seed=seed), max_model_len=2048, block_size=16,
-              num_kv_blocks=512, max_num_seqs=32, seed=seed)
+    with warnings.catch_warnings():  # a fresh model of its own: nobody else holds it
+        warnings.simplefilter("ignore", ModelTakenOverWarning)
+        llm = LLM(tiny_model("llama", seed=seed), max_model_len=2048, block_size=16,
+                  num_kv_blocks=512, max_num_seqs=32, seed=seed)
     server = serve_in_kernel(llm, port=0, request_timeout=60.0)
     report = SoakReport()
     try:

@@ -451,6 +451,7 @@ class CaptureJob:
         loads this process's engine unless the job runs on Ray. Returns the job record."""
         self.source = Source(self.data, self.columns["text"] or "text", self.columns["chat"],
                              self.columns["id"])
+        self.columns["id"] = self.source.id_column  # job.json says which: a default's too
         note = None
         if self.ray:
             from workbench.jobs.ray_pool import require_ray

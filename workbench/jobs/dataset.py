@@ -1,6 +1,8 @@
 """A capture job's documents: rows of a JSONL or Parquet file, a list in memory (dicts or
 strings), a pandas DataFrame, or a `datasets.Dataset` (never required), with a text column (`text`) or a chat column
-(`messages`), and an id column or the row numbers.
+(`messages`), and an id column or the row numbers. Unless a column is named, a column `id` or
+`custom_id` (as in batch files: `ID_COLUMNS`) in which every row has an id of its own is the id;
+else the row numbers are.
 
 `Source.fingerprint` is the sha256 of the input (the file's bytes; a list's or a dataset's rows
 as canonical JSON), which a resumed job must match. A missing column is refused before
@@ -14,6 +16,9 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any
+
+
+ID_COLUMNS = ("id", "custom_id")  # the id column when none is named, where every row has one
 
 
 class JobError(ValueError):
@@ -60,6 +65,8 @@ class Source:
             self.rows = [r if isinstance(r, dict) else {text_column: r} for r in list(data)]
             canon = json.dumps(self.rows, sort_keys=True, ensure_ascii=False, default=str)
             self.fingerprint = hashlib.sha256(canon.encode()).hexdigest()
+        if id_column is None:
+            self.id_column = default_id_column(self.rows)
         self.check()
 
     def __len__(self) -> int:
@@ -86,6 +93,17 @@ class Source:
             else:
                 docs.append(Document(row, doc_id, text=value))
         return docs
+
+
+def default_id_column(rows: list[dict[str, Any]]) -> str | None:
+    """The first of `ID_COLUMNS` in which every row has an id (a string or a number), no two
+    the same; None: the row numbers are the ids."""
+    for name in ID_COLUMNS:
+        values = [r.get(name) for r in rows]
+        if all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values) and \
+                len({str(v) for v in values}) == len(values):
+            return name
+    return None
 
 
 def _read_file(path: str) -> list[dict[str, Any]]:

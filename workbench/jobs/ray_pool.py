@@ -12,6 +12,7 @@ output folder itself.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,12 +54,31 @@ def run_pool(items: list[dict[str, Any]], replica: type, constructor_kwargs: dic
     promised order: callers sort by their own key). `options`: more of `map_batches`' Ray
     arguments (`runtime_env`, `resources`, `memory`, ...)."""
     ray = connect(address, num_cpus=None)
+    explain_object_store_warning()
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     out = ds.map_batches(bound(replica, constructor_kwargs),
                          batch_size=batch_size, batch_format="pandas",
                          compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=num_cpus,
                          **(options or {}))
     yield from out.iter_rows()
+
+
+OBJECT_STORE_NOTE = (
+    "workbench: Ray may print a warning from core_worker.cc that an actor \"has constructor "
+    "arguments in the object store and max_restarts > 0\": those are Ray Data's own arguments "
+    "to each replica (its context and its transform, which this driver holds for the whole "
+    "job); the replicas' own arguments travel with their class. Nothing is wrong.")
+_explained = False
+
+
+def explain_object_store_warning() -> None:
+    """Says once per process, on stderr before the first pool starts, what the C++ warning
+    Ray prints as each replica starts means (it reads like an error and is not one: Ray Data's
+    actor pool passes object references to every actor it may restart)."""
+    global _explained
+    if not _explained:
+        _explained = True
+        print(OBJECT_STORE_NOTE, file=sys.stderr, flush=True)
 
 
 def bound(replica: Any, kwargs: dict[str, Any]) -> Any:
