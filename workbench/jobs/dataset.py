@@ -17,7 +17,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-
 ID_COLUMNS = ("id", "custom_id")  # the id column when none is named, where every row has one
 
 
