@@ -259,3 +259,31 @@ def test_a_server_without_parser_refuses_tool_choice(client, choice, message):
         client.chat.completions.create(model=MODEL, messages=ROME, tools=TOOLS,
                                        tool_choice=choice, max_tokens=2)
     assert message in info.value.body["message"] and info.value.body["param"] == "tool_choice"
+
+
+CITY_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+def test_a_required_call_closes_its_array_and_takes_only_the_declared_parameters(tc, parallel):
+    """The case that looped: the calls are written on one line (no free whitespace to spend
+    tokens on), so the array closes; the arguments take the parameters the tool declares."""
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    r = tc.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+        tools=CITY_TOOLS, tool_choice="required", temperature=0, max_tokens=96, **extra)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = calls_of(choice.message)
+    assert calls and (parallel is None or len(calls) == 1)
+    schemas = {t["function"]["name"]: {**t["function"]["parameters"],
+                                       "additionalProperties": False} for t in CITY_TOOLS}
+    for name, arguments in calls:
+        jsonschema.validate(arguments, schemas[name])
+    print(calls)

@@ -91,3 +91,27 @@ def test_no_template_at_all_is_refused(tokenizer):
 def test_template_variables():
     assert template_variables("{{ a }}{% for m in messages %}{{ b }}{% endfor %}") == \
         {"a", "b", "messages"}
+
+
+def test_tools_a_template_does_not_render_are_said_once(tokenizer, caplog):
+    """SmolLM2's own template ignores `tools`: the model would not see them, so the server
+    says so (once a template), naming the template that renders them."""
+    import logging
+
+    from workbench.serving.chat_template import UNRENDERED_TOOLS
+    from workbench.serving.chat_tools import TOOLS_TEMPLATE
+
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    renderer = ChatRenderer(tokenizer)
+    with caplog.at_level(logging.WARNING, logger="workbench.serving"):
+        for _ in range(2):
+            renderer.render(msgs({"role": "user", "content": "Hi"}), tools=tools)
+    assert [r.getMessage() for r in caplog.records].count(UNRENDERED_TOOLS) == 1
+    assert "smollm2_tools.jinja" in UNRENDERED_TOOLS
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="workbench.serving"):
+        prompt = ChatRenderer(tokenizer, chat_template=TOOLS_TEMPLATE.read_text()).render(
+            msgs({"role": "user", "content": "Hi"}), tools=tools).prompt
+        ChatRenderer(tokenizer).render(msgs({"role": "user", "content": "Hi"}))  # no tools
+    assert "get_time" in prompt and not caplog.records

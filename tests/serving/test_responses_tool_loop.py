@@ -16,6 +16,7 @@ from workbench.serving import RequestMeta, ServerConfig, Servings
 from workbench.serving.chat_tools import TOOLS_TEMPLATE
 from workbench.serving.protocol.responses import ResponsesRequest
 from workbench.serving.responses import ResponsesServing
+from workbench.serving.tool_parsers.constrained import CALL_FORMAT
 from workbench.tools import Calculator, LocalToolServer, ToolSpec
 
 CALCULATOR = [{"type": "calculator"}]
@@ -222,7 +223,8 @@ async def test_named_builtin_choice_constrains_the_first_round_only(tokenizer):
     response = await create(s, input="Two plus two?", tools=CALCULATOR,
                             tool_choice={"type": "calculator"})
     first, second = (sub["params"].structured_outputs for sub in engine.submitted)
-    assert first.json == Calculator.spec.parameters and first.disable_additional_properties
+    assert first.json == {**Calculator.spec.parameters, "x-guidance": CALL_FORMAT}
+    assert first.disable_additional_properties
     assert second is None  # later rounds are "auto": the loop can end
     assert [i["type"] for i in response.output] == [
         "function_call", "function_call_output", "message"]

@@ -18,6 +18,7 @@ from workbench.engine.requests.outputs import CompletionOutput, RequestOutput
 from workbench.errors import ValidationError
 from workbench.serving import RequestMeta, ServerConfig, Servings
 from workbench.serving.protocol import ChatCompletionRequest
+from workbench.serving.tool_parsers.constrained import CALL_FORMAT
 
 HERMES = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
           '"days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n'
@@ -245,10 +246,13 @@ async def test_required_and_named_set_the_tools_json_schema_as_the_constraint(to
                                                            {"type": "string", "enum": ["get_time"]}]
     assert variants[0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
     assert variants[1]["properties"]["parameters"] == {"type": "object", "properties": {}}
+    # written on one line, no free whitespace; only the parameters the tool declares
+    assert so.json["x-guidance"] == CALL_FORMAT and so.disable_additional_properties
     await serving.create(request(tool_choice={"type": "function", "function": {
         "name": "get_weather"}}), RequestMeta())
-    assert serving.engine.submitted[-1][2].structured_outputs.json == \
-        WEATHER["function"]["parameters"]
+    named = serving.engine.submitted[-1][2].structured_outputs
+    assert named.json == {**WEATHER["function"]["parameters"], "x-guidance": CALL_FORMAT}
+    assert named.disable_additional_properties
 
 
 @pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])

@@ -24,6 +24,12 @@ UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request
 NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must "
                "provide a chat template if the tokenizer does not define one.")
 _TEXT_PARTS = ("text", "input_text", "output_text", "refusal")
+UNRENDERED_TOOLS = (
+    "The chat template does not render `tools`: the model is not shown the tools' "
+    "definitions (required and named tool choices are still enforced by constrained decoding, "
+    "but the model fills them in blind: SmolLM2 answers get_time(city=\"kyo\") for Tokyo). "
+    "Start the server with a template that renders them (for SmolLM2: --chat-template "
+    "workbench/serving/chat_templates/smollm2_tools.jinja).")
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,7 @@ class ChatRenderer:
         self.trusted = trust_request_chat_template
         self.default_kwargs = dict(default_chat_template_kwargs or {})
         self._variables: dict[str, set[str] | None] = {}
+        self._warned: set[str] = set()  # templates whose unrendered tools were logged
 
     @classmethod
     def for_server(cls, tokenizer: Any, config: Any) -> ChatRenderer:
@@ -135,13 +142,19 @@ class ChatRenderer:
             raise ValidationError(NO_TEMPLATE, parameter="chat_template")
         return template
 
+    def reads(self, template: str, name: str) -> bool | None:
+        """Whether `template` reads the variable `name` (None: jinja cannot parse it)."""
+        if template not in self._variables:
+            self._variables[template] = template_variables(template)
+        known = self._variables[template]
+        return None if known is None else name in known
+
     def template_kwargs(self, template: str, request_kwargs: dict[str, Any] | None,
                         explicit: dict[str, Any]) -> dict[str, Any]:
         merged = effective_kwargs(self.default_kwargs, request_kwargs)
         merged.update({k: v for k, v in explicit.items() if v is not None})
         merged.pop("chat_template", None)
-        if template not in self._variables:
-            self._variables[template] = template_variables(template)
+        self.reads(template, "")
         known = self._variables[template]
         if known is None:
             return merged
@@ -158,6 +171,9 @@ class ChatRenderer:
         if reasoning_effort is not None and "enable_thinking" not in (chat_template_kwargs or {}):
             explicit["enable_thinking"] = reasoning_effort != "none"
         kwargs = self.template_kwargs(template, chat_template_kwargs, explicit)
+        if tools and self.reads(template, "tools") is False and template not in self._warned:
+            self._warned.add(template)  # once a template: every request of it would say it
+            logger.warning(UNRENDERED_TOOLS)
         try:
             with render_deadline(self.render_timeout):
                 prompt = self.tokenizer.apply_chat_template(

@@ -215,8 +215,12 @@ class ChatTools:
                 params.structured_outputs = dataclasses.replace(params.structured_outputs,
                                                                 after_token_ids=after)
             return
+        # a call's arguments are the parameters the tool declares (unless its schema allows
+        # more, `additionalProperties`), as OpenAI's strict mode and the Responses API's
+        # default: a small model otherwise invents keys ("time" for get_time(city))
         params.structured_outputs = StructuredOutputsParams(
-            json=schema, after_token_ids=after, parameter="tool_choice")
+            json=schema, after_token_ids=after, disable_additional_properties=True,
+            parameter="tool_choice")
 
     def budget_thinking(self, request: Any, params: Any, prompt_text: str | None) -> Any:
         """`params` with the request's `thinking_token_budget`: the engine ends the reasoning

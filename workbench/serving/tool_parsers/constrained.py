@@ -24,6 +24,12 @@ from workbench.serving.tool_parsers.json_list import read_call_list
 from workbench.serving.tool_parsers.json_scan import normalize_json, scan_json, skip_ws
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+# how the constrained JSON is written (llguidance's options, in the schema's `x-guidance`): as
+# tool calls are in chat templates and OpenAI's answers, `{"name": "f", "parameters": {...}}`
+# on one line, no whitespace anywhere else. With JSON's free whitespace a small model spends
+# its tokens on newlines between the call objects and never closes the array (SmolLM2-135M:
+# `[{\n "name": ...}\n\n,\n\n{...` until max_tokens); written this way it closes it.
+CALL_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _function(tool: Any) -> tuple[str, dict[str, Any] | None]:
@@ -35,15 +41,17 @@ def tools_json_schema(tools: list[Any], parallel_tool_calls: bool = True) -> dic
     """The JSON schema of `required` output: an array of `{name, parameters}`, one per call.
 
     As the reference's, except that a call object takes no other keys (small models otherwise
-    wander into "description" or "required" keys of their own); the tools' own parameter
-    schemas are used as given."""
+    wander into "description" or "required" keys of their own) and the JSON is written as
+    `CALL_FORMAT` says; the tools' own parameter schemas are used as given (the chat and
+    Responses servings add `additionalProperties: false` where they say nothing)."""
     variants = [{"type": "object",
                  "properties": {"name": {"type": "string", "enum": [name]},
                                 "parameters": _without_defs(parameters) or EMPTY_PARAMETERS},
                  "required": ["name", "parameters"], "additionalProperties": False}
                 for name, parameters in map(_function, tools)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": {"anyOf": variants}}  # each variant is an object
+                              "items": {"anyOf": variants},  # each variant is an object
+                              "x-guidance": CALL_FORMAT}
     if not parallel_tool_calls:
         schema["maxItems"] = 1
     defs = _tool_defs(tools)
@@ -75,10 +83,11 @@ def _tool_defs(tools: list[Any]) -> dict[str, Any]:
 
 
 def named_tool_schema(tools: list[Any], name: str) -> dict[str, Any]:
-    """The JSON schema of a named choice's output: that tool's parameters."""
+    """The JSON schema of a named choice's output: that tool's parameters (written as
+    `CALL_FORMAT` says)."""
     for tool_name, parameters in map(_function, tools):
         if tool_name == name:
-            return parameters or EMPTY_PARAMETERS
+            return {**(parameters or EMPTY_PARAMETERS), "x-guidance": CALL_FORMAT}
     raise KeyError(name)
 
 
