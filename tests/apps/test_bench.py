@@ -106,7 +106,7 @@ def test_table_mode_prints_one_row_per_figure(monkeypatch, capsys):
 
 def test_the_machine_figures_say_what_was_measured(tiny_side, monkeypatch):
     threads = []
-    monkeypatch.setattr(bench, "memory_read_bandwidth_apart",
+    monkeypatch.setattr(bench, "memory_read_bandwidth",
                         lambda count: threads.append(count) or bench.ReadBandwidth(10.0, 9.0, 11.5))
     figures = bench.bench_machine(tiny_side, bench.BenchConfig.quick(threads=3))
     assert threads == [3]  # the bench's threads, as the engine's steps use them
@@ -169,17 +169,6 @@ def test_memory_read_bandwidth_is_the_median_of_the_timed_passes(monkeypatch):
     assert read.median == pytest.approx(2**20 / 0.004 / 1e9)
     assert (read.q1, read.q3) == (pytest.approx(2**20 / 0.008 / 1e9),
                                   pytest.approx(2**20 / 0.002 / 1e9))
-
-
-def test_memory_read_bandwidth_apart_measures_in_another_process(monkeypatch):
-    """The rate comes from a child (a fresh interpreter): the 1 GiB buffer is never this
-    process's, whose peak RSS the bench reports."""
-    def here(*args, **kwargs):
-        raise AssertionError("measured in the bench's own process")
-
-    monkeypatch.setattr(bench, "memory_read_bandwidth", here)
-    read = bench.memory_read_bandwidth_apart(1)
-    assert 0.1 < read.q1 <= read.median <= read.q3
 
 
 def test_memory_read_bandwidth_needs_two_passes():

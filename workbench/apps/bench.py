@@ -9,9 +9,10 @@ ours over transformers' from the same run. `--json` prints one JSON object on th
 
 `bench_machine` says what the figures were measured on (`cpu_flags`, `dtype`, `kernel`) and
 the single-stream limit of this machine: its memory read bandwidth (a plain reduction over
-1 GiB, far beyond any cache, on the bench's threads, in a child process so that the buffer is
-not in `peak_rss_mb`: the median of 15 passes, with their quartiles `memory_read_gb_s_q1` and
-`_q3`) divided by the bytes of weights one decode step must
+512 MiB, far beyond any cache, in the bench's process on the thread and OpenMP team that run
+the engine's steps, as the stream reads its weights; the median of 15 passes, with their
+quartiles `memory_read_gb_s_q1` and `_q3`: the spread) divided by the bytes of weights one
+decode step must
 read in that dtype (`single_stream_limit_tok_s`; with `--dtype gguf` the bytes of the file's
 blocks that a step reads, and of the weights that stay float32); `single_stream_of_limit` is our
 single-stream rate's share of it. With `--dtype gguf` (`--gguf-activations float32 | q8`: the
@@ -419,10 +420,12 @@ class ReadBandwidth:
     q3: float
 
 
-def memory_read_bandwidth(threads: int, megabytes: int = 1024, passes: int = 15) -> ReadBandwidth:
-    """This machine's memory read bandwidth on `threads` torch threads (as the engine's steps
-    use them): a float32 sum over `megabytes`, far beyond any cache, every page written before
-    timing and one pass untimed, then `passes` timed passes (~1 s in all at 20 GB/s)."""
+def memory_read_bandwidth(threads: int, megabytes: int = 512, passes: int = 15) -> ReadBandwidth:
+    """This machine's memory read bandwidth on `threads` torch threads: a float32 sum over
+    `megabytes` (16 times a 32 MB L3), every page written before timing and one pass untimed,
+    then `passes` timed passes (~0.5 s in all at 20 GB/s). Called on the thread that runs the
+    engine's steps, in its process (`bench_machine`): the same OpenMP team, the same memory
+    placement as the stream it bounds."""
     import torch  # deferred: torch is heavy; `workbench bench --help` stays light
 
     if passes < 2:
@@ -437,22 +440,6 @@ def memory_read_bandwidth(threads: int, megabytes: int = 1024, passes: int = 15)
         torch.set_num_threads(previous)
     q1, median, q3 = statistics.quantiles(rates, n=4, method="inclusive")
     return ReadBandwidth(median=median, q1=q1, q3=q3)
-
-
-def memory_read_bandwidth_apart(threads: int) -> ReadBandwidth:
-    """`memory_read_bandwidth` in a child process (spawned: a fresh interpreter, torch's
-    threads its own): its 1 GiB buffer stays out of this process's peak RSS, which is then the
-    engine's and transformers' alone."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_child_read_bandwidth, threads).result()
-
-
-def _child_read_bandwidth(threads: int) -> ReadBandwidth:
-    """What the child runs (by name: the function as the child's fresh import defines it)."""
-    return memory_read_bandwidth(threads)
 
 
 def bench_engine_memory(side: Contenders, config: BenchConfig) -> dict[str, float]:
@@ -542,7 +529,7 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
         figures["gguf_activations"] = config.gguf_activations
     if choice.device != "cpu":  # the limit below is the CPU's memory
         return figures
-    read = memory_read_bandwidth_apart(config.threads)
+    read = memory_read_bandwidth(config.threads)  # here: the stream's process and threads
     loaded = side.ours.llm_engine.loaded
     # the weights as the checkpoint holds them (ours are fused, the same bytes), or the blocks
     # ours reads instead
