@@ -272,3 +272,18 @@ def torch_numel(shape) -> int:
     import math
 
     return math.prod(shape)
+
+
+def test_the_stream_share_pairs_each_stream_with_a_read_at_the_same_moment(tiny_side,
+                                                                           monkeypatch):
+    reads = iter([10.0, 20.0, 40.0])
+    monkeypatch.setattr(bench, "memory_read_bandwidth",
+                        lambda threads, passes: bench.ReadBandwidth(next(reads), 0.0, 0.0))
+    monkeypatch.setattr(bench, "tokens_per_second", lambda run: run() and 100.0)
+    figures = bench.bench_stream_share(tiny_side, bench.BenchConfig(tokens=2, repeats=1))
+    step = bench.decode_step_bytes(tiny_side.theirs.model)
+    shares = [100.0 / (r * 1e9 / step) for r in (10.0, 20.0, 40.0)]
+    assert figures["stream_share_of_limit"] == round(shares[1], 3)  # the median pair's
+    assert (figures["stream_share_of_limit_min"], figures["stream_share_of_limit_max"]) == (
+        round(shares[2], 3), round(shares[0], 3))
+    assert figures["stream_share_reads_gb_s"] == [10.0, 20.0, 40.0]

@@ -347,6 +347,33 @@ def meta_model(config, dtype):
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
+def bench_stream_share(side: Contenders, config: BenchConfig) -> dict[str, Any]:
+    """Our lone stream's share of the read bandwidth measured at the same moments: `pairs`
+    times, a read-bandwidth measure (5 passes) right before a greedy stream of `tokens`
+    tokens, both in this process on the engine's thread, each stream's rate over the limit
+    that moment's bandwidth sets (`stream_share_of_limit`: the median pair, with the least and
+    the most). This VM's read rate moves by up to 2x from one second to the next (31-57 GB/s
+    within a minute, 2026-12-06), so a share against a bandwidth read at another moment can
+    move as much; each pair's two figures are a second apart."""
+    loaded = side.ours.llm_engine.loaded
+    if side.ours.llm_engine.runner.kernel.device != "cpu":
+        return {}
+    step_bytes = decode_step_bytes(meta_model(loaded.config, loaded.dtype), loaded.quantized)
+    prompts = side.prompt_ids(1)
+    ours_generate(side.ours, prompts, 4, sample=False)  # warm-up
+    shares, reads = [], []
+    for _ in range(max(3, config.repeats)):
+        read = memory_read_bandwidth(config.threads, passes=5).median
+        rate = tokens_per_second(lambda: ours_generate(side.ours, prompts, config.tokens,
+                                                       sample=False))
+        reads.append(read)
+        shares.append(rate / (read * 1e9 / step_bytes))
+    return {"stream_share_of_limit": round(statistics.median(shares), 3),
+            "stream_share_of_limit_min": round(min(shares), 3),
+            "stream_share_of_limit_max": round(max(shares), 3),
+            "stream_share_reads_gb_s": [round(r, 1) for r in reads]}
+
+
 def hf_beam(lm, prompt: list[int], width: int, tokens: int) -> int:
     """transformers' beam search, `num_beams=width`, exactly `tokens` new tokens."""
     import torch  # deferred: torch is heavy; `workbench bench --help` stays light
@@ -747,14 +774,15 @@ def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, f
 
 
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
-    bench_load, bench_machine, bench_single_stream, bench_gguf_activations, bench_concurrent16,
-    bench_prefill512, bench_beam4, bench_embed, bench_inside, bench_invariant, bench_capture,
-    bench_engine_memory)
+    bench_load, bench_machine, bench_single_stream, bench_stream_share, bench_gguf_activations,
+    bench_concurrent16, bench_prefill512, bench_beam4, bench_embed, bench_inside, bench_invariant,
+    bench_capture, bench_engine_memory)
 # the benchmarks that hold transformers' copy beside ours in this process
 BOTH_IN_PROCESS = frozenset({bench_single_stream, bench_concurrent16, bench_prefill512,
                              bench_beam4, bench_gguf_activations, bench_invariant, bench_capture})
 # what `--shape` runs by default: the serving figures at size (`--only` to choose)
-SHAPE_BENCHMARKS = ("load", "machine", "single_stream", "concurrent16", "prefill512", "inside")
+SHAPE_BENCHMARKS = ("load", "machine", "single_stream", "stream_share", "concurrent16",
+                    "prefill512", "inside")
 
 
 def peak_rss_mb() -> float:
