@@ -402,3 +402,46 @@ def test_recorded_chunks_stack_in_position_order_latest_row_kept():
     assert torch.equal(_stack([(0, a), (3, b)]), torch.cat([a, b]))
     assert _positions([(0, a), (3, b)]) == {0, 1, 2, 3, 4}
     assert torch.equal(_stack([(0, a), (1, c)]), torch.stack([a[0], c[0], a[2]]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_decode_that_captures_and_steers_the_residual_stream_runs_in_c_and_equals_the_loop(
+        dtype, monkeypatch):
+    """Capture (layer 0's resid_post, the last layer's) and steering (layer 1's resid_pre) only
+    touch the residual stream between layers: a step of decodes runs as C calls cut there
+    (`DecoderStack._c_segments`), the inspector visiting at each cut. Tokens, logprobs and
+    captured rows are the loop's bit for bit, for the steered request and its neighbours."""
+    from workbench.engine.kernels import projections
+    from workbench.engine.step.decoder import DecoderStack
+
+    kernel = projections.choose(getattr(torch, dtype))
+    if kernel.ops != "c" or (dtype == "bfloat16" and projections.emulated(torch.bfloat16)):
+        pytest.skip(f"no C decode step for {dtype} here ({kernel.describe()})")
+    loaded = tiny_model("llama", dtype=dtype)
+    last = loaded.config.num_hidden_layers - 1
+    vector = torch.randn(loaded.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    inside = {"capture": {"sites": ["resid_post"], "layers": [0, last]},
+              "interventions": [{"site": "resid_pre", "layer": 1, "op": "add",
+                                 "vector": vector.tolist()}]}
+    params = [greedy(6), greedy(6, **inside), greedy(6, capture={"sites": ["resid_post"],
+                                                                  "layers": [0]})]
+
+    def run():
+        llm = make_llm(dataclasses.replace(loaded, model=copy.deepcopy(loaded.model)))
+        return llm.generate(PROMPTS, params)
+
+    cut = []
+    segments = DecoderStack._c_segments
+    monkeypatch.setattr(DecoderStack, "_c_segments", lambda self, *a: cut.append(a[-1]) or
+                        segments(self, *a))
+    in_c = run()
+    assert [1, last + 1] in cut  # after layer 0 (its resid_post, layer 1's resid_pre), the end
+    monkeypatch.setattr(DecoderStack, "_residual_cuts", staticmethod(lambda inspector: None))
+    looped = run()
+    for a, b in zip(in_c, looped):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+        if a.activations is not None:
+            assert a.activations.keys() == b.activations.keys() and a.activations.keys()
+            for name, rows in a.activations.items():
+                assert torch.equal(rows, b.activations[name]), name

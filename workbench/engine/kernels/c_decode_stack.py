@@ -42,8 +42,11 @@ def stack_table(layers: Sequence[tuple[Any, ...]], eps: Sequence[tuple[float, fl
 def decode_stack(tables: tuple[Any, Any], num_layers: int, hidden: torch.Tensor,
                  cos: torch.Tensor, signed_sin: torch.Tensor, slot_mapping: torch.Tensor,
                  slots: torch.Tensor, lengths: torch.Tensor, num_heads: int, num_kv_heads: int,
-                 head_dim: int, intermediate: int, scale: float) -> torch.Tensor | None:
-    """A decode step through every layer in one C call (`wb_decode_stack`): hidden [T, H]
+                 head_dim: int, intermediate: int, scale: float, first: int = 0
+                 ) -> torch.Tensor | None:
+    """A decode step through `num_layers` layers in one C call (`wb_decode_stack`), the
+    tables' layers from `first` on (a stack cut where an inspection reads or changes the
+    residual stream: `decoder.DecoderStack._c_segments`): hidden [T, H]
     (one token per sequence), cos and signed_sin [T, D], slot_mapping [T], slots [T, Lmax] and
     lengths [T] as `rope_write_kv` and `decode_attention` take them, each projection through
     the function its table names -> [T, H] before the final norm, bit for bit the decoder's
@@ -59,8 +62,13 @@ def decode_stack(tables: tuple[Any, Any], num_layers: int, hidden: torch.Tensor,
             and slots.stride(1) == 1):
         return None
     out = torch.empty_like(hidden)
+    layers, eps = tables
+    if first:  # the tables from layer `first` on: the same arrays, further in
+        width = STACK_TENSORS + STACK_FUNCTIONS
+        layers = ctypes.addressof(layers) + first * width * ctypes.sizeof(ctypes.c_void_p)
+        eps = ctypes.addressof(eps) + first * 2 * ctypes.sizeof(ctypes.c_float)
     code = c_library.function("wb_decode_stack")(
-        tables[0], tables[1], num_layers, hidden.data_ptr(), out.data_ptr(), cos.data_ptr(),
+        layers, eps, num_layers, hidden.data_ptr(), out.data_ptr(), cos.data_ptr(),
         signed_sin.data_ptr(), slot_mapping.data_ptr(), slots.data_ptr(), slots.stride(0),
         lengths.data_ptr(), slots.shape[1], t, h, num_heads, num_kv_heads, d, intermediate,
         scale, hidden.dtype == torch.bfloat16, torch.get_num_threads())

@@ -44,17 +44,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return torch.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight
 
 
-def _renorm(hidden: torch.Tensor, x: torch.Tensor, rows: list[int], weight: torch.Tensor,
-            eps: float) -> torch.Tensor:
-    """x with the norm of the residual rows an intervention changed computed again (the
-    others' untouched: bit for bit what they were)."""
-    if rows:
-        index = torch.tensor(sorted(set(rows)), device=hidden.device)
-        x = x.clone()
-        x[index] = _rms_norm(hidden[index], weight, eps)
-    return x
-
-
 def _is_rms_norm(norm) -> bool:
     return type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon")
 
@@ -166,11 +155,12 @@ class DecoderStack:
         c_silu = c_ops and self.silu
         cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
         inspector = ctx.inspector  # a step that records or intervenes: `engine/step/inspection.py`
-        if (c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention
-                and inspector is None):
-            out = self._c_step(hidden, cos_c, sin_c, ctx)
-            if out is not None:
-                return out
+        if c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention:
+            cuts = [] if inspector is None else self._residual_cuts(inspector)
+            if cuts is not None:
+                out = self._c_segments(hidden, cos_c, sin_c, ctx, inspector, cuts)
+                if out is not None:
+                    return out
         cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
         add_norm = self._add_norm
         delta = None  # the last layer's MLP output, added with the next layer's input norm
@@ -180,8 +170,8 @@ class DecoderStack:
             hidden, x = add_norm(hidden, delta, w1, eps1)
             if inspector is not None:  # hidden is layer i - 1's resid_post and i's resid_pre
                 changed = inspector.visit("resid_post", i - 1, hidden) if i else []
-                x = _renorm(hidden, x, changed + inspector.visit("resid_pre", i, hidden),
-                            w1, eps1)
+                x = self._renorm(hidden, x, changed + inspector.visit("resid_pre", i, hidden),
+                                 w1, eps1)
             qkv = qkv_proj(x)  # [T, (Hq + 2Hkv) D]
             q = c_layer_ops.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping, *ctx.kv_caches[i],
                                    hq, hkv) if c_ops else None
@@ -196,7 +186,7 @@ class DecoderStack:
                 attn = o_proj(out.reshape(t, hq * d))
                 inspector.visit("attn_out", i, attn)
                 hidden, x = add_norm(hidden, attn, w2, eps2)
-                x = _renorm(hidden, x, inspector.visit("resid_mid", i, hidden), w2, eps2)
+                x = self._renorm(hidden, x, inspector.visit("resid_mid", i, hidden), w2, eps2)
             else:
                 hidden, x = add_norm(hidden, o_proj(out.reshape(t, hq * d)), w2, eps2)
             gate_up = step.gate_up(x)
@@ -212,6 +202,57 @@ class DecoderStack:
             inspector.visit("resid_post", len(self.plan) - 1, hidden)
         return hidden
 
+    def _renorm(self, hidden: torch.Tensor, x: torch.Tensor, rows: list[int],
+                weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x with the norm of the residual rows an intervention changed computed again, by
+        the norm the loop's adds use (in C with `c_ops`: what a cut C step computes for them,
+        `_c_segments`); the others' untouched, bit for bit what they were."""
+        if rows:
+            index = torch.tensor(sorted(set(rows)), device=hidden.device)
+            x = x.clone()
+            x[index] = self._add_norm(hidden[index], None, weight, eps)[1]
+        return x
+
+    @staticmethod
+    def _residual_cuts(inspector: Any) -> list[int] | None:
+        """Where a decode step in C must stop for `inspector`: the layer boundaries (c: before
+        layer c, the last after the last layer) at which it reads or changes the residual
+        stream (a layer's `resid_pre`, one's `resid_post`: captures, steering, the logit lens),
+        when that is all its work; None where it wants more (inside a layer, patterns, the
+        embedding's output at boundary 0, before any C call could say it refuses)."""
+        if inspector.pattern_layers:
+            return None
+        cuts = set()
+        for site, layer in inspector.sites:
+            if layer is None or site not in ("resid_pre", "resid_post"):
+                return None
+            cuts.add(layer + (site == "resid_post"))
+        return None if 0 in cuts else sorted(cuts)
+
+    def _c_segments(self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                    ctx: AttentionContext, inspector: Any, cuts: list[int]
+                    ) -> torch.Tensor | None:
+        """A step of decodes in C (`_c_step`), one call per stretch of layers between `cuts`,
+        the inspector visiting the residual rows at each cut as the loop does (`resid_post`
+        of the layer before, then `resid_pre` of the next: changes in place, which the next
+        call's first norm reads). The same C functions in the same order as the loop, so the
+        same bits. None where the first call refuses (nothing visited yet: the loop runs)."""
+        start, last = 0, len(self.layers)
+        for cut in [*cuts, last] if not cuts or cuts[-1] != last else cuts:
+            if cut > start:
+                out = self._c_step(hidden, cos, signed_sin, ctx, start, cut - start)
+                if out is None:
+                    if start == 0:
+                        return None
+                    raise RuntimeError("a decode step's C call refused its later layers")
+                hidden = out
+                start = cut
+            if cut in cuts:
+                inspector.visit("resid_post", cut - 1, hidden)
+                if cut < last:
+                    inspector.visit("resid_pre", cut, hidden)
+        return hidden
+
     def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden + delta, its RMSNorm): in C in one pass when `c_ops` (and the C function
@@ -225,11 +266,12 @@ class DecoderStack:
         return hidden, _rms_norm(hidden, weight, eps)
 
     def _c_step(self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-                ctx: AttentionContext) -> torch.Tensor | None:
-        """A step of decodes only through every layer in one C call (`c_decode_stack.decode_stack`): the
-        loop's C functions in the loop's order, without the interpreter between them. None
-        where it does not apply (more rows than the C products take, another dtype): the
-        loop runs instead."""
+                ctx: AttentionContext, first: int = 0, count: int | None = None
+                ) -> torch.Tensor | None:
+        """A step of decodes only through `count` layers from `first` (default: every layer) in
+        one C call (`c_decode_stack.decode_stack`): the loop's C functions in the loop's
+        order, without the interpreter between them. None where it does not apply (more rows
+        than the C products take, another dtype): the loop runs instead."""
         assert self.c_layers is not None
         rows, dtype = hidden.shape[0], hidden.dtype
         if self.one_call_rows is not None and rows > self.one_call_rows:
@@ -247,11 +289,11 @@ class DecoderStack:
                    for c in self.c_layers]
             self._c_tables = c_decode_stack.stack_table(layers, eps)
             self._c_tables_for = ctx.kv_caches
-        return c_decode_stack.decode_stack(self._c_tables, len(self.layers), hidden, cos, signed_sin,
-                                 ctx.slot_mapping, ctx.decode_slots, ctx.decode_lengths,
-                                 self.num_heads, self.num_kv_heads, self.head_dim,
-                                 self.c_layers[0].gate_up.out_features // 2,
-                                 self.scaling or self.head_dim ** -0.5)
+        return c_decode_stack.decode_stack(
+            self._c_tables, len(self.layers) if count is None else count, hidden, cos,
+            signed_sin, ctx.slot_mapping, ctx.decode_slots, ctx.decode_lengths, self.num_heads,
+            self.num_kv_heads, self.head_dim, self.c_layers[0].gate_up.out_features // 2,
+            self.scaling or self.head_dim ** -0.5, first)
 
     def refresh(self) -> None:
         """Looks the layers' modules up again (after LoRA wrappers replaced projections)."""
