@@ -120,7 +120,7 @@ def without_ids(out):
 
 
 @pytest.mark.slow
-def test_ray_two_replicas_same_results(local_out, config, tmp_path, ray_local, capsys,
+def test_ray_two_replicas_same_results(local_out, config, tmp_path, ray_local, capfd,
                                        monkeypatch):
     from workbench.jobs import ray_pool
 
@@ -134,7 +134,7 @@ def test_ray_two_replicas_same_results(local_out, config, tmp_path, ray_local, c
     diffs = list(_diff(without_ids(read(tmp_path / "out.jsonl")), without_ids(local_out[1])))
     assert not diffs, diffs[:5]
     # Ray's C++ warning about Ray Data's actor arguments is explained in the job's own output
-    assert capsys.readouterr().err.count(ray_pool.OBJECT_STORE_NOTE) == 1
+    assert capfd.readouterr().err.count(ray_pool.OBJECT_STORE_NOTE) == 1
 
 
 def test_cli_run_batch(tmp_path, tiny_dir):

@@ -72,13 +72,15 @@ _explained = False
 
 
 def explain_object_store_warning() -> None:
-    """Says once per process, on stderr before the first pool starts, what the C++ warning
-    Ray prints as each replica starts means (it reads like an error and is not one: Ray Data's
-    actor pool passes object references to every actor it may restart)."""
+    """Says once per process, before the first pool starts, what the C++ warning Ray prints
+    as each replica starts means (it reads like an error and is not one: Ray Data's actor pool
+    passes object references to every actor it may restart), where Ray's C++ log writes it:
+    file descriptor 2 (a terminal; a notebook server's log, not its cells)."""
     global _explained
     if not _explained:
         _explained = True
-        print(OBJECT_STORE_NOTE, file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        os.write(2, (OBJECT_STORE_NOTE + "\n").encode())
 
 
 def bound(replica: Any, kwargs: dict[str, Any]) -> Any:
