@@ -413,9 +413,11 @@ def test_a_decode_that_captures_and_steers_the_residual_stream_runs_in_c_and_equ
     captured rows are the loop's bit for bit, for the steered request and its neighbours."""
     from workbench.engine.kernels import projections
     from workbench.engine.step.decoder import DecoderStack
+    from workbench.engine.step.fusion import C_KERNELS
 
     kernel = projections.choose(getattr(torch, dtype))
-    if kernel.ops != "c" or (dtype == "bfloat16" and projections.emulated(torch.bfloat16)):
+    if kernel.ops != "c" or kernel.kernel not in C_KERNELS or (
+            dtype == "bfloat16" and projections.emulated(torch.bfloat16)):
         pytest.skip(f"no C decode step for {dtype} here ({kernel.describe()})")
     loaded = tiny_model("llama", dtype=dtype)
     last = loaded.config.num_hidden_layers - 1
