@@ -67,12 +67,8 @@ class _FileMap:
     path: str
 
 
-def _file_maps() -> list[tuple[int, int]]:
-    """(start, end) of every map of a file in this process, sorted."""
-    return [(m.start, m.end) for m in _file_map_list()]
-
-
 def _file_map_list() -> list[_FileMap]:
+    """Every map of a file in this process, sorted by address."""
     maps = []
     try:
         with open("/proc/self/maps") as lines:
@@ -85,6 +81,12 @@ def _file_map_list() -> list[_FileMap]:
     except OSError:
         return []
     return sorted(maps, key=lambda m: m.start)
+
+
+def _map_index(maps: list[_FileMap], address: int) -> int | None:
+    """The index of the map in `maps` (sorted) that holds `address`, or None."""
+    i = bisect.bisect_right([m.start for m in maps], address) - 1
+    return i if i >= 0 and address < maps[i].end else None
 
 
 def _all_file_pages(first: int, last: int) -> bool:
@@ -129,11 +131,10 @@ def release(*weights: torch.Tensor | None, keep: tuple = ()) -> int:
     if not spans or not os.path.exists("/proc/self/maps"):
         return 0
     maps = _file_map_list()
-    starts = [m.start for m in maps]
     dropped = 0
     for start, end in spans:
-        i = bisect.bisect_right(starts, start) - 1
-        if i < 0 or end > maps[i].end:
+        i = _map_index(maps, start)
+        if i is None or end > maps[i].end:
             continue  # not (wholly) in one file map
         first = -(-start // _PAGE) * _PAGE  # whole pages only: a neighbour's stay as they are
         last = end // _PAGE * _PAGE
@@ -202,11 +203,7 @@ def available_beside(model: torch.nn.Module) -> int | None:
     params = list(model.parameters())
     if not params or params[0].device.type != "cpu":
         return None
-    maps = _file_maps()
-    starts = [m[0] for m in maps]
-    mapped = 0
-    for p in {p.data_ptr(): p for p in params}.values():
-        i = bisect.bisect_right(starts, p.data_ptr()) - 1
-        if i >= 0 and p.data_ptr() < maps[i][1]:
-            mapped += p.numel() * p.element_size()
+    maps = _file_map_list()
+    mapped = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in params}.values()
+                 if _map_index(maps, p.data_ptr()) is not None)
     return max(0, psutil.virtual_memory().available - mapped)
