@@ -1,6 +1,7 @@
 """Capture jobs on a local Ray: the shards byte-identical (sha256) to a local run's with 1 and
 2 replicas, a replica killed mid-shard (Ray restarts it and retries the shard), a driver killed
-after some shards (the rerun computes only the rest), a missing Ray named."""
+after some shards (the rerun computes only the rest), a missing Ray named, every replica
+loaded before the first item."""
 
 from __future__ import annotations
 
@@ -174,6 +175,29 @@ def test_two_node_cluster_same_shards(local_run, tiny_dir, tmp_path):
     assert hashes(out) == hashes(local_run)
     used = {json.loads(p.read_text())["ray_node_id"] for p in (out / "shards").glob("*.json")}
     assert used <= set(found["nodes"]) and len(used) == 2, used
+
+
+def test_every_replica_loads_before_the_first_item(ray_local, tmp_path):
+    """A replica that loads 4 s after the other still gets items: the pool waits for every
+    replica before it hands out the first (else the fast one takes the whole job, and the
+    two-node test above finds one node in the manifests)."""
+    from workbench.jobs.ray_pool import run_pool
+
+    class SlowSecond:
+        def __init__(self, marks: str):
+            try:
+                os.close(os.open(os.path.join(marks, "first"), os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                time.sleep(4.0)
+
+        def __call__(self, batch):
+            batch["pid"] = os.getpid()
+            return batch
+
+    rows = list(run_pool([{"i": i} for i in range(6)], SlowSecond, {"marks": str(tmp_path)},
+                         replicas=2))
+    assert sorted(r["i"] for r in rows) == list(range(6))
+    assert len({r["pid"] for r in rows}) == 2
 
 
 def test_a_replica_refuses_a_folder_its_node_does_not_share(tiny_dir, tmp_path):

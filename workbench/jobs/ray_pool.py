@@ -4,7 +4,10 @@ Nothing here schedules, retries or restarts anything itself: `run_pool` is one R
 `map_batches` over an `ActorPoolStrategy` of replicas (a class whose constructor loads the
 engine once), with Ray Data's own fault tolerance, the actor pool's defaults (a dead replica
 process is restarted, without limit, and its batch retried on a live one: tested by
-tests/jobs/test_capture_ray.py). Only small rows travel
+tests/jobs/test_capture_ray.py), except one: the first item waits until every replica has
+loaded its engine (Ray Data's `wait_for_min_actors_s`), so the replica that loads first does not
+take the whole job, and a pool the cluster cannot place fails with Ray's timeout instead of
+waiting without end. Only small rows travel
 through Ray (lines, document texts, manifest rows); a capture replica writes its tensors to the
 output folder itself.
 """
@@ -17,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 INSTALL_HINT = "pip install 'workbench[ray]'"
+REPLICA_START_TIMEOUT_S = 3600  # an 8B checkpoint read from a slow network disk, per replica
 
 
 def require_ray() -> Any:
@@ -60,6 +64,8 @@ def run_pool(items: list[dict[str, Any]], replica: type, constructor_kwargs: dic
                          batch_size=batch_size, batch_format="pandas",
                          compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=num_cpus,
                          **(options or {}))
+    if out.context.wait_for_min_actors_s <= 0:  # the dataset's own copy; a caller's setting wins
+        out.context.wait_for_min_actors_s = REPLICA_START_TIMEOUT_S
     yield from out.iter_rows()
 
 
