@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workbench.engine.kernels import c_products, projections
-from workbench.engine.kernels.projections import Avx2, Avx512Bf16
+from workbench.engine.kernels.projections import Avx2
 from workbench.engine.step.fusion import (
     FastLinear,
     FusedPart,
@@ -199,11 +199,10 @@ def test_prepacked_bf16_projections_are_bit_identical():
 @pytest.mark.parametrize("k", [64, 67, 96])
 @pytest.mark.parametrize("bias", [True, False])
 def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias):
-    """Up to four rows go through the C AVX-512 BF16 few-row kernel, and 12 to 16 with an even
-    K (its broadcast tiles, pairs of k a lane), the others through the invariant broadcast
-    tiles, all on the one plain weight; partial blocks of weight rows (99 is not a multiple of
-    8) and of K (67, 96: masked tails). Each output is within one bf16 rounding of the exact
-    product, rarely a last bit off oneDNN's."""
+    """Every row count goes through the one C AVX-512 BF16 function on the one plain weight;
+    partial blocks of weight rows (99 is not a multiple of 4) and of K (67, 96: masked tails).
+    Each output is within one bf16 rounding of the exact product, rarely a last bit off
+    oneDNN's, and a row's bits are its bits alone (the batch-invariant engine's function)."""
     needs("avx512bf16", torch.bfloat16)
     gen = torch.Generator().manual_seed(rows * k)
     weight = torch.randn(99, k, generator=gen).to(torch.bfloat16)
@@ -217,12 +216,10 @@ def test_avx512bf16_products_equal_float32_arithmetic_rounded_once(rows, k, bias
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
     reference = torch.nn.functional.linear(x, weight, b)  # oneDNN
     assert (got != reference).float().mean() < 0.05
-    few_rows = rows <= Avx512Bf16.MAX_ROWS or (
-        Avx512Bf16.BROADCAST_ROWS[0] <= rows <= Avx512Bf16.BROADCAST_ROWS[1] and k % 2 == 0)
-    if not few_rows:  # the invariant tiles: the batch-invariant engine's bits
-        invariant = c_products.product(c_products.linear_bf16_invariant_function(), x, weight,
-                                       b, 99)
-        assert torch.equal(got, invariant)
+    assert linear.c_function(rows, torch.bfloat16) is linear.kernel.invariant_function(
+        linear.weights, torch.bfloat16)
+    alone = torch.cat([linear(x[:, i:i + 1]) for i in range(rows)], dim=1)
+    assert torch.equal(got, alone)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 32, 33, 100])

@@ -7,10 +7,10 @@ used unless the kernel choice (`projections.py`) picked it, which needs the CPU'
 (`available()`), AVX-512 BF16 (`available_bf16()`) or AMX (`available_amx()`), and a library that
 built and computed a known product correctly.
 
-The batch-invariant engine's products (`linear_invariant_function()`,
-`linear_bf16_invariant_function()`) put every row, however many come, through broadcast tiles
-in which a row's sums run in one order whatever the other rows: a row's output is the same bits
-for any row count, position among the rows and thread count, in one call for any count.
+The batch-invariant engine's products (`linear_invariant_function()`, and the bfloat16
+products themselves) give a row's sums one order whatever the other rows: a row's output is
+the same bits for any row count, position among the rows and thread count, in one call for any
+count.
 """
 
 from __future__ import annotations
@@ -112,8 +112,7 @@ def available_bf16() -> bool:
     lib = c_library.library()
     if lib is None or getattr(lib, "wb_linear_bf16", None) is None:
         return False
-    return all(_known_product_holds(fn, torch.bfloat16, rows=3)
-               for fn in (lib.wb_linear_bf16, lib.wb_linear_bf16_invariant))
+    return _known_product_holds(lib.wb_linear_bf16, torch.bfloat16, rows=3)
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -124,14 +123,8 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def linear_bf16_function():
-    """The bfloat16 products (AVX-512 BF16)."""
+    """The bfloat16 products (AVX-512 BF16), any row count, batch-invariant by construction."""
     return c_library.function("wb_linear_bf16")
-
-
-def linear_bf16_invariant_function():
-    """The batch-invariant bfloat16 products (AVX-512 BF16 broadcast tiles for any row count:
-    the bits of `linear_bf16_function()`'s 12-16 row tiles where K is even)."""
-    return c_library.function("wb_linear_bf16_invariant")
 
 
 @functools.cache

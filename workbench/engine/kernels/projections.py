@@ -19,9 +19,9 @@ computes `x W^T + b`.
 | "amx"        | bfloat16 | "onednn"'s needs + AMX BF16, a C compiler that      | products of up to 32
 |              |          | targets it, the OS's grant of AMX state             | rows on AMX tiles in C;
 |              |          |                                                     | more rows as "onednn"
-| "avx512bf16" | bfloat16 | "onednn"'s needs + AVX-512 BF16, a C compiler       | products of up to four
-|              |          |                                                     | rows and of 12 to 16
-|              |          |                                                     | in C; others "onednn"
+| "avx512bf16" | bfloat16 | "onednn"'s needs + AVX-512 BF16, a C compiler       | every row count in C,
+|              |          |                                                     | batch-invariant by
+|              |          |                                                     | construction
 | "onednn"     | bfloat16 | AVX-512 BW/VL/DQ or AVX-NE-CONVERT, oneDNN in torch | weights prepacked by
 |              |          |                                                     | oneDNN
 | "torch"      | any      | nothing                                             | `F.linear`
@@ -32,9 +32,10 @@ computes `x W^T + b`.
 |              |          |                                                     | block sums in C
 
 A batch-invariant engine (`fusion.make_batch_invariant`) runs the projections of "avx2" and
-"avx512bf16" through their invariant products (`invariant_function`: `csrc/linear_f32.c`'s and
-`csrc/linear_bf16.c`'s broadcast tiles for every row count, one call per projection, prefill
-and decode alike), those of the other kernels in fixed tiles (`FastLinear.tile_rows`).
+"avx512bf16" through their invariant products (`invariant_function`: `csrc/linear_f32.c`'s
+broadcast tiles for every row count; `csrc/linear_bf16.c`'s one function, the default engine's
+too; one call per projection, prefill and decode alike), those of the other kernels in fixed
+tiles (`FastLinear.tile_rows`).
 
 The small operators between the projections (`KernelChoice.ops`) run in C wherever the C
 library is available and the kernel is not "torch" ("c"), in float32 and bfloat16: decode
@@ -180,19 +181,14 @@ class OneDnn(LinearKernel):
 
 class Avx512Bf16(OneDnn):
     """bfloat16 in C on the plain weight, the only copy kept (`csrc/linear_bf16.c`'s AVX-512
-    BF16 functions): up to `MAX_ROWS` rows (a few sequences or beams decoding) and
-    `BROADCAST_ROWS` rows as few-row products, any other count through the invariant broadcast
-    tiles (as fast as oneDNN's prepacked products from 32 rows on, 1.1-1.5x slower from 5 to 11
-    and 17 to 31 rows, where a second, packed copy of every weight would buy that back: the
-    one-copy rule keeps models of 8B in memory). fp32 accumulation and one rounding, a product
-    may differ from oneDNN's in the last bit of bf16."""
+    BF16 function): one arithmetic for every row count, tiles of dot products whose sums run in
+    one order for every output, so a row's bits never depend on the rows beside it (the
+    batch-invariant engine runs the same function). One row streams the weights at about the
+    memory's read bandwidth, 5-11 rows at 0.7x the time of the broadcast tiles they replace, 512
+    rows at the bf16 peak that oneDNN's prepacked copy reached. fp32 accumulation and one
+    rounding: a product may differ from oneDNN's in the last bit of bf16."""
 
     name = "avx512bf16"
-    # the few-row function beats oneDNN up to four rows (a step's products on an AMX Xeon: 12.6
-    # vs 18.4 ms at one row, 18.7 vs 19.9 at four, 26 vs 20 at eight), and from 12 to 16 rows
-    # (an even K) its broadcast tiles (26 vs 35 without AMX)
-    MAX_ROWS = 4
-    BROADCAST_ROWS = (12, 16)
 
     def missing(self, dtype, features):
         lack = super().missing(dtype, features)
@@ -209,15 +205,10 @@ class Avx512Bf16(OneDnn):
         return weights
 
     def c_function(self, weights, rows, dtype):
-        if dtype != torch.bfloat16:
-            return None
-        low, high = self.BROADCAST_ROWS
-        if rows <= self.MAX_ROWS or (low <= rows <= high and weights.in_features % 2 == 0):
-            return c_products.linear_bf16_function()
-        return c_products.linear_bf16_invariant_function()
+        return c_products.linear_bf16_function() if dtype == torch.bfloat16 else None
 
     def invariant_function(self, weights, dtype):
-        return c_products.linear_bf16_invariant_function() if dtype == torch.bfloat16 else None
+        return self.c_function(weights, 0, dtype)
 
 
 class Amx(OneDnn):

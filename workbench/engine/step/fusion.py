@@ -40,8 +40,8 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 INVARIANT_ROWS = 4  # a batch-invariant engine's library products: always this many rows a call
 # and its C products: at most this many rows a call. "avx2" and "avx512bf16": any count, one call
-# of their invariant products (`LinearKernel.invariant_function`: broadcast tiles, a row's sums
-# in one order whatever the other rows); "amx": its tiles' 16 rows; "gguf": the block products
+# of their invariant products (`LinearKernel.invariant_function`: a row's sums in one order
+# whatever the other rows); "amx": its tiles' 16 rows; "gguf": the block products
 # sum each row in one order for any count (`csrc/gguf.c`, and `csrc/gguf_q8.c`, which quantizes
 # each row by itself)
 ANY_ROWS = 2**31 - 1

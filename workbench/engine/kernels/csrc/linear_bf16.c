@@ -1,299 +1,148 @@
 #include "wb.h"
 
-/* bfloat16 few-row products on CPUs with AVX-512 BF16 (VDPBF16PS): y[m, n] = sum_k x[m, k] *
- * w[n, k] (+ b[n]), bf16 in, float32 accumulation, one rounding to bf16 (nearest even) at the
- * end, as oneDNN and MKL compute it. Weight rows are read eight at a time, each block of them
- * prefetched a block ahead, and every row of x reads the block while it is in L1: the weights
- * stream once per call at close to the memory's read bandwidth (MKL's bf16 GEMM read ~70% of
- * it for one row). A row's sum is one thread's, in a fixed order: the same bits for any thread
- * count. Compiled for AVX-512 BF16 only in this function (the library still loads on AVX2
- * CPUs); compilers older than GCC 10 / clang 9 leave it out and the kernel is unavailable. */
+/* bfloat16 products on CPUs with AVX-512 BF16 (VDPBF16PS), one arithmetic for every row count:
+ * y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) on the plain weight [N, K], bf16 in, float32 sums
+ * rounded once to bf16 (nearest even), as oneDNN and MKL compute it, in one fixed order for
+ * every output: its sixteen lanes take the pairs of k at 32-element steps, then one tree adds
+ * the lanes. A row's bits depend on its own values only: not on how many rows share the call,
+ * where it sits among them, nor the thread count, so the products are batch-invariant by
+ * construction, and the batch-invariant engine and the default one run the same function.
+ *
+ * Tiles of four weight rows by four input rows (sixteen sums in registers, eight vector loads
+ * for sixteen VDPBF16PS): one input row streams the weights at close to the memory's read
+ * bandwidth, many rows run near the CPU's bf16 peak (2-core Zen 4, 512 rows: 390-440 GFLOP/s,
+ * as the broadcast tiles this replaced). Sums of sixteen tiles' lanes are added and rounded
+ * sixteen at a time (`wb_sum16x16`); the scalar rounding it replaced cost 20 % at 512 rows.
+ * Compiled for AVX-512 BF16 only in this file's functions (the library still loads on AVX2
+ * CPUs); compilers older than GCC 10 / clang 9 leave them out and the kernel is unavailable. */
 #if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
-#define WB_BF16_ROWS 8
-#define WB_BF16_BC_MIN_ROWS 12  /* 12 to 16 rows (an even K): broadcast tiles */
-#define WB_BF16_BC_R 4
+#define WB_DOT_R 4   /* weight rows a tile */
+#define WB_DOT_X 4   /* input rows a tile: 16 sums in registers */
+#define WB_DOT_GROUP_BYTES (256 * 1024)  /* a thread's weight rows at once: they stay in L2 */
 
-/* 12 to 16 rows as broadcast tiles, as the float32 ones: x transposed into one column of
- * sixteen rows a vector, each row's lane holding a pair of its k (xt[k/2][16] pairs), each
- * pair of a weight row's k broadcast, VDPBF16PS adding both products into every row's sum at
- * once; four weight rows a tile, the tiles two ahead prefetched into L2. On an AMX Xeon with
- * oneDNN limited to AVX-512 BF16 (as on a CPU without AMX), a step's 16-row products 38.7 ms
- * as dot products, 34.7 with oneDNN, 26.2 this way. */
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void linear_bf16_broadcast(const uint16_t *x, const uint16_t *w, const uint16_t *b,
-                                  uint16_t *y, int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t KP = K / 2;
-    uint32_t *xt = wb_scratch(KP * 16 * 4);
-    if (!xt) return;
-    for (int64_t kp = 0; kp < KP; ++kp)
-        for (int64_t m = 0; m < 16; ++m)
-            xt[kp * 16 + m] = m < M ? (uint32_t)x[m * K + 2 * kp]
-                                      | (uint32_t)x[m * K + 2 * kp + 1] << 16 : 0;
-    const uint32_t *cols = xt;
-    const int64_t blocks = (N + WB_BF16_BC_R - 1) / WB_BF16_BC_R;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n0 = blk * WB_BF16_BC_R;
-        const int64_t R = N - n0 < WB_BF16_BC_R ? N - n0 : WB_BF16_BC_R;
-        const uint16_t *wb = w + n0 * K;
-        __m512 acc[WB_BF16_BC_R];
-        for (int r = 0; r < WB_BF16_BC_R; ++r) acc[r] = _mm512_setzero_ps();
-        for (int64_t kp0 = 0; kp0 < KP; kp0 += 16) {  /* a cache line of each weight row */
-            for (int64_t r = 0; r < R; ++r)
-                _mm_prefetch((const char *)(wb + (2 * WB_BF16_BC_R + r) * K + 2 * kp0),
-                             _MM_HINT_T1);
-            const int64_t ke = kp0 + 16 < KP ? kp0 + 16 : KP;
-            for (int64_t kp = kp0; kp < ke; ++kp) {
-                const __m512bh xv = (__m512bh)_mm512_load_si512(cols + kp * 16);
-                for (int64_t r = 0; r < R; ++r) {
-                    uint32_t pair;
-                    __builtin_memcpy(&pair, wb + r * K + 2 * kp, 4);
-                    acc[r] = _mm512_dpbf16_ps(acc[r], xv,
-                                              (__m512bh)_mm512_set1_epi32((int)pair));
-                }
-            }
-        }
-        for (int64_t r = 0; r < R; ++r) {
-            float sums[16];
-            _mm512_storeu_ps(sums, acc[r]);
-            const float bias = b ? wb_bf16_to_f32(b[n0 + r]) : 0.0f;
-            for (int64_t m = 0; m < M; ++m) y[m * N + n0 + r] = wb_round_bf16(sums[m] + bias);
+/* A vector's sixteen floats summed in one fixed tree (lane i + i+8, then + i+4, + i^2, + 1):
+ * written out, not left to the compiler's _mm512_reduce_add_ps, so the bits are the same
+ * whatever compiled it. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) float
+wb_sum16(__m512 v) {
+    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+    const __m128 t2 = _mm_add_ps(t4, _mm_shuffle_ps(t4, t4, 0x4e));
+    return _mm_cvtss_f32(t2) + _mm_cvtss_f32(_mm_shuffle_ps(t2, t2, 0x55));
+}
+
+/* Sixteen vectors' sums at once, each in `wb_sum16`'s tree (the same pairs of lanes added at
+ * each level, four levels of two shuffles and an add for sixteen vectors): out[4q + j] is the
+ * sum of v[4j + q]. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) __m512
+wb_sum16x16(const __m512 *v) {
+    __m512 u[8], w[4], x[2];
+    for (int p = 0; p < 8; ++p)  /* lane i + i+8 */
+        u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xee));
+    for (int r = 0; r < 4; ++r)  /* + i+4 */
+        w[r] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], 0xdd));
+    for (int t = 0; t < 2; ++t)  /* + i^2 */
+        x[t] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * t], w[2 * t + 1], 0x44),
+                             _mm512_shuffle_ps(w[2 * t], w[2 * t + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88),  /* + 1 */
+                         _mm512_shuffle_ps(x[0], x[1], 0xdd));
+}
+
+/* R weight rows times X input rows over all of K: each output's sixteen lanes take the pairs
+ * of k at 32-element steps (VDPBF16PS), a K that is not a multiple of 32 its last step masked,
+ * then `wb_sum16`'s tree, the bias added (+0 without one) and one rounding: for any R and X the
+ * same order for every output. Writes y[j * N + r] (X rows of R outputs); b: the R biases. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline
+__attribute__((always_inline)) void
+dot_tile(const uint16_t *w, const uint16_t *x, int64_t K, const int R, const int X,
+         int prefetch, const uint16_t *b, uint16_t *y, int64_t N) {
+    const int64_t K32 = K & ~(int64_t)31;
+    const __mmask32 tail = (__mmask32)((1ull << (K & 31)) - 1);
+    __m512 acc[WB_DOT_R][WB_DOT_X];
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < X; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K32; k += 32) {
+        __m512bh xv[WB_DOT_X];
+        for (int j = 0; j < X; ++j) xv[j] = (__m512bh)_mm512_loadu_si512(x + j * K + k);
+        for (int r = 0; r < R; ++r) {
+            if (prefetch) _mm_prefetch((const char *)(w + (r + 2 * WB_DOT_R) * K + k), _MM_HINT_T0);
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * K + k);
+            for (int j = 0; j < X; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv, xv[j]);
         }
     }
+    if (tail) {
+        __m512bh xv[WB_DOT_X];
+        for (int j = 0; j < X; ++j)
+            xv[j] = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + j * K + K32);
+        for (int r = 0; r < R; ++r) {
+            const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + r * K + K32);
+            for (int j = 0; j < X; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv, xv[j]);
+        }
+    }
+    if (R == 4 && X == 4) {  /* v[4a + c] = acc[a][c]: lane 4j + r is acc[r][j]'s sum */
+        __m512 v[16];
+        for (int a = 0; a < 4; ++a)
+            for (int c = 0; c < 4; ++c) v[4 * a + c] = acc[a][c];
+        __m128 bias = _mm_setzero_ps();
+        if (b) bias = _mm_castsi128_ps(_mm_slli_epi32(
+                          _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)b)), 16));
+        const __m512 sums = _mm512_add_ps(wb_sum16x16(v), _mm512_broadcast_f32x4(bias));
+        const __m512i u = _mm512_castps_si512(sums);  /* wb_round_bf16, sixteen at once */
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+        rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(sums, sums, _CMP_UNORD_Q),
+                                        _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+        uint16_t out[16];
+        _mm256_storeu_si256((__m256i *)out,
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+        for (int j = 0; j < 4; ++j) memcpy(y + j * N, out + 4 * j, 8);
+        return;
+    }
+    for (int r = 0; r < R; ++r) {
+        const float bias = b ? wb_bf16_to_f32(b[r]) : 0.0f;
+        for (int j = 0; j < X; ++j) y[j * N + r] = wb_round_bf16(wb_sum16(acc[r][j]) + bias);
+    }
 }
+
+/* dot_tile with R and X constants (each its own unrolled body) */
+#define DOT_TILE(WP, R, BP, YP, PREFETCH) \
+    switch (X) { \
+    case 4: dot_tile(WP, xr, K, R, 4, PREFETCH, BP, YP, N); break; \
+    case 3: dot_tile(WP, xr, K, R, 3, PREFETCH, BP, YP, N); break; \
+    case 2: dot_tile(WP, xr, K, R, 2, PREFETCH, BP, YP, N); break; \
+    default: dot_tile(WP, xr, K, R, 1, PREFETCH, BP, YP, N); break; \
+    }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 void wb_linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
-                    int64_t M, int64_t N, int64_t K, int threads) {
-    if (M >= WB_BF16_BC_MIN_ROWS && M <= 16 && K % 2 == 0) {
-        linear_bf16_broadcast(x, w, b, y, M, N, K, threads);
-        return;
-    }
-    const int64_t blocks = (N + WB_BF16_ROWS - 1) / WB_BF16_ROWS;
-    const __mmask32 tail = (__mmask32)((1ull << (K & 31)) - 1);
-    const int64_t K32 = K & ~(int64_t)31;
+                        int64_t M, int64_t N, int64_t K, int threads) {
+    /* a thread's weight rows at once: those that fit WB_DOT_GROUP_BYTES, and enough groups
+     * (eight a thread) that the threads share a small N evenly */
+    int64_t group = WB_DOT_GROUP_BYTES / (2 * K);
+    const int64_t even = (N + 8 * threads - 1) / (8 * threads);
+    if (group > even) group = even;
+    group = (group + WB_DOT_R - 1) / WB_DOT_R * WB_DOT_R;
+    if (group < WB_DOT_R) group = WB_DOT_R;
+    const int64_t groups = (N + group - 1) / group;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n0 = blk * WB_BF16_ROWS;
-        const int64_t R = N - n0 < WB_BF16_ROWS ? N - n0 : WB_BF16_ROWS;
-        const uint16_t *wb = w + n0 * K;
-        for (int64_t m = 0; m < M; ++m) {
-            const uint16_t *xm = x + m * K;
-            __m512 a[WB_BF16_ROWS];
-            for (int r = 0; r < WB_BF16_ROWS; ++r) a[r] = _mm512_setzero_ps();
-            for (int64_t k = 0; k < K32; k += 32) {
-                __m512bh xv = (__m512bh)_mm512_loadu_si512(xm + k);
-                for (int64_t r = 0; r < R; ++r) {
-                    if (m == 0) _mm_prefetch((const char *)(wb + (r + WB_BF16_ROWS) * K + k),
-                                             _MM_HINT_T0);
-                    a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)_mm512_loadu_si512(wb + r * K + k),
-                                            xv);
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t g0 = g * group, g1 = g0 + group < N ? g0 + group : N;
+        for (int64_t m0 = 0; m0 < M; m0 += WB_DOT_X) {
+            const int X = M - m0 < WB_DOT_X ? (int)(M - m0) : WB_DOT_X;
+            const uint16_t *xr = x + m0 * K;
+            const int prefetch = m0 == 0;  /* the first pass reads the group from memory */
+            for (int64_t n0 = g0; n0 < g1; n0 += WB_DOT_R) {
+                const uint16_t *wr = w + n0 * K, *br = b ? b + n0 : NULL;
+                uint16_t *yr = y + m0 * N + n0;
+                if (g1 - n0 >= WB_DOT_R) {
+                    DOT_TILE(wr, WB_DOT_R, br, yr, prefetch)
+                } else {  /* the last rows of N, one at a time */
+                    for (int64_t r = 0; r < g1 - n0; ++r)
+                        DOT_TILE(wr + r * K, 1, br ? br + r : NULL, yr + r, 0)
                 }
-            }
-            if (tail) {
-                __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, xm + K32);
-                for (int64_t r = 0; r < R; ++r)
-                    a[r] = _mm512_dpbf16_ps(
-                        a[r], (__m512bh)_mm512_maskz_loadu_epi16(tail, wb + r * K + K32), xv);
-            }
-            for (int64_t r = 0; r < R; ++r) {
-                float s = _mm512_reduce_add_ps(a[r]);
-                if (b) s += wb_bf16_to_f32(b[n0 + r]);
-                y[m * N + n0 + r] = wb_round_bf16(s);
-            }
-        }
-    }
-}
-/* Batch-invariant bfloat16 products (`wb_linear_bf16_invariant`, the batch-invariant engine's):
- * every row, however many come, through broadcast tiles as the 12-16 row ones above (each
- * lane's sum over k's pairs in order from zero, VDPBF16PS, plus the bias, rounded once: the
- * same bits as those for an even K), in panels of 64 rows ([K/2][64] pairs each, zero padded),
- * a chunk of panels that fits L2 at a time, R = 6 weight rows x V <= 4 vectors of sixteen rows
- * a tile (24 sums in registers), 48 weight rows a thread at once (their outputs written as
- * one run per row). A row's bits depend on its own values only: not on how many
- * rows share the call, where it sits among them, nor the thread count. An odd K's last
- * element is a pair with a zero. */
-#define INV_BF16_P 64
-#define INV_BF16_CHUNK_BYTES (512 * 1024)
-#define INV_BF16_GROUP_ROWS 48  /* weight rows a thread takes at once, as the float32 ones */
-
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline
-__attribute__((always_inline)) void
-inv_bf16_tile(const uint16_t *w, int64_t K, const uint32_t *xt, const int R, const int V,
-              int prefetch, float *sums) {
-    const int64_t KH = K / 2, KP = (K + 1) / 2;
-    __m512 acc[6][4];
-    for (int r = 0; r < R; ++r)
-        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-    for (int64_t kp0 = 0; kp0 < KH; kp0 += 32) {  /* a cache line of each weight row */
-        if (prefetch)
-            for (int r = 0; r < R; ++r)
-                _mm_prefetch((const char *)(w + (2 * R + r) * K + 2 * kp0), _MM_HINT_T1);
-        const int64_t ke = kp0 + 32 < KH ? kp0 + 32 : KH;
-#pragma GCC unroll 2
-        for (int64_t kp = kp0; kp < ke; ++kp) {
-            __m512bh xv[4];
-            for (int v = 0; v < V; ++v)
-                xv[v] = (__m512bh)_mm512_load_si512(xt + kp * INV_BF16_P + 16 * v);
-            for (int r = 0; r < R; ++r) {
-                uint32_t pair;
-                __builtin_memcpy(&pair, w + r * K + 2 * kp, 4);
-                const __m512bh bw = (__m512bh)_mm512_set1_epi32((int)pair);
-                for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv[v], bw);
-            }
-        }
-    }
-    if (KP > KH) {  /* an odd K: its last element, paired with a zero */
-        __m512bh xv[4];
-        for (int v = 0; v < V; ++v)
-            xv[v] = (__m512bh)_mm512_load_si512(xt + KH * INV_BF16_P + 16 * v);
-        for (int r = 0; r < R; ++r) {
-            const __m512bh bw = (__m512bh)_mm512_set1_epi32((int)w[r * K + K - 1]);
-            for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv[v], bw);
-        }
-    }
-    for (int r = 0; r < R; ++r)
-        for (int v = 0; v < V; ++v) _mm512_storeu_ps(sums + (r * V + v) * 16, acc[r][v]);
-}
-
-/* Up to eight rows (a decode step): the same sums in eight lanes (256-bit VDPBF16PS, twice the
- * 512-bit one's count a cycle on CPUs that split 512-bit operations), x as one column of
- * pairs [K/2][8], six weight rows a tile. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-static void inv_bf16_rows8(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
-                           int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t KH = K / 2, KP = (K + 1) / 2;
-    uint32_t *xt = wb_scratch(KP * 8 * 4);
-    if (!xt) return;
-    for (int64_t kp = 0; kp < KP; ++kp)
-        for (int64_t m = 0; m < 8; ++m) {
-            uint32_t pair = 0;
-            if (m < M && 2 * kp + 1 < K) __builtin_memcpy(&pair, x + m * K + 2 * kp, 4);
-            else if (m < M) pair = x[m * K + K - 1];
-            xt[kp * 8 + m] = pair;
-        }
-    const uint32_t *cols = xt;
-    const int64_t blocks = (N + 5) / 6;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n0 = blk * 6, R = N - n0 < 6 ? N - n0 : 6;
-        const uint16_t *wr = w + n0 * K;
-        __m256 acc[6];
-        for (int r = 0; r < 6; ++r) acc[r] = _mm256_setzero_ps();
-        for (int64_t kp0 = 0; kp0 < KH; kp0 += 32) {  /* a cache line of each weight row */
-            for (int64_t r = 0; r < R; ++r)
-                _mm_prefetch((const char *)(wr + (12 + r) * K + 2 * kp0), _MM_HINT_T0);
-            const int64_t ke = kp0 + 32 < KH ? kp0 + 32 : KH;
-            if (R == 6) {
-#pragma GCC unroll 2
-                for (int64_t kp = kp0; kp < ke; ++kp) {
-                    const __m256bh xv = (__m256bh)_mm256_load_si256((const __m256i *)(cols + kp * 8));
-                    for (int r = 0; r < 6; ++r) {
-                        uint32_t pair;
-                        __builtin_memcpy(&pair, wr + r * K + 2 * kp, 4);
-                        acc[r] = _mm256_dpbf16_ps(acc[r], xv,
-                                                  (__m256bh)_mm256_set1_epi32((int)pair));
-                    }
-                }
-            } else {
-                for (int64_t kp = kp0; kp < ke; ++kp) {
-                    const __m256bh xv = (__m256bh)_mm256_load_si256((const __m256i *)(cols + kp * 8));
-                    for (int64_t r = 0; r < R; ++r) {
-                        uint32_t pair;
-                        __builtin_memcpy(&pair, wr + r * K + 2 * kp, 4);
-                        acc[r] = _mm256_dpbf16_ps(acc[r], xv,
-                                                  (__m256bh)_mm256_set1_epi32((int)pair));
-                    }
-                }
-            }
-        }
-        if (KP > KH) {  /* an odd K: its last element, paired with a zero */
-            const __m256bh xv = (__m256bh)_mm256_load_si256((const __m256i *)(cols + KH * 8));
-            for (int64_t r = 0; r < R; ++r)
-                acc[r] = _mm256_dpbf16_ps(acc[r], xv,
-                                          (__m256bh)_mm256_set1_epi32((int)wr[r * K + K - 1]));
-        }
-        for (int64_t r = 0; r < R; ++r) {
-            float sums[8];
-            _mm256_storeu_ps(sums, acc[r]);
-            const float bias = b ? wb_bf16_to_f32(b[n0 + r]) : 0.0f;
-            for (int64_t m = 0; m < M; ++m) y[m * N + n0 + r] = wb_round_bf16(sums[m] + bias);
-        }
-    }
-}
-
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-void wb_linear_bf16_invariant(const uint16_t *x, const uint16_t *w, const uint16_t *b,
-                              uint16_t *y, int64_t M, int64_t N, int64_t K, int threads) {
-    if (M <= 8) {
-        inv_bf16_rows8(x, w, b, y, M, N, K, threads);
-        return;
-    }
-    const int64_t P = INV_BF16_P, KP = (K + 1) / 2, count = (M + P - 1) / P;
-    uint32_t *xp = wb_scratch(count * KP * P * 4);
-    if (!xp) return;
-    for (int64_t p = 0; p < count; ++p) {  /* the panels: row m's pair kp at [kp][m] */
-        uint32_t *panel = xp + p * KP * P;
-        for (int64_t i = 0; i < P; ++i) {
-            const int64_t m = p * P + i;
-            const uint16_t *row = x + m * K;
-            if (m >= M) {
-                for (int64_t kp = 0; kp < KP; ++kp) panel[kp * P + i] = 0;
-                continue;
-            }
-            for (int64_t kp = 0; kp < K / 2; ++kp) {
-                uint32_t pair;
-                __builtin_memcpy(&pair, row + 2 * kp, 4);
-                panel[kp * P + i] = pair;
-            }
-            if (K % 2) panel[(KP - 1) * P + i] = row[K - 1];
-        }
-    }
-    int64_t per = INV_BF16_CHUNK_BYTES / (P * KP * 4);
-    if (per < 1) per = 1;
-    const int64_t groups = (N + INV_BF16_GROUP_ROWS - 1) / INV_BF16_GROUP_ROWS;
-    for (int64_t c0 = 0; c0 < count; c0 += per) {
-        const int64_t c1 = c0 + per < count ? c0 + per : count;
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t g = 0; g < groups; ++g) {
-            const int64_t g0 = g * INV_BF16_GROUP_ROWS;
-            const int64_t width = N - g0 < INV_BF16_GROUP_ROWS ? N - g0 : INV_BF16_GROUP_ROWS;
-            float sums[6 * 4 * 16];
-            uint16_t rows[INV_BF16_P * INV_BF16_GROUP_ROWS];
-            for (int64_t p = c0; p < c1; ++p) {
-                const uint32_t *cols = xp + p * KP * P;
-                const int64_t live = M - p * P < P ? M - p * P : P;  /* rows of this panel */
-                const int V = (int)((live + 15) / 16), first = p == c0;
-                for (int64_t n0 = g0; n0 < g0 + width; n0 += 6) {
-                    const int64_t R = g0 + width - n0 < 6 ? g0 + width - n0 : 6;
-                    const uint16_t *wr = w + n0 * K;
-                    if (R == 6) {
-                        switch (V) {
-                        case 4: inv_bf16_tile(wr, K, cols, 6, 4, first, sums); break;
-                        case 3: inv_bf16_tile(wr, K, cols, 6, 3, first, sums); break;
-                        case 2: inv_bf16_tile(wr, K, cols, 6, 2, first, sums); break;
-                        default: inv_bf16_tile(wr, K, cols, 6, 1, first, sums); break;
-                        }
-                    } else {
-                        for (int64_t r = 0; r < R; ++r) {
-                            float *s = sums + r * V * 16;
-                            switch (V) {
-                            case 4: inv_bf16_tile(wr + r * K, K, cols, 1, 4, 0, s); break;
-                            case 3: inv_bf16_tile(wr + r * K, K, cols, 1, 3, 0, s); break;
-                            case 2: inv_bf16_tile(wr + r * K, K, cols, 1, 2, 0, s); break;
-                            default: inv_bf16_tile(wr + r * K, K, cols, 1, 1, 0, s); break;
-                            }
-                        }
-                    }
-                    for (int64_t r = 0; r < R; ++r) {
-                        const float bias = b ? wb_bf16_to_f32(b[n0 + r]) : 0.0f;
-                        for (int64_t j = 0; j < live; ++j)
-                            rows[j * INV_BF16_GROUP_ROWS + n0 - g0 + r] =
-                                wb_round_bf16(sums[r * V * 16 + j] + bias);
-                    }
-                }
-                for (int64_t j = 0; j < live; ++j)
-                    memcpy(y + (p * P + j) * N + g0, rows + j * INV_BF16_GROUP_ROWS, width * 2);
             }
         }
     }
