@@ -678,7 +678,7 @@ def bench_capture(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     ids = [plain.get_tokenizer()(text)["input_ids"] for text in docs]
     tokens = sum(map(len, ids))
     invariant = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel,
-                    seed=config.seed, batch_invariant=True)
+                    seed=config.seed, batch_invariant=True, **engine_extras(config))
     layer = invariant.llm_engine.loaded.config.num_hidden_layers // 2
     spec = {"sites": ["resid_post"], "layers": [layer]}
     once = SamplingParams(max_tokens=1, temperature=0.0)
@@ -723,7 +723,7 @@ def bench_capture(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     try:
         summary = CaptureJob(config.model, docs, spec, out, dtype=config.dtype,
                              kernel=config.kernel, docs_per_shard=4, ray=True, replicas=2,
-                             progress=False).run()
+                             engine_kwargs=engine_extras(config), progress=False).run()
         compute = sum(json.loads(f.read_text())["seconds"]
                       for f in Path(out, "shards").glob("*.json"))
         found["capture_ray2_ratio"] = round(local["seconds"] / summary["seconds"], 3)
