@@ -278,3 +278,32 @@ def test_a_decode_step_in_one_c_call_declines_what_it_does_not_take():
                                  8, 0.125) is None, name
     with pytest.raises(ValueError, match="tensors and 4 functions"):
         c_decode_stack.stack_table([(None,) * 15], [(1e-5, 1e-5)])
+
+
+@needs_c
+@pytest.mark.parametrize("vocab", [8, 37, 49152])
+@pytest.mark.parametrize("k", [1, 5, 20, 64])
+def test_ranks_and_top_k_in_one_pass_are_torchs(vocab, k):
+    """`c_layer_ops.ranks_and_top_k`: the chosen tokens' ranks and the top k (ids and values,
+    largest first) equal torch's compare-and-sum and `topk`, on vocabularies that are not
+    multiples of 8 and with k past a vector."""
+    if k > vocab:
+        pytest.skip("k past the vocabulary")
+    gen = torch.Generator().manual_seed(vocab + k)
+    logprobs = torch.randn(4, vocab, generator=gen).log_softmax(-1)
+    chosen = torch.randint(0, vocab, (4,), generator=gen)
+    ranks, ids, values = c_layer_ops.ranks_and_top_k(logprobs, chosen, k)
+    top = logprobs.topk(k, dim=-1)
+    assert torch.equal(ids, top.indices) and torch.equal(values, top.values)
+    assert torch.equal(ranks, (logprobs > logprobs.gather(1, chosen[:, None])).sum(-1) + 1)
+
+
+@needs_c
+def test_ranks_and_top_k_keep_ties_in_index_order_and_leave_nan_to_torch():
+    logprobs = torch.tensor([[0.0, 1.0, 1.0, 0.5, 1.0, -1.0, 1.0, 1.0, 1.0, 1.0]])
+    ranks, ids, values = c_layer_ops.ranks_and_top_k(logprobs, torch.tensor([3]), 3)
+    assert ids.tolist() == [[1, 2, 4]] and values.tolist() == [[1.0, 1.0, 1.0]]
+    assert ranks.tolist() == [8]
+    logprobs[0, 9] = float("nan")
+    assert c_layer_ops.ranks_and_top_k(logprobs, torch.tensor([3]), 3) is None
+    assert c_layer_ops.ranks_and_top_k(logprobs, torch.tensor([3]), 65) is None

@@ -1,13 +1,14 @@
 """The small operators between the projections in C (`csrc/layer_ops.c`): a residual add with the
-RMSNorm after it, rotary embedding with the KV write, SiLU gating; float32 and bfloat16. None
-where the C library or the layout is not there (the caller falls back to torch's ops).
+RMSNorm after it, rotary embedding with the KV write, SiLU gating; float32 and bfloat16; and the
+sampler's ranks and top-k of a step's logprobs. None where the C library or the layout is not
+there (the caller falls back to torch's ops).
 """
 
 from __future__ import annotations
 
 import torch
 
-from workbench.engine.kernels import c_library
+from workbench.engine.kernels import c_library, c_products
 
 _DTYPES = (torch.float32, torch.bfloat16)  # what the C functions compute in
 
@@ -67,3 +68,25 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     code = c_library.function("wb_silu_mul")(gate_up.data_ptr(), out.data_ptr(), m, width // 2,
                              gate_up.dtype == torch.bfloat16, torch.get_num_threads())
     return out if code == 0 else None
+
+
+def ranks_and_top_k(logprobs: torch.Tensor, chosen: torch.Tensor, k: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """One pass over each row of float32 logprobs [R, V] (`wb_ranks_top_k`): the chosen tokens'
+    ranks [R] (1 + how many exceed theirs), and the top `k` (ids [R, k], values [R, k]),
+    largest first, an equal value after those of lower index. torch's `topk` and a compare-and-
+    sum take 4-5x as long on a 49k vocabulary (a small model's decode step 2-3 % slower with 5
+    logprobs). None (the caller uses torch's ops) for another dtype or layout, k outside 1-64,
+    or a NaN."""
+    if not (c_products.available() and logprobs.dtype == torch.float32 and logprobs.dim() == 2
+            and logprobs.is_contiguous() and logprobs.device.type == "cpu" and 1 <= k <= 64):
+        return None
+    rows = logprobs.shape[0]
+    chosen = chosen.to(torch.int64).contiguous()
+    ranks = torch.empty(rows, dtype=torch.int64)
+    ids = torch.empty(rows, k, dtype=torch.int64)
+    values = torch.empty(rows, k, dtype=torch.float32)
+    code = c_library.function("wb_ranks_top_k")(
+        logprobs.data_ptr(), chosen.data_ptr(), rows, logprobs.shape[1], k, ranks.data_ptr(),
+        ids.data_ptr(), values.data_ptr())
+    return (ranks, ids, values) if code == 0 else None

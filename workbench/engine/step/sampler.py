@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from workbench.engine.kernels import c_layer_ops
 from workbench.engine.requests.outputs import TokenStats
 from workbench.engine.requests.token_stats import token_stats
 from workbench.sampling_params import SamplingParams
@@ -171,6 +172,10 @@ def compute_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int):
     """Raw logprobs [R, V], those of the sampled tokens, their ranks, and each row's top-k."""
     logprobs = raw.log_softmax(-1)  # [R, V]
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [R]
+    fast = c_layer_ops.ranks_and_top_k(logprobs, tokens, k) if k > 0 else None
+    if fast is not None:  # one pass in C
+        ranks, top_ids, top_lp = fast
+        return logprobs, chosen, ranks, top_ids, top_lp
     ranks = (logprobs > chosen.unsqueeze(1)).sum(-1) + 1  # [R]
     top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (None, None)
     return logprobs, chosen, ranks, top_ids, top_lp

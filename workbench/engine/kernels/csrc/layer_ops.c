@@ -92,3 +92,68 @@ int wb_silu_mul(const void *gate_up, void *out, int64_t M, int64_t F, int bf16, 
     }
     return 0;
 }
+
+/* The sampler's logprob bookkeeping in one pass over each row of logprobs [R, V] (float32):
+ * rank[r] = 1 + how many entries exceed the chosen token's (`chosen[r]`), and the k largest,
+ * largest first, an equal value after those of lower index (ids[r, :k], vals[r, :k]). -1
+ * (the caller uses torch's ops) where k is 0 or more than 64 or a row holds a NaN. */
+#define WB_TOP_K_MAX 64
+int wb_ranks_top_k(const float *lp, const int64_t *chosen, int64_t R, int64_t V, int64_t k,
+                   int64_t *ranks, int64_t *ids, float *vals) {
+    if (k < 1 || k > WB_TOP_K_MAX || k > V) return -1;
+    for (int64_t r = 0; r < R; ++r) {
+        const float *row = lp + r * V;
+        const float c = row[chosen[r]];
+        float top[WB_TOP_K_MAX];
+        int64_t at[WB_TOP_K_MAX];
+        int64_t n = 0, above = 0, nan = 0;
+        float floor_ = -INFINITY;  /* the k-th largest once k are held */
+        const __m256 cv = _mm256_set1_ps(c);
+        int64_t i = 0;
+        for (; i < V; ++i) {  /* the first k, and any past them until the vector loop can run */
+            if (n == k && i % 8 == 0) break;
+            const float x = row[i];
+            nan |= x != x;
+            above += x > c;
+            if (n < k || x > floor_) {
+                int64_t j = n < k ? n++ : k - 1;
+                while (j > 0 && top[j - 1] < x) { top[j] = top[j - 1]; at[j] = at[j - 1]; --j; }
+                top[j] = x; at[j] = i;
+                if (n == k) floor_ = top[k - 1];
+            }
+        }
+        __m256 fv = _mm256_set1_ps(floor_);
+        for (; i + 8 <= V; i += 8) {
+            const __m256 x = _mm256_loadu_ps(row + i);
+            above += __builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps(x, cv, _CMP_GT_OQ)));
+            nan |= _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+            int mask = _mm256_movemask_ps(_mm256_cmp_ps(x, fv, _CMP_GT_OQ));
+            while (mask) {
+                const int b = __builtin_ctz(mask);
+                mask &= mask - 1;
+                const float v = row[i + b];
+                if (!(v > floor_)) continue;  /* the floor rose since the compare */
+                int64_t j = k - 1;
+                while (j > 0 && top[j - 1] < v) { top[j] = top[j - 1]; at[j] = at[j - 1]; --j; }
+                top[j] = v; at[j] = i + b;
+                floor_ = top[k - 1];
+                fv = _mm256_set1_ps(floor_);
+            }
+        }
+        for (; i < V; ++i) {
+            const float x = row[i];
+            nan |= x != x;
+            above += x > c;
+            if (x > floor_) {
+                int64_t j = k - 1;
+                while (j > 0 && top[j - 1] < x) { top[j] = top[j - 1]; at[j] = at[j - 1]; --j; }
+                top[j] = x; at[j] = i;
+                floor_ = top[k - 1];
+            }
+        }
+        if (nan || c != c) return -1;
+        ranks[r] = above + 1;
+        for (int64_t j = 0; j < k; ++j) { ids[r * k + j] = at[j]; vals[r * k + j] = top[j]; }
+    }
+    return 0;
+}
