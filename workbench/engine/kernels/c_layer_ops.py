@@ -6,9 +6,12 @@ there (the caller falls back to torch's ops).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from workbench.engine.kernels import c_library, c_products
+from workbench.engine.kernels import c_library
+from workbench.models.cpu import cpu_features
 
 _DTYPES = (torch.float32, torch.bfloat16)  # what the C functions compute in
 
@@ -70,6 +73,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     return out if code == 0 else None
 
 
+@functools.cache
+def _library_runs() -> bool:
+    """Whether this CPU runs the C library (AVX2 and FMA) and it built."""
+    return cpu_features().has("avx2", "fma") and c_library.library() is not None
+
+
 def ranks_and_top_k(logprobs: torch.Tensor, chosen: torch.Tensor, k: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """One pass over each row of float32 logprobs [R, V] (`wb_ranks_top_k`): the chosen tokens'
@@ -78,7 +87,7 @@ def ranks_and_top_k(logprobs: torch.Tensor, chosen: torch.Tensor, k: int
     sum take 4-5x as long on a 49k vocabulary (a small model's decode step 2-3 % slower with 5
     logprobs). None (the caller uses torch's ops) for another dtype or layout, k outside 1-64,
     or a NaN."""
-    if not (c_products.available() and logprobs.dtype == torch.float32 and logprobs.dim() == 2
+    if not (_library_runs() and logprobs.dtype == torch.float32 and logprobs.dim() == 2
             and logprobs.is_contiguous() and logprobs.device.type == "cpu" and 1 <= k <= 64):
         return None
     rows = logprobs.shape[0]

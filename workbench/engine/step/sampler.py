@@ -174,8 +174,7 @@ def compute_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int):
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [R]
     fast = c_layer_ops.ranks_and_top_k(logprobs, tokens, k) if k > 0 else None
     if fast is not None:  # one pass in C
-        ranks, top_ids, top_lp = fast
-        return logprobs, chosen, ranks, top_ids, top_lp
+        return logprobs, chosen, *fast
     ranks = (logprobs > chosen.unsqueeze(1)).sum(-1) + 1  # [R]
     top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (None, None)
     return logprobs, chosen, ranks, top_ids, top_lp
