@@ -149,7 +149,7 @@ class OutputProcessor:
                 int(targets[i]), float(chosen[i]), int(ranks[i]), top_ids[i].tolist(),
                 top_lp[i].tolist(), k, self.texts))
         if req.prompt_token_stats is not None:
-            req.prompt_token_stats += token_stats(lps, ranks, [k] * len(lps))
+            req.prompt_token_stats += token_stats(lps, ranks, [k] * len(lps), top_lp)
         start = req.params.prompt_distributions_from
         if req.prompt_distributions is not None and start is not None:
             # row i predicts prompt token first_pos + 1 + i: keep those from `start` on

@@ -13,14 +13,18 @@ import torch
 from workbench.engine.requests.outputs import TokenStats
 
 
-def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int]) -> list[TokenStats]:
+def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int],
+                top: torch.Tensor | None = None) -> list[TokenStats]:
     """One `TokenStats` per row of `logprobs` [R, V] (log_softmax over the whole vocabulary):
-    `ranks` [R] are the rows' tokens' ranks, `ks` each row's returned top-k count."""
+    `ranks` [R] are the rows' tokens' ranks, `ks` each row's returned top-k count; `top` the
+    rows' largest logprobs, best first, at least `max(ks)` and 2 of them where the caller has
+    them already (the sampler's), else taken here."""
     probs = logprobs.exp()
     # 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy
     entropy = -row_sums(torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs)))
     width = min(max(max(ks, default=0), 2), logprobs.shape[1])
-    top = logprobs.topk(width, dim=-1).values  # [R, width], best first
+    top = logprobs.topk(width, dim=-1).values if top is None or top.shape[1] < width \
+        else top[:, :width]  # [R, width], best first
     margin = top[:, 0] - top[:, 1] if width > 1 else torch.full_like(entropy, float("inf"))
     mass = top.exp().cumsum(-1)  # [R, width]: the mass of the top 1, 2, ...
     at_k = mass.gather(1, (torch.tensor(ks, device=mass.device) - 1).clamp(min=0).unsqueeze(1))

@@ -235,21 +235,25 @@ class Sampler:
         if not want:
             return SampleResult(tokens, None, None, None, None)
         k = max(rows[i].params.num_logprobs(self.vocab_size) or 0 for i in want)
+        if any(rows[i].params.token_stats for i in want):  # its margin: the top two
+            k = max(k, min(2, raw.shape[1]))
         logprobs, chosen, ranks, top_ids, top_lp = compute_logprobs(raw, tokens, k)
         tracked = [tracked_logprobs(logprobs[i], r.params.logprob_token_ids)
                    if r.params.logprob_token_ids else None for i, r in enumerate(rows)]
         return SampleResult(tokens, chosen, ranks, top_ids, top_lp, tracked,
-                            self._stats(logprobs, ranks, rows))
+                            self._stats(logprobs, ranks, top_lp, rows))
 
-    def _stats(self, logprobs: torch.Tensor, ranks: torch.Tensor, rows: list[SamplingRow]
-               ) -> list[TokenStats | None] | None:
-        """`token_stats` of the rows that asked, from the full raw logprobs [R, V]."""
+    def _stats(self, logprobs: torch.Tensor, ranks: torch.Tensor, top: torch.Tensor | None,
+               rows: list[SamplingRow]) -> list[TokenStats | None] | None:
+        """`token_stats` of the rows that asked, from the full raw logprobs [R, V] (and the
+        top logprobs already taken)."""
         asked = [i for i, r in enumerate(rows) if r.params.token_stats and r.params.wants_logprobs]
         if not asked:
             return None
         ks = [rows[i].params.num_logprobs(self.vocab_size) or 0 for i in asked]
         index = torch.tensor(asked, device=logprobs.device)
-        found = token_stats(logprobs.index_select(0, index), ranks.index_select(0, index), ks)
+        found = token_stats(logprobs.index_select(0, index), ranks.index_select(0, index), ks,
+                            None if top is None else top.index_select(0, index))
         stats: list[TokenStats | None] = [None] * len(rows)
         for i, one in zip(asked, found):
             stats[i] = one
