@@ -574,9 +574,13 @@ def bench_embed(side: Contenders, config: BenchConfig) -> dict[str, float]:
                              max(config.repeats, 3))  # short runs: at least 3 turns each
 
 
+INSIDE_RUN_S = 1.0  # the seconds of one run (a quick bench's: a third)
+INSIDE_MAX_TOKENS = 512
+
+
 def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
-    """A lone greedy stream as it is, capturing one layer's `hook_resid_post` at every
-    position, and steered (one vector added at that layer): each against the plain stream in
+    """A lone greedy stream as it is (runs of about `INSIDE_RUN_S` each), capturing one layer's
+    `hook_resid_post` at every position, and steered (one vector added at that layer): each against the plain stream in
     turn (`inside_*_ratio` = its rate / the plain rate); with 5 logprobs a token
     (`logprobs5_ratio`, against the plain stream) and with `token_stats` beside them
     (`token_stats_ratio`, against the 5 logprobs alone)."""
@@ -597,9 +601,14 @@ def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
     best = dict.fromkeys(extras, 0.0)
     for extra in extras.values():
         run(extra, 4)  # warm-up
+    # runs of about a second each (a fast model's 64 tokens take a quarter of one, and a
+    # burst of load from elsewhere then moves a ratio by 10 %)
+    seconds = INSIDE_RUN_S if config.repeats > 1 else INSIDE_RUN_S / 3
+    rate = tokens_per_second(functools.partial(run, {}, config.tokens))
+    tokens = min(INSIDE_MAX_TOKENS, max(config.tokens, int(rate * seconds)))
     for _ in range(config.repeats):
         for name, extra in extras.items():
-            rate = tokens_per_second(functools.partial(run, extra, config.tokens))
+            rate = tokens_per_second(functools.partial(run, extra, tokens))
             best[name] = max(best[name], rate)
     return {"inside_plain_tok_s": round(best["plain"], 2),
             "inside_capture_ratio": round(best["capture"] / best["plain"], 3),

@@ -19,9 +19,9 @@ def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int],
     `ranks` [R] are the rows' tokens' ranks, `ks` each row's returned top-k count; `top` the
     rows' largest logprobs, best first, at least `max(ks)` and 2 of them where the caller has
     them already (the sampler's), else taken here."""
-    probs = logprobs.exp()
-    # 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy
-    entropy = -row_sums(torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs)))
+    # p log p in place; 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy (their
+    # 0 * -inf is NaN, set to 0)
+    entropy = -row_sums(logprobs.exp().mul_(logprobs).nan_to_num_(nan=0.0))
     width = min(max(max(ks, default=0), 2), logprobs.shape[1])
     top = logprobs.topk(width, dim=-1).values if top is None or top.shape[1] < width \
         else top[:, :width]  # [R, width], best first
