@@ -55,6 +55,8 @@ class EngineConfig:
     # (name -> a .pt, .npy, .safetensors or .json file of one [hidden] vector)
     max_capture_mb: float = 256.0
     steering_vectors: tuple[tuple[str, str], ...] = ()
+    # sparse autoencoders by name (name -> a folder in SAELens's format: workbench.features.sae)
+    saes: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -114,9 +116,10 @@ class EngineConfig:
         if not self.max_capture_mb > 0:
             raise ValidationError(f"max_capture_mb must be positive, got {self.max_capture_mb}.",
                                   parameter="max_capture_mb", value=self.max_capture_mb)
-        vectors = self.steering_vectors
-        object.__setattr__(self, "steering_vectors", tuple(
-            (vectors.items() if isinstance(vectors, dict) else vectors)))
+        for name in ("steering_vectors", "saes"):
+            given = getattr(self, name)
+            object.__setattr__(self, name, tuple(
+                (given.items() if isinstance(given, dict) else given)))
         if self.max_logprobs < -1:
             raise ValidationError(f"max_logprobs must be -1 or at least 0, got {self.max_logprobs}.",
                                   parameter="max_logprobs", value=self.max_logprobs)

@@ -97,6 +97,23 @@ class LLM:
         self._ids = itertools.count()
         self._params: OrderedDict[str, SamplingParams] = OrderedDict()  # request id -> params
 
+    def load_sae(self, name: str, path: str) -> Any:
+        """Loads the sparse autoencoder in the folder `path` (SAELens's format) as `name`: its
+        features can then be read (`SamplingParams(features=...)`) and steered
+        (`interventions=[{"feature": {"sae": name, "index": i}, "scale": s}]`). Refused,
+        naming what is wrong, where it does not fit this model. Returns the
+        `SparseAutoencoder`."""
+        return on_model_thread(self.llm_engine.load_sae, name, path)
+
+    def unload_sae(self, name: str) -> None:
+        on_model_thread(self.llm_engine.unload_sae, name)
+
+    @property
+    def saes(self) -> dict[str, Any]:
+        """The loaded SAEs by name."""
+        shape = self.llm_engine.inputs.model_shape
+        return dict(shape.saes) if shape is not None else {}
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 

@@ -19,7 +19,13 @@ from typing import Any
 from workbench.errors import refuse
 from workbench.inside import resolve as inside_resolve
 from workbench.inside.resolve import Inside, ModelShape
-from workbench.inside.spec import CaptureParams, Intervention, LogitLensParams, parse_inside
+from workbench.inside.spec import (
+    CaptureParams,
+    FeaturesParams,
+    Intervention,
+    LogitLensParams,
+    parse_inside,
+)
 
 MAX_N_SEQUENCES = 16384
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's limit on `logprob_token_ids`
@@ -212,6 +218,8 @@ class SamplingParams:
     capture: CaptureParams | None = None
     logit_lens: LogitLensParams | None = None
     interventions: list[Intervention] | None = None
+    # an SAE's features to read (`FeaturesParams`: its name, top_k, indices, positions)
+    features: FeaturesParams | None = None
     # filled by `resolve_inside`: the three resolved for the model, which later stages read
     _inside: Inside | None = field(default=None, repr=False, compare=False)
     # filled by the engine: token-id sequences of `bad_words`, the model's extra EOS ids
@@ -234,6 +242,8 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.capture, self.logit_lens, self.interventions = parse_inside(
             self.capture, self.logit_lens, self.interventions)
+        if self.features is not None:
+            self.features = FeaturesParams.parse(self.features)
         self._verify_args()
         if 0 < self.temperature < _MIN_TEMPERATURE:
             self.temperature = _MIN_TEMPERATURE
@@ -354,9 +364,11 @@ class SamplingParams:
             refuse(f"n must be 1 when using greedy sampling, got {self.n}.", "n", self.n)
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
             refuse("allowed_token_ids is not None and empty!", "allowed_token_ids", self.allowed_token_ids)
-        if (self.capture is not None or self.logit_lens is not None) and self.n > 1:
-            name = "capture" if self.capture is not None else "logit_lens"
-            refuse(f"{name} records one sequence: n must be 1, got {self.n}.", name, self.n)
+        recording = [name for name in ("capture", "logit_lens", "features")
+                     if getattr(self, name) is not None]
+        if recording and self.n > 1:
+            refuse(f"{recording[0]} records one sequence: n must be 1, got {self.n}.",
+                   recording[0], self.n)
 
     def verify(self, vocab_size: int, max_logprobs: int) -> None:
         """Checks what depends on the model: vocabulary ids and the logprob cap (-1 = none)."""
@@ -391,7 +403,8 @@ class SamplingParams:
     @property
     def wants_inside(self) -> bool:
         """Whether it records or intervenes inside the model."""
-        return self.capture is not None or self.logit_lens is not None or bool(self.interventions)
+        return self.capture is not None or self.logit_lens is not None or \
+            self.features is not None or bool(self.interventions)
 
     def resolve_inside(self, shape: ModelShape, num_positions: int) -> Inside | None:
         """Its capture, logit lens and interventions resolved against the model for sequences
@@ -403,7 +416,8 @@ class SamplingParams:
         done = self._inside
         if done is None or not done.resolved_for(shape, num_positions):
             done = self._inside = inside_resolve.resolve(
-                self.capture, self.logit_lens, self.interventions or [], shape, num_positions)
+                self.capture, self.logit_lens, self.interventions or [], shape, num_positions,
+                self.features)
         return done
 
     @property

@@ -45,7 +45,8 @@ from workbench.engine.step.lora_manager import LoRAManager
 from workbench.engine.step.pooling import label_token_ids
 from workbench.engine.step.runner import ModelRunner, kv_shape
 from workbench.engine.step.sampler import Sampler
-from workbench.errors import ValidationError
+from workbench.errors import ValidationError, refuse
+from workbench.features.sae import SparseAutoencoder
 from workbench.inside.resolve import ModelShape
 from workbench.inside.vectors import load_vector
 from workbench.lora.request import LoRARequest
@@ -174,9 +175,34 @@ class LLMEngine:
         heads, config = hf.num_attention_heads, self.config
         vectors = {name: load_vector(path, hf.hidden_size, f"steering_vectors[{name}]")
                    for name, path in config.steering_vectors}
-        return ModelShape(len(runner.layers), hf.hidden_size, heads, kv_shape(hf)[1],
-                          self.vocab_size, dict(runner.missing_sites),
-                          int(config.max_capture_mb * 2**20), vectors)
+        shape = ModelShape(len(runner.layers), hf.hidden_size, heads, kv_shape(hf)[1],
+                           self.vocab_size, dict(runner.missing_sites),
+                           int(config.max_capture_mb * 2**20), vectors)
+        for name, path in config.saes:
+            self.load_sae(name, path, shape)
+        return shape
+
+    def load_sae(self, name: str, path: str, shape: ModelShape | None = None) -> Any:
+        """Loads the SAE in the folder `path` as `name` (`workbench.features.sae`), checked
+        against this model (its hook and width); refused, naming it, where it does not fit or
+        the name is taken. Returns it."""
+        shape = shape or self.inputs.model_shape
+        if shape is None:
+            refuse("saes: an embedding or encoder model has no hooks to read an SAE at.", "saes",
+                   name)
+        if name in shape.saes:
+            refuse(f"saes: an SAE named {name!r} is already loaded.", "saes", name)
+        sae = SparseAutoencoder.load(name, path)
+        sae.check_model(shape.num_layers, shape.hidden_size, shape.missing_sites)
+        shape.saes[name] = sae  # the shape's own dict: requests resolved later see it
+        return sae
+
+    def unload_sae(self, name: str) -> None:
+        """Forgets the SAE `name`; requests already resolved against it keep their copy."""
+        shape = self.inputs.model_shape
+        if shape is None or name not in shape.saes:
+            refuse(f"saes: no SAE {name!r} is loaded.", "saes", name)
+        del shape.saes[name]
 
     def _init_handlers(self, hf) -> None:
         """One handler per kind of request, each given only what it uses; a request's `kind`

@@ -1,5 +1,5 @@
-"""What a finished request's capture and logit lens recorded, as plain data: what the engine
-hands back (`RequestOutput.activations`, `.logit_lens`) and its HTTP form.
+"""What a finished request's capture, logit lens and features recorded, as plain data: what the
+engine hands back (`RequestOutput.activations`, `.logit_lens`, `.features`) and its HTTP form.
 
 `ActivationData`: tensors by TransformerLens's full names (`[positions, d_model]`, `[d_model]`
 when reduced, `[heads, queries, keys]` for a pattern) over absolute `positions`, what was asked
@@ -58,6 +58,57 @@ class ActivationData:
                                       (wire.get("pattern_heads") or {}).items()})
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"not an `activations` object: {error}") from error
+
+
+@dataclass
+class FeatureData:
+    """An SAE's features at a request's positions (`SamplingParams.features`): per position the
+    `top_k` most active features (ids and activations, largest first), the activations of the
+    named `indices`, L0 (how many features are active) and the norm of the reconstruction
+    error (the hook's activation minus the SAE's reconstruction of it)."""
+
+    tokens: list[str]  # the sequence's tokens, prompt then generated
+    sae: str
+    hook_name: str
+    d_sae: int
+    positions: list[int]
+    top_ids: torch.Tensor  # [P, k] int64
+    top_values: torch.Tensor  # [P, k] float32
+    indices: list[int]
+    values: torch.Tensor  # [P, len(indices)] float32
+    l0: list[int]
+    error_norm: list[float]
+    missing: dict[str, str] = field(default_factory=dict)  # asked, absent -> why
+
+    @classmethod
+    def of(cls, data: Any) -> Self:
+        """The same fields as another `FeatureData` (a view of the engine's data)."""
+        return cls(**{f.name: getattr(data, f.name) for f in fields(data)})
+
+    def to_wire(self) -> dict[str, Any]:
+        """The HTTP form: plain JSON, the activations' exact bits (`workbench.inside.tensors`)."""
+        return {"tokens": list(self.tokens), "sae": self.sae, "hook_name": self.hook_name,
+                "d_sae": self.d_sae, "positions": list(self.positions),
+                "top_ids": self.top_ids.tolist(), "top_values": encode_tensor(self.top_values),
+                "indices": list(self.indices), "values": encode_tensor(self.values),
+                "l0": list(self.l0), "error_norm": list(self.error_norm),
+                "missing": dict(self.missing)}
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> Self:
+        """The data of a response choice's `features`."""
+        try:
+            return cls(tokens=list(wire["tokens"]), sae=wire["sae"], hook_name=wire["hook_name"],
+                       d_sae=int(wire["d_sae"]), positions=[int(p) for p in wire["positions"]],
+                       top_ids=torch.tensor(wire["top_ids"], dtype=torch.long).reshape(
+                           len(wire["positions"]), -1),
+                       top_values=decode_tensor(wire["top_values"]),
+                       indices=[int(i) for i in wire["indices"]],
+                       values=decode_tensor(wire["values"]), l0=[int(v) for v in wire["l0"]],
+                       error_norm=[float(v) for v in wire["error_norm"]],
+                       missing=dict(wire.get("missing") or {}))
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"not a `features` object: {error}") from error
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 from workbench.errors import refuse
 from workbench.inside.positions import Positions
 from workbench.inside.sites import parse_site, site_name
-from workbench.inside.spec import CaptureParams, Intervention, LogitLensParams
+from workbench.inside.spec import CaptureParams, FeaturesParams, Intervention, LogitLensParams
 from workbench.inside.vectors import to_tensor
 
 
@@ -37,6 +37,7 @@ class ModelShape:
     missing_sites: dict[str, str] = field(default_factory=dict)  # site -> why this model has none
     max_capture_bytes: int = 256 << 20  # a request's capture and lens at most (a server flag)
     steering_vectors: dict[str, Any] = field(default_factory=dict)  # name -> [hidden] tensor
+    saes: dict[str, Any] = field(default_factory=dict)  # name -> `SparseAutoencoder` (loaded)
 
 
 @dataclass
@@ -68,6 +69,29 @@ class ResolvedLens:
 
 
 @dataclass
+class ResolvedFeatures:
+    """Features to read for this model: its SAE (`workbench.features.sae.SparseAutoencoder`),
+    read at the SAE's hook, `site` of `layer`."""
+
+    sae: Any
+    top_k: int
+    indices: list[int]
+    positions: Positions
+
+    @property
+    def site(self) -> str:
+        return self.sae.site
+
+    @property
+    def layer(self) -> int:
+        return self.sae.layer
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sae": self.sae.name, "hook_name": self.sae.hook_name, "top_k": self.top_k,
+                "indices": list(self.indices), "positions": self.positions.to_json()}
+
+
+@dataclass
 class ResolvedIntervention:
     """An intervention for this model: its layer in [0, num_layers), its vector a float32
     tensor ([W], or [P, W] for a list of P positions) or None."""
@@ -80,11 +104,14 @@ class ResolvedIntervention:
     scale: float
     positions: Positions
     heads: list[int] | None
+    feature: tuple[str, int] | None = None  # (SAE, index): `vector` is its W_dec row
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"site": site_name(self.site, self.layer), "op": self.op,
                                "positions": self.positions.to_json()}
-        if self.name is not None:
+        if self.feature is not None:
+            out["feature"] = {"sae": self.feature[0], "index": self.feature[1]}
+        elif self.name is not None:
             out["name"] = self.name
         elif self.vector is not None:
             out["vector_shape"] = list(self.vector.shape)
@@ -103,6 +130,7 @@ class Inside:
     capture: ResolvedCapture | None
     logit_lens: ResolvedLens | None
     interventions: list[ResolvedIntervention]
+    features: ResolvedFeatures | None
     shape: ModelShape  # what it was resolved against
     num_positions: int  # the longest sequence it was sized for
     nbytes: int  # what its capture and lens may record, at most
@@ -111,7 +139,8 @@ class Inside:
     @property
     def records(self) -> bool:
         """Whether it records anything (else it only intervenes)."""
-        return self.capture is not None or self.logit_lens is not None
+        return self.capture is not None or self.logit_lens is not None or \
+            self.features is not None
 
     def resolved_for(self, shape: ModelShape, num_positions: int) -> bool:
         return self.shape is shape and self.num_positions == num_positions
@@ -124,6 +153,8 @@ class Inside:
             out["logit_lens"] = self.logit_lens.to_json()
         if self.interventions:
             out["interventions"] = [i.to_json() for i in self.interventions]
+        if self.features is not None:
+            out["features"] = self.features.to_json()
         return out
 
     def __deepcopy__(self, memo: dict) -> Inside:
@@ -134,11 +165,15 @@ class Inside:
 
 
 def resolve(capture: CaptureParams | None, logit_lens: LogitLensParams | None,
-            interventions: list[Intervention], shape: ModelShape, num_positions: int) -> Inside:
+            interventions: list[Intervention], shape: ModelShape, num_positions: int,
+            features: FeaturesParams | None = None) -> Inside:
     """The request's asks for this model, sequences of at most `num_positions` (see the module
     docstring); refuses a capture and lens over `shape.max_capture_bytes` together."""
     size = 0
-    resolved_capture = resolved_lens = None
+    resolved_capture = resolved_lens = resolved_features = None
+    if features is not None:
+        resolved_features, bytes_ = _features(features, shape, num_positions)
+        size += bytes_
     if capture is not None:
         resolved_capture, bytes_ = _capture(capture, shape, num_positions)
         size += bytes_
@@ -152,8 +187,30 @@ def resolve(capture: CaptureParams | None, logit_lens: LogitLensParams | None,
                f"{shape.max_capture_bytes / 2**20:.0f} MiB (--max-capture-mb); ask for "
                "fewer sites, layers or positions, or a reduction.", name, size)
     changes = [_intervention(i, shape, index) for index, i in enumerate(interventions)]
-    return Inside(resolved_capture, resolved_lens, changes, shape, num_positions, size,
-                  interventions_key(changes) if changes else None)
+    return Inside(resolved_capture, resolved_lens, changes, resolved_features, shape,
+                  num_positions, size, interventions_key(changes) if changes else None)
+
+
+def _sae(name: str, shape: ModelShape, parameter: str) -> Any:
+    if name not in shape.saes:
+        known = sorted(shape.saes) or "none (--sae NAME=PATH, LLM(saes=...), /v1/load_sae)"
+        refuse(f"{parameter}: no SAE {name!r}; loaded: {known}.", parameter, name)
+    return shape.saes[name]
+
+
+def _features(features: FeaturesParams, shape: ModelShape, num_positions: int
+              ) -> tuple[ResolvedFeatures, int]:
+    sae = _sae(features.sae, shape, "features.sae")
+    if features.top_k > sae.d_sae:
+        refuse(f"features.top_k: {features.top_k} is more than the SAE's {sae.d_sae} features.",
+               "features.top_k", features.top_k)
+    bad = [i for i in features.indices if i >= sae.d_sae]
+    if bad:
+        refuse(f"features.indices: {bad} out of range: {features.sae!r} has {sae.d_sae} "
+               "features.", "features.indices", bad)
+    rows = features.positions.most(num_positions)
+    return (ResolvedFeatures(sae, features.top_k, list(features.indices), features.positions),
+            rows * (8 * features.top_k + 4 * len(features.indices) + 8))
 
 
 def _layers(layers: list[int] | None, num_layers: int, parameter: str) -> list[int]:
@@ -212,6 +269,13 @@ def _lens(lens: LogitLensParams, shape: ModelShape, num_positions: int
 def _intervention(given: Intervention, shape: ModelShape, index: int) -> ResolvedIntervention:
     """Checks one intervention against the model; its vector read into a float32 tensor."""
     p = f"interventions[{index}]"
+    if given.feature is not None:
+        sae = _sae(given.feature[0], shape, f"{p}.feature.sae")
+        if given.feature[1] >= sae.d_sae:
+            refuse(f"{p}.feature.index: {given.feature[1]} out of range: {sae.name!r} has "
+                   f"{sae.d_sae} features.", f"{p}.feature.index", given.feature[1])
+        return ResolvedIntervention(sae.site, sae.layer, "add", sae.weights["W_dec"][
+            given.feature[1]].clone(), None, given.scale, given.positions, None, given.feature)
     layer = _layers([given.layer], shape.num_layers, f"{p}.layer")[0]
     if given.site in shape.missing_sites:
         refuse(f"{p}: {site_name(given.site, layer)} does not exist in this model: "

@@ -25,6 +25,7 @@ REDUCTIONS = ("mean", "last")
 MAX_INTERVENTIONS = 64
 MAX_LENS_TOP_K = 20
 MAX_LENS_TOKEN_IDS = 128
+MAX_FEATURE_INDICES = 256
 
 
 def _is_int(v: Any) -> bool:
@@ -144,7 +145,8 @@ class LogitLensParams:
 class Intervention:
     """One change to one site of one layer for this request's rows only.
 
-    `op`: 'add' (`vector` or the named steering vector `name`, times `scale`), 'set' (replace by
+    `op`: 'add' (`vector`, the named steering vector `name`, or an SAE feature's decoder
+    direction `feature` = {"sae": name, "index": i}, times `scale`), 'set' (replace by
     `vector`: [width], or [positions, width] for an explicit list of positions: patching),
     'scale' (multiply by `scale`), 'zero'. Site 'z' (`blocks.{l}.attn.hook_z`, each head's
     output before the output projection) takes `heads` and vectors of the head size: ablating
@@ -160,6 +162,7 @@ class Intervention:
     scale: float = 1.0
     positions: Positions = field(default_factory=Positions)
     heads: list[int] | None = None
+    feature: tuple[str, int] | None = None  # (SAE name, feature index): add its W_dec row
 
     def __post_init__(self) -> None:
         self.positions = parse_positions(self.positions, "interventions[].positions")
@@ -172,10 +175,19 @@ class Intervention:
         if not isinstance(value, dict):
             refuse(f"{p} must be an object with site, layer, op.", p, value)
         unknown = set(value) - {"site", "layer", "op", "vector", "name", "scale", "positions",
-                                "heads"}
+                                "heads", "feature"}
         if unknown:
             refuse(f"{p}: unknown field(s) {sorted(unknown)}; an intervention takes site, "
-                   "layer, op, vector, name, scale, positions, heads.", p, sorted(unknown))
+                   "layer, op, vector, name, feature, scale, positions, heads.", p,
+                   sorted(unknown))
+        feature = _feature(value.get("feature"), f"{p}.feature")
+        if feature is not None:  # at its SAE's hook (site and layer: the SAE's, at resolve)
+            given = sorted(set(value) & {"site", "layer", "vector", "name", "heads"})
+            if given or value.get("op", "add") != "add":
+                refuse(f"{p}: a feature is added at its SAE's hook: op 'add' (or none), without "
+                       f"{', '.join(given) or 'another op'}.", f"{p}.feature", given)
+            return cls("", -1, "add", None, None, _scale(value, p),
+                       parse_positions(value.get("positions"), f"{p}.positions"), None, feature)
         site, layer = parse_site(value.get("site"), f"{p}.site")
         if site not in INTERVENTION_SITES:
             refuse(f"{p}.site: {value.get('site')!r} cannot be intervened on; sites are "
@@ -198,17 +210,78 @@ class Intervention:
                    None)
         if op in ("scale", "zero") and (vector is not None or name is not None):
             refuse(f"{p}: op {op!r} takes no vector.", f"{p}.vector", "given")
-        scale = value.get("scale", 1.0)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
-                scale):
-            refuse(f"{p}.scale must be a finite number.", f"{p}.scale", scale)
+        scale = _scale(value, p)
         heads = value.get("heads")
         if heads is not None and (site != "z" or not isinstance(heads, list) or not heads
                                   or not all(_is_int(h) and h >= 0 for h in heads)):
             refuse(f"{p}.heads: a non-empty list of head indices, for site 'z' only.",
                    f"{p}.heads", heads)
-        return cls(site, layer, op, vector, name, float(scale),
+        return cls(site, layer, op, vector, name, scale,
                    parse_positions(value.get("positions"), f"{p}.positions"), heads)
+
+
+def _scale(value: dict[str, Any], p: str) -> float:
+    scale = value.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        refuse(f"{p}.scale must be a finite number.", f"{p}.scale", scale)
+    return float(scale)
+
+
+def _feature(value: Any, parameter: str) -> tuple[str, int] | None:
+    """An intervention's `feature`: {"sae": name, "index": i} -> (name, i)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"sae", "index"} or not isinstance(
+            value.get("sae"), str) or not _is_int(value.get("index")) or value["index"] < 0:
+        refuse(f"{parameter} must be {{\"sae\": name, \"index\": a feature index >= 0}}.",
+               parameter, value)
+    return value["sae"], value["index"]
+
+
+@dataclass
+class FeaturesParams:
+    """An SAE's features to read at `positions`: the `top_k` most active per position (0:
+    none) and the activations of the features `indices` (SAELens's `encode` of the SAE's hook
+    activations), with each position's L0 and reconstruction error norm."""
+
+    sae: str
+    top_k: int = 10
+    indices: list[int] = field(default_factory=list)
+    positions: Positions = field(default_factory=Positions)
+
+    def __post_init__(self) -> None:
+        self.positions = parse_positions(self.positions, "features.positions")
+
+    @classmethod
+    def parse(cls, value: Any) -> FeaturesParams:
+        p = "features"
+        if isinstance(value, FeaturesParams):
+            return value
+        if isinstance(value, str):
+            value = {"sae": value}
+        if not isinstance(value, dict):
+            refuse("features must be an SAE's name or an object with 'sae' (and 'top_k', "
+                   "'indices', 'positions').", p, value)
+        unknown = set(value) - {"sae", "top_k", "indices", "positions"}
+        if unknown:
+            refuse(f"features: unknown field(s) {sorted(unknown)}; it takes sae, top_k, "
+                   "indices, positions.", p, sorted(unknown))
+        if not isinstance(value.get("sae"), str) or not value["sae"]:
+            refuse("features.sae must name a loaded SAE.", "features.sae", value.get("sae"))
+        top_k = value.get("top_k", 10)
+        if not _is_int(top_k) or top_k < 0:
+            refuse(f"features.top_k must be an integer >= 0, got {top_k!r}.", "features.top_k",
+                   top_k)
+        indices = value.get("indices") or []
+        if not isinstance(indices, list) or len(indices) > MAX_FEATURE_INDICES or not all(
+                _is_int(i) and i >= 0 for i in indices):
+            refuse(f"features.indices must be a list of at most {MAX_FEATURE_INDICES} feature "
+                   "indices >= 0.", "features.indices", indices)
+        if top_k == 0 and not indices:
+            refuse("features: top_k is 0 and no indices are named: nothing to read.",
+                   "features.top_k", top_k)
+        return cls(value["sae"], top_k, list(dict.fromkeys(indices)),
+                   parse_positions(value.get("positions"), "features.positions"))
 
 
 def parse_inside(capture: Any, logit_lens: Any, interventions: Any

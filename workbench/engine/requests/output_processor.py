@@ -204,6 +204,8 @@ class OutputProcessor:
             out["activations"] = recording.activations(tokens)
         if recording.inside.logit_lens is not None:
             out["logit_lens"] = recording.lens(tokens, self.texts)
+        if recording.inside.features is not None:
+            out["features"] = recording.features(tokens)
         return out
 
     def _completion(self, seq: Sequence, delta: bool) -> CompletionOutput | None:

@@ -15,7 +15,7 @@ from workbench.engine.requests.output_views import completion_html, pooling_html
 if TYPE_CHECKING:  # only an annotation: this module stays torch-free at run time
     import torch
 
-    from workbench.inside.recorded import ActivationData, LogitLensData
+    from workbench.inside.recorded import ActivationData, FeatureData, LogitLensData
 
 PositionLogprobs = dict[int, "Logprob"]
 
@@ -126,6 +126,8 @@ class RequestOutput:
     # `LogitLens`: `workbench.inspect`)
     activations: ActivationData | None = field(default=None, repr=False)
     logit_lens: LogitLensData | None = field(default=None, repr=False)
+    # what its `features` read (`FeatureData`: an SAE's top features per position)
+    features: FeatureData | None = field(default=None, repr=False)
     # `token_stats` with `prompt_logprobs`: one `TokenStats` per prompt position, beside
     # `prompt_logprobs` (None for the first position, as there)
     prompt_token_stats: list[TokenStats | None] | None = field(default=None, repr=False)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.inside.recorded import ActivationData, LogitLensData
+from workbench.inside.recorded import ActivationData, FeatureData, LogitLensData
 from workbench.inside.resolve import Inside
 
 
@@ -30,6 +30,17 @@ class LensCell:
 
 
 @dataclass
+class FeatureCell:
+    """An SAE's features at one position."""
+
+    top_ids: torch.Tensor  # [k] int64, the most active first
+    top_values: torch.Tensor  # [k] float32
+    values: torch.Tensor  # [len(indices)] float32, the named features'
+    l0: int
+    error_norm: float
+
+
+@dataclass
 class Recording:
     """A request's recorded rows (see the module docstring)."""
 
@@ -41,6 +52,7 @@ class Recording:
     rows: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
     patterns: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # l -> pos -> [h, K]
     lens_cells: dict[int, dict[int, LensCell]] = field(default_factory=dict)  # l -> pos -> cell
+    feature_cells: dict[int, FeatureCell] = field(default_factory=dict)  # pos -> cell
 
     def add(self, name: str, first: int, rows: torch.Tensor) -> None:
         """rows [n, W] of positions first .. first + n - 1 (copied off the step's buffers)."""
@@ -55,6 +67,32 @@ class Recording:
 
     def add_lens(self, layer: int, position: int, cell: LensCell) -> None:
         self.lens_cells.setdefault(layer, {})[position] = cell
+
+    def add_features(self, position: int, cell: FeatureCell) -> None:
+        self.feature_cells[position] = cell
+
+    def features(self, tokens: list[str]) -> FeatureData:
+        """What the SAE read at the positions recorded, for a sequence of `tokens`."""
+        features = self.inside.features
+        assert features is not None
+        positions = sorted(self.feature_cells)
+        cells = [self.feature_cells[p] for p in positions]
+        missing: dict[str, str] = {}
+        last = len(tokens) - 1
+        if features.positions.selects(last, self.num_prompt) and last not in self.feature_cells:
+            missing[f"position {last}"] = ("the last token is sampled, never run through the "
+                                           "model: no position after it needs its activations")
+        return FeatureData(
+            tokens=tokens, sae=features.sae.name, hook_name=features.sae.hook_name,
+            d_sae=features.sae.d_sae, positions=positions,
+            top_ids=torch.stack([c.top_ids for c in cells]) if cells
+            else torch.zeros(0, features.top_k, dtype=torch.long),
+            top_values=torch.stack([c.top_values for c in cells]) if cells
+            else torch.zeros(0, features.top_k),
+            indices=list(features.indices),
+            values=torch.stack([c.values for c in cells]) if cells
+            else torch.zeros(0, len(features.indices)),
+            l0=[c.l0 for c in cells], error_norm=[c.error_norm for c in cells], missing=missing)
 
     def activations(self, tokens: list[str]) -> ActivationData:
         """What the capture recorded, for a sequence of `tokens` (texts, prompt then

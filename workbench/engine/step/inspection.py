@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine.requests.recording import LensCell, Recording
+from workbench.engine.requests.recording import FeatureCell, LensCell, Recording
 from workbench.inside.resolve import Inside, ResolvedIntervention
 from workbench.inside.sites import site_name, split_name
 from workbench.models.architectures import Sites, module_at
@@ -56,6 +56,7 @@ class StepInspector:
         self.lens_layers: set[int] = set()
         self.pattern_layers: set[int] = set()
         self._lens_rows: dict[tuple[int, int], torch.Tensor] = {}  # (row index, layer) -> rows
+        self._feature_rows: dict[int, torch.Tensor] = {}  # row index -> its rows at its SAE
         for seq in rows:
             inside = seq.inside
             for i in inside.interventions:
@@ -71,6 +72,8 @@ class StepInspector:
             if inside.logit_lens is not None:
                 self.lens_layers.update(inside.logit_lens.layers)
                 self.sites.update(("resid_post", layer) for layer in inside.logit_lens.layers)
+            if inside.features is not None:
+                self.sites.add((inside.features.site, inside.features.layer))
 
     def wants(self, site: str, layer: int | None) -> bool:
         return (site, layer) in self.sites
@@ -96,7 +99,44 @@ class StepInspector:
                 at = seq.rows_of(lens.positions.selects)
                 if at:
                     self._lens_rows[(index, layer)] = mine[at].clone()
+            features = seq.inside.features
+            if features is not None and (site, layer) == (features.site, features.layer):
+                at = seq.rows_of(features.positions.selects)
+                if at:
+                    self._feature_rows[index] = mine[at].to(torch.float32, copy=True)
         return changed
+
+    # -- SAE features -----------------------------------------------------------------------
+    def features(self) -> None:
+        """Encodes the recorded rows of every request that reads an SAE, one encoder product
+        per SAE for all its requests' rows of the step, and records each position's top-k
+        features, its named features' activations, its L0 and its reconstruction error norm."""
+        by_sae: dict[int, list[int]] = {}
+        for index in self._feature_rows:
+            features = self.rows[index].inside.features
+            assert features is not None
+            by_sae.setdefault(id(features.sae), []).append(index)
+        for indices in by_sae.values():
+            sae = self.rows[indices[0]].inside.features.sae  # type: ignore[union-attr]
+            x = torch.cat([self._feature_rows[i] for i in indices])
+            acts = sae.encode(x)  # [n, d_sae]
+            errors = (x - sae.decode(acts, x)).norm(dim=-1)
+            l0 = (acts > 0).sum(-1)
+            start = 0
+            for index in indices:
+                seq, n = self.rows[index], self._feature_rows[index].shape[0]
+                features = seq.inside.features
+                assert features is not None and seq.recording is not None
+                mine = acts[start:start + n]
+                top = mine.topk(features.top_k, dim=-1) if features.top_k else None
+                named = mine[:, features.indices]
+                for j, offset in enumerate(seq.rows_of(features.positions.selects)):
+                    seq.recording.add_features(seq.first + offset, FeatureCell(
+                        top.indices[j] if top is not None else torch.zeros(0, dtype=torch.long),
+                        top.values[j] if top is not None else torch.zeros(0),
+                        named[j].clone(), int(l0[start + j]), float(errors[start + j])))
+                start += n
+        self._feature_rows.clear()
 
     @staticmethod
     def _record(seq: InspectedRows, name: str, mine: torch.Tensor,

@@ -431,6 +431,7 @@ class ModelRunner:
             with inspection.hooks(inspector, self.layers, self.base, self.sites):
                 hidden = self.forward(embeds, pos, ctx, lean=False)
         inspector.lens(self.unembed)
+        inspector.features()
         return hidden
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:

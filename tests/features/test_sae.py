@@ -1,0 +1,216 @@
+"""Sparse autoencoders in SAELens's format (`workbench.features.sae`): loading and its refusals,
+`encode` / `decode` equal to SAELens 6's inference arithmetic (transcribed below from its
+`sae_lens/saes/*.py`, in plain torch, independently of ours), features read per request in the
+engine (equal to `encode` of the hook's activations, every other request of the batch untouched)
+and steering by a feature (the same bits as adding its decoder row as a vector)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from tests.engine.helpers import greedy, ids_of, make_llm
+from workbench.errors import ValidationError
+from workbench.features.sae import SparseAutoencoder, save_sae
+from workbench.sampling_params import SamplingParams
+
+D_IN, D_SAE = 64, 96  # the tiny llama's hidden size; features
+HOOK = "blocks.1.hook_resid_pre"
+
+
+def weights(architecture: str, seed: int = 0, d_in: int = D_IN) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = {"W_enc": torch.randn(d_in, D_SAE, generator=gen) / math.sqrt(d_in),
+           "W_dec": torch.randn(D_SAE, d_in, generator=gen) / math.sqrt(D_SAE),
+           "b_dec": torch.randn(d_in, generator=gen) * 0.1}
+    if architecture == "gated":
+        out.update(b_gate=torch.randn(D_SAE, generator=gen) * 0.1,
+                   b_mag=torch.randn(D_SAE, generator=gen) * 0.1,
+                   r_mag=torch.randn(D_SAE, generator=gen) * 0.1)
+    else:
+        out["b_enc"] = torch.randn(D_SAE, generator=gen) * 0.1
+    if architecture == "jumprelu":
+        out["threshold"] = torch.rand(D_SAE, generator=gen) * 0.3
+    return out
+
+
+def saelens_encode(w, cfg, x):
+    """SAELens 6's `encode` (process_sae_in, then the architecture's activation)."""
+    x = x.float()
+    norm = cfg.get("normalize_activations", "none")
+    if norm == "constant_norm_rescale":
+        x = x * ((cfg["d_in"] ** 0.5) / x.norm(dim=-1, keepdim=True))
+    elif norm == "layer_norm":
+        mu = x.mean(dim=-1, keepdim=True)
+        x = x - mu
+        x = x / (x.std(dim=-1, keepdim=True) + 1e-5)
+    sae_in = x - w["b_dec"] * cfg.get("apply_b_dec_to_input", True)
+    arch = cfg["architecture"]
+    if arch == "gated":
+        active = (sae_in @ w["W_enc"] + w["b_gate"] > 0).float()
+        return active * torch.relu(sae_in @ (w["W_enc"] * w["r_mag"].exp()) + w["b_mag"])
+    hidden_pre = sae_in @ w["W_enc"] + w["b_enc"]
+    if arch == "jumprelu":
+        return torch.relu(hidden_pre) * (hidden_pre > w["threshold"]).float()
+    if arch == "topk":
+        if cfg.get("rescale_acts_by_decoder_norm"):
+            hidden_pre = hidden_pre * w["W_dec"].norm(dim=-1)
+        values, indices = torch.topk(hidden_pre, k=cfg["k"], dim=-1, sorted=False)
+        return torch.zeros_like(hidden_pre).scatter(-1, indices, values.relu())
+    return torch.relu(hidden_pre)
+
+
+CASES = [("standard", {}), ("jumprelu", {}), ("topk", {"k": 7}),
+         ("topk", {"k": 7, "rescale_acts_by_decoder_norm": True}), ("gated", {}),
+         ("standard", {"normalize_activations": "constant_norm_rescale"}),
+         ("standard", {"normalize_activations": "layer_norm", "apply_b_dec_to_input": False}),
+         ("standard", {"normalize_activations": "expected_average_only_in"})]
+
+
+@pytest.mark.parametrize("architecture, extra", CASES)
+def test_encode_and_decode_are_saelens_arithmetic(tmp_path, architecture, extra):
+    w = weights(architecture)
+    path = save_sae(str(tmp_path / "sae"), w, HOOK, architecture, **extra)
+    sae = SparseAutoencoder.load("s", path)
+    cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
+    x = torch.randn(9, D_IN, generator=torch.Generator().manual_seed(1)) * 3
+    acts = sae.encode(x)
+    expected = saelens_encode(w, cfg, x)
+    scale = expected.abs().max()
+    assert (acts - expected).abs().max() <= 1e-6 * scale
+    assert torch.equal(acts > 0, expected > 0)
+    recons = sae.decode(acts, x)
+    reference = expected @ w["W_dec"] + w["b_dec"]
+    if extra.get("normalize_activations") == "layer_norm":
+        mu = x.mean(-1, keepdim=True)
+        reference = reference * (x - mu).std(-1, keepdim=True) + mu
+    elif extra.get("normalize_activations") == "constant_norm_rescale":
+        reference = reference / ((D_IN ** 0.5) / x.norm(dim=-1, keepdim=True))
+    torch.testing.assert_close(recons, reference, rtol=1e-5, atol=1e-5)
+    if architecture == "topk":
+        assert ((acts > 0).sum(-1) <= extra["k"]).all()
+
+
+def test_load_refuses_what_it_cannot_compute(tmp_path):
+    w = weights("standard")
+    with pytest.raises(ValidationError, match="sae_weights.safetensors"):
+        SparseAutoencoder.load("s", str(tmp_path / "nothing"))
+    path = save_sae(str(tmp_path / "t"), w, HOOK, "transcoder")
+    with pytest.raises(ValidationError, match="transcoder"):
+        SparseAutoencoder.load("s", path)
+    path = save_sae(str(tmp_path / "z"), w, "blocks.1.attn.hook_z")
+    with pytest.raises(ValidationError, match="hook_z|SAEs are served on"):
+        SparseAutoencoder.load("s", path)
+    bad = dict(w, b_enc=torch.zeros(5))
+    path = save_sae(str(tmp_path / "shape"), bad, HOOK)
+    with pytest.raises(ValidationError, match=r"b_enc must be \[96\], got \[5\]"):
+        SparseAutoencoder.load("s", path)
+    path = save_sae(str(tmp_path / "norm"), w, HOOK, normalize_activations="covariance_whitening")
+    with pytest.raises(ValidationError, match="covariance_whitening"):
+        SparseAutoencoder.load("s", path)
+
+
+@pytest.fixture(scope="module")
+def sae_dir(tmp_path_factory):
+    return save_sae(str(tmp_path_factory.mktemp("sae") / "s"), weights("jumprelu", seed=3), HOOK,
+                    "jumprelu")
+
+
+@pytest.fixture(scope="module")
+def llm(sae_dir):
+    from workbench.models import tiny_model
+
+    return make_llm(tiny_model("llama", seed=0, dtype="float32"), saes={"s": sae_dir})
+
+
+def test_an_sae_made_for_another_model_is_refused_at_load(tmp_path, llm):
+    wide = save_sae(str(tmp_path / "wide"), weights("standard", d_in=32), HOOK)
+    with pytest.raises(ValidationError, match="d_in 32 is not the width"):
+        llm.load_sae("wide", wide)
+    deep = save_sae(str(tmp_path / "deep"), weights("standard"), "blocks.7.hook_resid_post")
+    with pytest.raises(ValidationError, match="past the model's 2 layers"):
+        llm.load_sae("deep", deep)
+    assert sorted(llm.saes) == ["s"]  # nothing loaded half
+
+
+def test_features_per_request_are_encode_of_the_hooks_activations(llm):
+    prompt = ids_of(llm.llm_engine.loaded, "The quick brown fox jumps")
+    out = llm.generate([{"prompt_token_ids": prompt}], greedy(
+        5, features={"sae": "s", "top_k": 4, "indices": [0, 5, 95]},
+        capture={"sites": [HOOK]}))[0]
+    data, cached = out.features, out.activations
+    x = cached[HOOK]  # [positions, 64]: the same rows the SAE read
+    assert data.positions == cached.positions == list(range(len(prompt) + 4))
+    sae = llm.saes["s"]
+    acts = sae.encode(x)
+    scale = acts.abs().max()
+    top = acts.topk(4, dim=-1)
+    assert (data.top_values - top.values).abs().max() <= 1e-6 * scale
+    assert data.top_ids.tolist() == top.indices.tolist()
+    assert (data.values - acts[:, [0, 5, 95]]).abs().max() <= 1e-6 * scale
+    assert data.l0 == (acts > 0).sum(-1).tolist()
+    errors = (x - sae.decode(acts, x)).norm(dim=-1)
+    assert data.error_norm == pytest.approx(errors.tolist(), rel=1e-5)
+    assert "position" in next(iter(data.missing))  # the last sampled token: never run
+    assert data.hook_name == HOOK and data.d_sae == D_SAE
+
+
+def test_reading_features_leaves_every_other_request_as_it_was(llm):
+    prompts = [ids_of(llm.llm_engine.loaded, t) for t in ("Hello there", "One two three four")]
+    alone = llm.generate([{"prompt_token_ids": prompts[1]}], greedy(6, logprobs=2))[0]
+    both = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        [greedy(6, features="s"), greedy(6, logprobs=2)])
+    assert both[1].outputs[0].token_ids == alone.outputs[0].token_ids
+    assert [lp for lp in both[1].outputs[0].logprobs] == list(alone.outputs[0].logprobs)
+    assert both[1].features is None and both[0].features.top_ids.shape[1] == 10
+
+
+def test_steering_by_a_feature_adds_its_decoder_row(llm):
+    prompt = ids_of(llm.llm_engine.loaded, "Once upon a time")
+    row = llm.saes["s"].weights["W_dec"][17]
+    by_feature = llm.generate([{"prompt_token_ids": prompt}], greedy(8, logprobs=1, interventions=[
+        {"feature": {"sae": "s", "index": 17}, "scale": 40.0}]))[0].outputs[0]
+    by_vector = llm.generate([{"prompt_token_ids": prompt}], greedy(8, logprobs=1, interventions=[
+        {"site": "resid_pre", "layer": 1, "op": "add", "vector": row.tolist(),
+         "scale": 40.0}]))[0].outputs[0]
+    plain = llm.generate([{"prompt_token_ids": prompt}], greedy(8, logprobs=1))[0].outputs[0]
+    assert by_feature.token_ids == by_vector.token_ids
+    assert list(by_feature.logprobs) == list(by_vector.logprobs)
+    assert list(by_feature.logprobs) != list(plain.logprobs)
+
+
+@pytest.mark.parametrize("params, field", [
+    ({"features": {"sae": "nope"}}, "features.sae"),
+    ({"features": {"sae": "s", "top_k": D_SAE + 1}}, "features.top_k"),
+    ({"features": {"sae": "s", "indices": [D_SAE]}}, "features.indices"),
+    ({"features": {"sae": "s", "top_k": -1}}, "features.top_k"),
+    ({"features": {"sae": "s", "colour": 1}}, "features"),
+    ({"interventions": [{"feature": {"sae": "s", "index": D_SAE}}]},
+     "interventions[0].feature.index"),
+    ({"interventions": [{"feature": {"sae": "t", "index": 1}}]}, "interventions[0].feature.sae"),
+    ({"interventions": [{"feature": {"sae": "s", "index": 1}, "scale": float("nan")}]},
+     "interventions[0].scale"),
+    ({"interventions": [{"feature": {"sae": "s", "index": 1}, "op": "set"}]},
+     "interventions[0].feature"),
+])
+def test_bad_feature_fields_are_refused_by_name(llm, params, field):
+    with pytest.raises(ValidationError) as error:
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2, **params))
+    assert error.value.parameter == field
+
+
+def test_a_loaded_sae_can_be_unloaded_and_params_copy(llm, tmp_path):
+    path = save_sae(str(tmp_path / "x"), weights("standard", seed=9), "blocks.0.hook_mlp_out")
+    llm.load_sae("x", path)
+    with pytest.raises(ValidationError, match="already loaded"):
+        llm.load_sae("x", path)
+    params = greedy(2, features={"sae": "x", "top_k": 3})
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], copy.deepcopy(params))[0]
+    assert out.features.hook_name == "blocks.0.hook_mlp_out"
+    llm.unload_sae("x")
+    with pytest.raises(ValidationError, match="no SAE 'x'"):
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], greedy(2, features="x"))
