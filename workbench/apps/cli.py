@@ -82,6 +82,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    '({"op": "add", "name": NAME}): each PATH a .pt, .npy, .safetensors or '
                    ".json file of one vector of the model's hidden size, read at start "
                    "(repeatable)")
+    p.add_argument("--sae", action="append", default=None, metavar="NAME=PATH",
+                   help="a sparse autoencoder requests read (`features`) and steer by "
+                   '(`interventions`: {"feature": {"sae": NAME, "index": i}}): PATH a folder in '
+                   "SAELens's format (cfg.json, sae_weights.safetensors), checked against the "
+                   "model at start (repeatable)")
     p.add_argument("--classifier-labels", nargs="+", default=None, metavar="WORD",
                    help="label words a generative model classifies and scores with (one token "
                    "each; the last is the positive one for /score and /rerank; default: no yes)")
@@ -197,7 +202,10 @@ def configs_from_args(args: argparse.Namespace):
     if args.kv_cache_memory is not None:
         engine_kwargs["kv_cache_memory_gb"] = args.kv_cache_memory
     if args.steering_vectors:
-        engine_kwargs["steering_vectors"] = parse_steering_vectors(args.steering_vectors)
+        engine_kwargs["steering_vectors"] = parse_named_paths(args.steering_vectors,
+                                                              "--steering-vectors")
+    if args.sae:
+        engine_kwargs["saes"] = parse_named_paths(args.sae, "--sae", folders=True)
     engine = EngineConfig(model=model, dtype=args.dtype, gguf_activations=args.gguf_activations,
                           kernel=args.kernel, device=args.device,
                           seed=args.seed, batch_invariant=args.batch_invariant,
@@ -228,20 +236,23 @@ def configs_from_args(args: argparse.Namespace):
     return engine, _with_loras(server, args)
 
 
-def parse_steering_vectors(entries: list[str]) -> tuple[tuple[str, str], ...]:
-    """`--steering-vectors NAME=PATH ...` -> ((name, path), ...); a missing file or a repeated
-    name is an error here, a wrong-size vector when the engine loads the model."""
-    vectors: dict[str, str] = {}
+def parse_named_paths(entries: list[str], flag: str, folders: bool = False
+                      ) -> tuple[tuple[str, str], ...]:
+    """`--steering-vectors NAME=PATH ...` / `--sae NAME=PATH` -> ((name, path), ...); a missing
+    file (`folders`: folder) or a repeated name is an error here, a wrong-size vector or an SAE
+    that does not fit the model when the engine loads the model."""
+    found: dict[str, str] = {}
+    exists, what = (os.path.isdir, "folder") if folders else (os.path.isfile, "file")
     for entry in entries:
         name, sep, path = entry.partition("=")
         if not sep or not name or not path:
-            raise ValueError(f"--steering-vectors {entry!r}: expected NAME=PATH")
-        if name in vectors:
-            raise ValueError(f"--steering-vectors: {name!r} given twice")
-        if not os.path.isfile(path):
-            raise ValueError(f"--steering-vectors {entry}: no such file {path!r}")
-        vectors[name] = path
-    return tuple(vectors.items())
+            raise ValueError(f"{flag} {entry!r}: expected NAME=PATH")
+        if name in found:
+            raise ValueError(f"{flag}: {name!r} given twice")
+        if not exists(path):
+            raise ValueError(f"{flag} {entry}: no such {what} {path!r}")
+        found[name] = path
+    return tuple(found.items())
 
 
 LORA_FLAGS = ("lora_modules", "max_loras", "max_lora_rank", "max_cpu_loras", "default_mm_loras",

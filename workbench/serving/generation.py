@@ -242,9 +242,16 @@ def inside_checks(inside: Any) -> list[tuple[str, str, str, str, str, Any]]:
         rows.append(("logit_lens", stage, "passed", "logit_lens",
                      f"top {lens['top_k']} tokens after {layers} at positions "
                      f"{lens['positions']}{ids}", lens))
+    if inside.features is not None:
+        f = inside.features.to_json()
+        named = f", features {f['indices']}" if f["indices"] else ""
+        rows.append(("features", stage, "passed", "features",
+                     f"SAE {f['sae']!r} at {f['hook_name']}: top {f['top_k']} features"
+                     f"{named} at positions {f['positions']}", f))
     for i, intervention in enumerate(inside.interventions):
         v = intervention.to_json()
-        what = f" {v['name']!r}" if "name" in v else ""
+        what = f" {v['name']!r}" if "name" in v else \
+            f" feature {v['feature']['index']} of {v['feature']['sae']!r}" if "feature" in v else ""
         scale = f" x{v['scale']}" if "scale" in v and v["scale"] != 1.0 else ""
         heads = f", heads {v['heads']}" if "heads" in v else ""
         rows.append((f"interventions[{i}]", stage, "passed", f"interventions[{i}]",

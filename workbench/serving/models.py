@@ -1,6 +1,6 @@
 """`/v1/models`: one card per served name (`root` the --model argument), then one per served LoRA adapter (`root` its path,
 `parent` its base model, no `max_model_len`), as the reference; the base model's card adds its
-`arithmetic` (dtype, `gguf_activations`, `batch_invariant`)."""
+`arithmetic` (dtype, `gguf_activations`, `batch_invariant`) and the SAEs loaded (`saes`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ class ModelsServing(EngineServing):
         # to (paths of the server's disk do not belong in an answer)
         model = self.engine.config.model
         root = model if isinstance(model, str) else self.model_name
+        shape = getattr(self.engine, "model_shape", None)
+        saes = [sae.describe() for sae in shape.saes.values()] if shape and shape.saes else None
         cards = [
             ModelCard(id=name, root=root, max_model_len=self.max_model_len,
-                      arithmetic=self.engine.arithmetic,
+                      arithmetic=self.engine.arithmetic, saes=saes,
                       permission=[ModelPermission(id=f"modelperm-{uuid.uuid4().hex}")])
             for name in self.served_model_names
         ]

@@ -72,7 +72,7 @@ def build_sampling_params(request: Any, *, max_tokens: int, logprobs: int | None
         structured_outputs=structured_outputs_from_request(request),
         # inside the model (`workbench.inside.spec`): parsed here, resolved by the pipeline
         capture=request.capture, logit_lens=request.logit_lens,
-        interventions=request.interventions,
+        interventions=request.interventions, features=request.features,
         # the whole distribution at each position with logprobs (checked by SamplingParams)
         token_stats=False if request.token_stats is None else request.token_stats,
     )

@@ -33,6 +33,7 @@ class ChoiceDelta:
     # what the request's capture / logit lens recorded: on the delta that finishes the choice
     activations: Any = None  # `workbench.inside.recorded.ActivationData`
     logit_lens: Any = None  # `workbench.inside.recorded.LogitLensData`
+    features: Any = None  # `workbench.inside.recorded.FeatureData`
     token_stats: list[Any] | None = None  # `TokenStats` beside `logprobs`, when asked
 
     def extend(self, delta: "ChoiceDelta") -> None:
@@ -51,6 +52,8 @@ class ChoiceDelta:
             self.activations = delta.activations
         if delta.logit_lens is not None:
             self.logit_lens = delta.logit_lens
+        if delta.features is not None:
+            self.features = delta.features
 
 
 def choice_deltas(output: Any, prompt_index: int, n: int) -> list[ChoiceDelta]:
@@ -58,6 +61,7 @@ def choice_deltas(output: Any, prompt_index: int, n: int) -> list[ChoiceDelta]:
     and logit lens (a capture runs with n=1) go on the delta that finishes its choice."""
     activations = getattr(output, "activations", None)
     lens = getattr(output, "logit_lens", None)
+    features = getattr(output, "features", None)
     return [
         ChoiceDelta(index=prompt_index * n + o.index, text=o.text or "",
                     token_ids=list(o.token_ids or []),
@@ -66,19 +70,22 @@ def choice_deltas(output: Any, prompt_index: int, n: int) -> list[ChoiceDelta]:
                     else list(o.token_stats),
                     finish_reason=o.finish_reason, stop_reason=o.stop_reason,
                     activations=activations if o.finish_reason is not None else None,
-                    logit_lens=lens if o.finish_reason is not None else None)
+                    logit_lens=lens if o.finish_reason is not None else None,
+                    features=features if o.finish_reason is not None else None)
         for o in output.outputs
     ]
 
 
 def inside_fields(delta: ChoiceDelta) -> dict[str, Any]:
-    """A choice's `activations` and `logit_lens` in wire form (`to_wire()`), those it has:
+    """A choice's `activations`, `logit_lens` and `features` in wire form (`to_wire()`), those it has:
     the whole choice of a response, or the streamed piece that finishes it."""
     fields: dict[str, Any] = {}
     if delta.activations is not None:
         fields["activations"] = delta.activations.to_wire()
     if delta.logit_lens is not None:
         fields["logit_lens"] = delta.logit_lens.to_wire()
+    if delta.features is not None:
+        fields["features"] = delta.features.to_wire()
     return fields
 
 

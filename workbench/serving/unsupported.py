@@ -88,7 +88,7 @@ BEAM_IGNORED_FIELDS = {
 _NOT_YET = "is not supported by this server yet"
 # what a request sees or changes inside the model (`workbench.inside.spec`): completions and
 # chat completions only, one sampled sequence each
-INSIDE_FIELDS = ("capture", "logit_lens", "interventions")
+INSIDE_FIELDS = ("capture", "logit_lens", "interventions", "features")
 # workbench's extras of completions and chat completions: the inside fields and `token_stats`
 WORKBENCH_FIELDS = (*INSIDE_FIELDS, "token_stats")
 _REMOVED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",

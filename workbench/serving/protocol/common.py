@@ -121,8 +121,9 @@ class PromptLogprob(OpenAIBaseModel):
 
 PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
-# A choice's `activations` (`ActivationCache.to_wire()`) and `logit_lens` (`LogitLens.to_wire()`),
-# workbench extras: the keys are absent unless the request asked for `capture` / `logit_lens`
+# A choice's `activations` (`ActivationCache.to_wire()`), `logit_lens` (`LogitLens.to_wire()`) and
+# `features` (`FeatureData.to_wire()`), workbench extras: the keys are absent unless the request
+# asked for `capture` / `logit_lens` / `features`
 # (JSON that only a workbench server sends; vLLM's clients never see them)
 InsideWire = Annotated[dict[str, Any] | None, Field(default=None, exclude_if=lambda v: v is None)]
 
@@ -160,6 +161,10 @@ class ModelCard(OpenAIBaseModel):
     # ours, on the base model's card: the arithmetic it was started with (`dtype`, and for a
     # GGUF model's blocks `gguf_activations`: "float32", or "q8", llama.cpp's), `batch_invariant`
     arithmetic: dict[str, Any] | None = None
+    # ours, on the base model's card: the sparse autoencoders loaded (name, hook_name,
+    # architecture, d_in, d_sae), absent without any
+    saes: Annotated[list[dict[str, Any]] | None, Field(default=None,
+                                                       exclude_if=lambda v: v is None)] = None
 
 
 class ModelList(OpenAIBaseModel):

@@ -89,10 +89,11 @@ class CompletionRequest(OpenAIBaseModel):
     stream_interval: Annotated[int, Field(ge=1)] | None = None
     # workbench's inside-the-model extras (`workbench.inside.spec`; parsed and checked by
     # `SamplingParams`, resolved against the model once): activations to record, the logit
-    # lens, interventions on this request's rows. Not with beam search.
+    # lens, interventions on this request's rows, an SAE's features. Not with beam search.
     capture: Any | None = None
     logit_lens: Any | None = None
     interventions: Any | None = None
+    features: Any | None = None
     # workbench's `token_stats` (`SamplingParams.token_stats`): the whole distribution at each
     # position that carries logprobs (entropy, rank, top-2 margin, top-k mass)
     token_stats: bool | None = None
@@ -136,6 +137,7 @@ class CompletionResponseChoice(OpenAIBaseModel):
     routed_experts: list | None = None  # the reference's MoE routing dump; never set here
     activations: InsideWire = None
     logit_lens: InsideWire = None
+    features: InsideWire = None
     prompt_token_stats: TokenStatsWire = None  # `token_stats` with `prompt_logprobs`
 
 
@@ -163,6 +165,7 @@ class CompletionResponseStreamChoice(OpenAIBaseModel):
     token_ids: list[int] | None = None
     activations: InsideWire = None
     logit_lens: InsideWire = None
+    features: InsideWire = None
 
 
 class CompletionStreamResponse(OpenAIBaseModel):
