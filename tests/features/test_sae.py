@@ -214,3 +214,22 @@ def test_a_loaded_sae_can_be_unloaded_and_params_copy(llm, tmp_path):
     llm.unload_sae("x")
     with pytest.raises(ValidationError, match="no SAE 'x'"):
         llm.generate([{"prompt_token_ids": [1, 2, 3]}], greedy(2, features="x"))
+
+
+def test_the_llm_hands_features_as_a_view_with_a_frame_and_html(llm):
+    from workbench.inspect import FeatureActivations
+
+    prompt = ids_of(llm.llm_engine.loaded, "Red green blue")
+    view = llm.generate([{"prompt_token_ids": prompt}], greedy(
+        3, features={"sae": "s", "top_k": 3, "indices": [4]}))[0].features
+    assert isinstance(view, FeatureActivations)
+    frame = view.to_frame()
+    assert list(frame.columns) == ["position", "token", "k", "feature", "activation", "l0",
+                                   "error_norm", "f_4"]
+    assert len(frame) == 3 * len(view.positions)
+    assert view.activation(4).equal(view.values[:, 0])
+    strongest = view.strongest()
+    assert strongest is not None and view.top(0)[0][0] == int(view.top_ids[0, 0])
+    page = view._repr_html_()
+    assert f"feature {strongest}" in page and "top features" in page and "background:#" in page
+    assert FeatureActivations.from_wire(view.to_wire()).top_values.equal(view.top_values)

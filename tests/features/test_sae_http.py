@@ -98,7 +98,8 @@ def test_bad_feature_fields_are_400s_naming_the_field(client, body, param):
 
 
 def test_the_command_line_takes_sae_flags(sae_dir, tmp_path):
-    from workbench.apps.cli import build_parser, configs_from_args as configs
+    from workbench.apps.cli import build_parser
+    from workbench.apps.cli import configs_from_args as configs
 
     args = build_parser().parse_args(["serve", "smollm2-135m-instruct", "--sae", f"a={sae_dir}",
                                       "--sae", f"b={sae_dir}"])

@@ -69,6 +69,11 @@ def _instances() -> dict[str, object]:
                                  top_ids=torch.tensor([[[1], [2]]]),
                                  top_probs=torch.tensor([[[0.5], [0.9]]]),
                                  top_tokens=[[["b"], ["c"]]]),
+        "FeatureActivations": i.FeatureActivations(
+            tokens=["a", "b", "c"], sae="s", hook_name="blocks.0.hook_resid_post", d_sae=8,
+            positions=[0, 1], top_ids=torch.tensor([[3, 1], [5, 3]]),
+            top_values=torch.tensor([[2.0, 0.5], [1.0, 0.0]]), indices=[3],
+            values=torch.tensor([[2.0], [0.0]]), l0=[2, 1], error_norm=[0.1, 0.2]),
     }
 
 

@@ -38,7 +38,8 @@ def _outputs() -> dict[str, str]:
             "BeamTree": tree._repr_html_(),
             "BranchTree": INSTANCES["BranchTree"]._repr_html_(),
             "ModelComparison": INSTANCES["ModelComparison"]._repr_html_(),
-            "DivergenceReport": INSTANCES["DivergenceReport"]._repr_html_()}
+            "DivergenceReport": INSTANCES["DivergenceReport"]._repr_html_(),
+            "FeatureActivations": INSTANCES["FeatureActivations"]._repr_html_()}
 
 
 def _styles(html: str) -> list[str]:

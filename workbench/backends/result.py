@@ -72,6 +72,11 @@ class Result:
         """Choice 0's `logit_lens` as a `LogitLens`; None when the request asked for none."""
         return self._inside(0, "logit_lens")
 
+    @property
+    def features(self) -> Any:
+        """Choice 0's `features` as `FeatureActivations`; None when the request asked for none."""
+        return self._inside(0, "features")
+
     def _inside(self, choice: int, key: str) -> Any:
         choices = (self.response or {}).get("choices") or []
         wire = next((c.get(key) for c in choices if c.get("index") == choice), None)
@@ -81,6 +86,10 @@ class Result:
             from workbench.inspect.activations import ActivationCache
 
             return ActivationCache.from_wire(wire)
+        if key == "features":
+            from workbench.inspect.features import FeatureActivations
+
+            return FeatureActivations.from_wire(wire)
         from workbench.inspect.logit_lens import LogitLens
 
         return LogitLens.from_wire(wire)

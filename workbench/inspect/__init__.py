@@ -5,7 +5,8 @@ forced at a position to another token), `DivergenceReport` (one request alone, b
 where its bits part), `LogprobTable`, `LogprobDiff`, `ModelComparison`
 (variants of a model on the same tokens: Δ logprob and KL),
 `ValidationReport`, `Trace`, `ParsedOutput`, `ToolLoopTrace`, `SimilarityMatrix`, the views of
-what a request saw inside the model (`ActivationCache`, `AttentionPattern`, `LogitLens`), and the
+what a request saw inside the model (`ActivationCache`, `AttentionPattern`, `LogitLens`,
+`FeatureActivations`), and the
 client-side `remote_beam_search` over any OpenAI-compatible server. Names load lazily, so
 importing `workbench.inspect` pulls in neither pandas nor matplotlib.
 """
@@ -33,6 +34,7 @@ _NAMES = {
     "ActivationCache": "workbench.inspect.activations",
     "AttentionPattern": "workbench.inspect.attention_pattern",
     "LogitLens": "workbench.inspect.logit_lens",
+    "FeatureActivations": "workbench.inspect.features",
 }
 
 

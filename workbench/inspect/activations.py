@@ -34,6 +34,7 @@ from workbench.display.frames import frame
 from workbench.inside.recorded import ActivationData
 from workbench.inside.sites import CAPTURE_SITES, site_name
 from workbench.inspect.attention_pattern import AttentionPattern
+from workbench.inspect.features import FeatureActivations
 from workbench.inspect.logit_lens import LogitLens
 
 
@@ -215,12 +216,16 @@ def _spans(positions: list[int]) -> str:
 
 
 def with_views(output: Any) -> Any:
-    """An engine output with its `activations` and `logit_lens` data as their views
-    (`ActivationCache`, `LogitLens`): what the facades hand to users. Anything else as it is."""
+    """An engine output with its `activations`, `logit_lens` and `features` data as their views
+    (`ActivationCache`, `LogitLens`, `FeatureActivations`): what the facades hand to users.
+    Anything else as it is."""
     data = getattr(output, "activations", None)
     if isinstance(data, ActivationData) and not isinstance(data, ActivationCache):
         output.activations = ActivationCache.of(data)
     lens = getattr(output, "logit_lens", None)
     if lens is not None and not isinstance(lens, LogitLens):
         output.logit_lens = LogitLens.of(lens)
+    features = getattr(output, "features", None)
+    if features is not None and not isinstance(features, FeatureActivations):
+        output.features = FeatureActivations.of(features)
     return output
