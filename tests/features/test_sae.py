@@ -233,3 +233,17 @@ def test_the_llm_hands_features_as_a_view_with_a_frame_and_html(llm):
     page = view._repr_html_()
     assert f"feature {strongest}" in page and "top features" in page and "background:#" in page
     assert FeatureActivations.from_wire(view.to_wire()).top_values.equal(view.top_values)
+
+
+def test_sparse_activations_decode_row_by_row_to_the_same_sum(tmp_path):
+    """At most one feature in `SPARSE_DECODE` active: each row adds its active features'
+    decoder rows (float32 rounding apart from the dense product)."""
+    from workbench.features.sae import SPARSE_DECODE
+
+    sae = SparseAutoencoder.load("s", save_sae(str(tmp_path / "s"), weights("topk"), HOOK,
+                                               "topk", k=2))
+    acts = sae.encode(torch.randn(5, D_IN, generator=torch.Generator().manual_seed(2)))
+    assert int((acts > 0).sum()) * SPARSE_DECODE <= acts.numel()
+    dense = acts @ sae.weights["W_dec"] + sae.weights["b_dec"]
+    torch.testing.assert_close(sae.decode(acts), dense, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sae.decode(acts[None]), dense[None], rtol=1e-5, atol=1e-6)

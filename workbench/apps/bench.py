@@ -655,6 +655,63 @@ def bench_invariant(side: Contenders, config: BenchConfig) -> dict[str, float]:
                for name in cases}}
 
 
+FEATURES_D_SAE = 16384  # the bench SAE's features (a 16k SAE, as SAELens's releases)
+FEATURES_K = 64  # its TopK: a trained SAE's L0, so decoding reads 64 rows a token
+FEATURES_TOP_K = 10  # the features a request reads per position
+
+
+def bench_features(side: Contenders, config: BenchConfig) -> dict[str, float]:
+    """What reading an SAE's features costs: a random TopK SAE of `FEATURES_D_SAE` features
+    (k = `FEATURES_K`) at the middle layer's `resid_post`, its top `FEATURES_TOP_K` read at
+    every position of `concurrency` streams and of a 512-token prompt's prefill, each against
+    the same requests without, in turn (`features_concurrent_ratio`, `features_prefill_ratio`:
+    its rate / the plain one's)."""
+    import tempfile
+
+    import torch
+
+    from workbench.features.sae import save_sae
+
+    llm = side.ours
+    cfg = llm.llm_engine.model.config
+    gen = torch.Generator().manual_seed(config.seed)
+    width, layer = cfg.hidden_size, cfg.num_hidden_layers // 2
+    weights = {"W_enc": torch.randn(width, FEATURES_D_SAE, generator=gen) / width ** 0.5,
+               "b_enc": torch.zeros(FEATURES_D_SAE),
+               "W_dec": torch.randn(FEATURES_D_SAE, width, generator=gen) / FEATURES_D_SAE ** 0.5,
+               "b_dec": torch.zeros(width)}
+    with tempfile.TemporaryDirectory() as folder:
+        llm.load_sae("bench", save_sae(folder, weights, f"blocks.{layer}.hook_resid_post",
+                                       "topk", k=FEATURES_K))
+    many = side.prompt_ids(config.concurrency)
+    long_prompt = [(side.prompt_ids(1)[0] * 64)[:512]]
+    read = {"sae": "bench", "top_k": FEATURES_TOP_K}
+
+    def run(prompts: list[list[int]], tokens: int, features: Any) -> None:
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0,
+                                features=features)
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+
+    cases = {"concurrent": (many, config.tokens // 2), "prefill": (long_prompt, 1)}
+    best = {(name, which): 0.0 for name in cases for which in ("plain", "features")}
+    run(many[:1], 4, read)  # warm-up
+    try:
+        for _ in range(config.repeats):
+            for name, (prompts, tokens) in cases.items():
+                for which, features in (("plain", None), ("features", read)):
+                    llm.llm_engine.reset_prefix_cache()  # the prefill is measured
+                    start = time.perf_counter()
+                    run(prompts, tokens, features)
+                    rate = (512 if name == "prefill" else len(prompts) * tokens) / (
+                        time.perf_counter() - start)
+                    best[name, which] = max(best[name, which], rate)
+    finally:
+        llm.unload_sae("bench")
+    return {"features_d_sae": FEATURES_D_SAE,
+            **{f"features_{name}_ratio": round(best[name, "features"] / best[name, "plain"], 3)
+               for name in cases}}
+
+
 def capture_corpus(count: int = 48, seed: int = 0) -> list[str]:
     """`count` documents of 20 to 120 words (seeded): a capture job's bench corpus."""
     import random
@@ -785,7 +842,7 @@ def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, f
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
     bench_load, bench_machine, bench_single_stream, bench_stream_share, bench_gguf_activations,
     bench_concurrent16, bench_prefill512, bench_beam4, bench_embed, bench_inside, bench_invariant,
-    bench_capture, bench_engine_memory)
+    bench_capture, bench_features, bench_engine_memory)
 # the benchmarks that hold transformers' copy beside ours in this process
 BOTH_IN_PROCESS = frozenset({bench_single_stream, bench_concurrent16, bench_prefill512,
                              bench_beam4, bench_gguf_activations, bench_invariant, bench_capture})

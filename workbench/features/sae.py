@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ ARCHITECTURES = ("standard", "jumprelu", "topk", "gated")
 NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
 HOOK_SITES = RESIDUAL_SITES  # the [d_model]-wide sites of a layer
 LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
+SPARSE_DECODE = 16  # decode row by row when at most one feature in this many is active
+Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _TENSORS = {"standard": ("W_enc", "b_enc", "W_dec", "b_dec"),
             "jumprelu": ("W_enc", "b_enc", "W_dec", "b_dec", "threshold"),
             "topk": ("W_enc", "b_enc", "W_dec", "b_dec"),
@@ -123,7 +126,9 @@ class SparseAutoencoder:
                 got = "missing" if tensor is None else list(tensor.shape)
                 refuse(f"{where}: sae_weights.safetensors' {key} must be {list(want)}, got "
                        f"{got}.", parameter, key)
-            weights[key] = tensor.to(torch.float32).contiguous()
+            # W_enc kept as the transpose of a [d_sae, d_in] tensor: the rows a C product reads
+            weights[key] = tensor.to(torch.float32).T.contiguous().T if key == "W_enc" \
+                else tensor.to(torch.float32).contiguous()
             if not torch.isfinite(weights[key]).all():
                 refuse(f"{where}: {key} holds NaN or infinite values.", parameter, key)
         k = config.get("k")
@@ -156,15 +161,18 @@ class SparseAutoencoder:
                 "d_in": self.d_in, "d_sae": self.d_sae}
 
     # -- the arithmetic -------------------------------------------------------------------------
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Feature activations [..., d_sae] of activations x [..., d_in] (SAELens's `encode`)."""
+    def encode(self, x: torch.Tensor, linear: Linear | None = None) -> torch.Tensor:
+        """Feature activations [..., d_sae] of activations x [..., d_in] (SAELens's `encode`).
+        `linear(x, weight, bias)`: `x weight^T + bias` for the encoder's product, on the
+        encoder's [d_sae, d_in] rows (the engine's C products: each row's sums in one order,
+        reading the weights once for all the rows; default torch's `x @ W_enc + b_enc`)."""
         sae_in = self._sae_in(x)[0]
         w = self.weights
         if self.architecture == "gated":
-            active = (sae_in @ w["W_enc"] + w["b_gate"] > 0).to(torch.float32)
+            active = (_product(linear, sae_in, w["W_enc"], w["b_gate"]) > 0).to(torch.float32)
             magnitude = sae_in @ (w["W_enc"] * w["r_mag"].exp()) + w["b_mag"]
             return active * torch.relu(magnitude)
-        hidden_pre = sae_in @ w["W_enc"] + w["b_enc"]
+        hidden_pre = _product(linear, sae_in, w["W_enc"], w["b_enc"])
         if self.architecture == "jumprelu":
             return torch.relu(hidden_pre) * (hidden_pre > w["threshold"]).to(torch.float32)
         if self.architecture == "topk":
@@ -177,8 +185,20 @@ class SparseAutoencoder:
 
     def decode(self, acts: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """The reconstruction [..., d_in] of feature activations (SAELens's `decode`); `x`: the
-        activations they were encoded from, where the normalisation needs them undone."""
-        out = acts @ self.weights["W_dec"] + self.weights["b_dec"]
+        activations they were encoded from, where the normalisation needs them undone. Sparse
+        activations (at most one in `SPARSE_DECODE` active) add just their active features'
+        decoder rows (the same sum in another order: float32 rounding apart)."""
+        flat = acts.reshape(-1, self.d_sae)
+        rows, cols = flat.nonzero(as_tuple=True)  # row-major: each row's features together
+        if rows.numel() * SPARSE_DECODE <= flat.numel():
+            starts = torch.bincount(rows, minlength=flat.shape[0]).cumsum(0) - \
+                torch.bincount(rows, minlength=flat.shape[0])
+            out = torch.nn.functional.embedding_bag(
+                cols, self.weights["W_dec"], starts, mode="sum",
+                per_sample_weights=flat[rows, cols])
+            out = (out + self.weights["b_dec"]).reshape(*acts.shape[:-1], self.d_in)
+        else:
+            out = acts @ self.weights["W_dec"] + self.weights["b_dec"]
         if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
             if x is None:
                 raise ValueError(f"decoding with {self.normalize_activations} needs the input")
@@ -202,6 +222,14 @@ class SparseAutoencoder:
         if self.apply_b_dec_to_input:
             x = x - self.weights["b_dec"]
         return x, scale, shift
+
+
+def _product(linear: Linear | None, x: torch.Tensor, w_enc: torch.Tensor,
+             bias: torch.Tensor) -> torch.Tensor:
+    if linear is None:
+        return x @ w_enc + bias
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    return linear(flat, w_enc.T, bias).reshape(*x.shape[:-1], w_enc.shape[1])
 
 
 def save_sae(path: str, weights: dict[str, torch.Tensor], hook_name: str,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.engine.kernels import c_products
 from workbench.engine.requests.recording import FeatureCell, LensCell, Recording
 from workbench.inside.resolve import Inside, ResolvedIntervention
 from workbench.inside.sites import site_name, split_name
@@ -107,6 +108,7 @@ class StepInspector:
         return changed
 
     # -- SAE features -----------------------------------------------------------------------
+    # (the encoder's product: `_encoder_product`)
     def features(self) -> None:
         """Encodes the recorded rows of every request that reads an SAE, one encoder product
         per SAE for all its requests' rows of the step, and records each position's top-k
@@ -119,22 +121,24 @@ class StepInspector:
         for indices in by_sae.values():
             sae = self.rows[indices[0]].inside.features.sae  # type: ignore[union-attr]
             x = torch.cat([self._feature_rows[i] for i in indices])
-            acts = sae.encode(x)  # [n, d_sae]
-            errors = (x - sae.decode(acts, x)).norm(dim=-1)
-            l0 = (acts > 0).sum(-1)
+            acts = sae.encode(x, _encoder_product())  # [n, d_sae]
+            errors = (x - sae.decode(acts, x)).norm(dim=-1).tolist()
+            l0 = torch.count_nonzero(acts, dim=-1).tolist()
+            k = max(self.rows[i].inside.features.top_k for i in indices)  # type: ignore[union-attr]
+            top = acts.topk(k, dim=-1) if k else None  # once for all: each takes its first k
             start = 0
             for index in indices:
                 seq, n = self.rows[index], self._feature_rows[index].shape[0]
                 features = seq.inside.features
                 assert features is not None and seq.recording is not None
-                mine = acts[start:start + n]
-                top = mine.topk(features.top_k, dim=-1) if features.top_k else None
-                named = mine[:, features.indices]
+                named = acts[start:start + n, features.indices]
                 for j, offset in enumerate(seq.rows_of(features.positions.selects)):
+                    row = start + j
                     seq.recording.add_features(seq.first + offset, FeatureCell(
-                        top.indices[j] if top is not None else torch.zeros(0, dtype=torch.long),
-                        top.values[j] if top is not None else torch.zeros(0),
-                        named[j].clone(), int(l0[start + j]), float(errors[start + j])))
+                        top.indices[row, :features.top_k] if top is not None
+                        else torch.zeros(0, dtype=torch.long),
+                        top.values[row, :features.top_k] if top is not None
+                        else torch.zeros(0), named[j], l0[row], errors[row]))
                 start += n
         self._feature_rows.clear()
 
@@ -309,3 +313,15 @@ def _visit_z(inspector: StepInspector, layer: int, args: tuple, kwargs: dict):
     if args:
         return (contiguous, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": contiguous}
+
+
+def _encoder_product() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """An SAE encoder's product where the C library runs: float32 invariant products (a row's
+    features the same bits whatever rows share the step, the weights read once for all of them;
+    torch's matmul took 8 ms for 16 rows of a 16k SAE where this takes 1.9); else None
+    (torch's)."""
+    if not c_products.available():
+        return None
+    function = c_products.linear_invariant_function()
+    return lambda x, weight, bias: c_products.product(function, x, weight, bias,
+                                                      weight.shape[0])
