@@ -195,7 +195,7 @@ def test_steering_by_a_feature_adds_its_decoder_row(llm):
     ({"interventions": [{"feature": {"sae": "s", "index": 1}, "scale": float("nan")}]},
      "interventions[0].scale"),
     ({"interventions": [{"feature": {"sae": "s", "index": 1}, "op": "set"}]},
-     "interventions[0].feature"),
+     "interventions[0].value"),
 ])
 def test_bad_feature_fields_are_refused_by_name(llm, params, field):
     with pytest.raises(ValidationError) as error:
@@ -247,3 +247,72 @@ def test_sparse_activations_decode_row_by_row_to_the_same_sum(tmp_path):
     dense = acts @ sae.weights["W_dec"] + sae.weights["b_dec"]
     torch.testing.assert_close(sae.decode(acts), dense, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sae.decode(acts[None]), dense[None], rtol=1e-5, atol=1e-6)
+
+
+def _spliced_reference(sae_weights, cfg, prompt, feature, value, steps):
+    """SAELens's HookedSAETransformer with `use_error_term=True`, in plain torch on
+    transformers' own model: at the SAE's hook, decode(acts with the feature set) + (x -
+    decode(acts)); greedy tokens and their logprobs."""
+    from workbench.models import tiny_model
+
+    model = tiny_model("llama", seed=0, dtype="float32").model
+
+    def splice(module, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        acts = saelens_encode(sae_weights, cfg, x)
+        edited = acts.clone()
+        edited[..., feature] = value
+        out = edited @ sae_weights["W_dec"] + sae_weights["b_dec"] + (
+            x - (acts @ sae_weights["W_dec"] + sae_weights["b_dec"]))
+        return ((out, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": out})
+
+    handle = model.model.layers[1].register_forward_pre_hook(splice, with_kwargs=True)
+    try:
+        done = model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False,
+                              output_scores=True, return_dict_in_generate=True)
+    finally:
+        handle.remove()
+    tokens = done.sequences[0, len(prompt):].tolist()
+    logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(done.scores, tokens)]
+    return tokens, logprobs
+
+
+@pytest.mark.parametrize("op, value", [("set", 6.0), ("zero", 0.0)])
+def test_clamping_or_ablating_a_feature_is_the_spliced_sae_with_its_error_term(llm, sae_dir, op,
+                                                                                value):
+    from safetensors.torch import load_file
+
+    cfg = json.loads(open(f"{sae_dir}/cfg.json").read())
+    sae_weights = load_file(f"{sae_dir}/sae_weights.safetensors")
+    prompt = ids_of(llm.llm_engine.loaded, "Clamp this feature, please")
+    acts = llm.saes["s"].encode(llm.generate([{"prompt_token_ids": prompt}], greedy(
+        1, capture={"sites": [HOOK]}))[0].activations[HOOK])
+    feature = int(acts.sum(0).argmax())  # active in this prompt: ablating it changes something
+    edit = {"feature": {"sae": "s", "index": feature}, "op": op}
+    if op == "set":
+        edit["value"] = value
+    out = llm.generate([{"prompt_token_ids": prompt}], greedy(
+        6, logprobs=0, interventions=[edit]))[0].outputs[0]
+    tokens, logprobs = _spliced_reference(sae_weights, cfg, prompt, feature, value, 6)
+    assert out.token_ids == tokens
+    ours = [lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids)]
+    assert ours == pytest.approx(logprobs, abs=1e-4)
+    plain = llm.generate([{"prompt_token_ids": prompt}], greedy(6, logprobs=0))[0].outputs[0]
+    assert [lp[t].logprob for lp, t in zip(plain.logprobs, plain.token_ids)] != ours
+
+
+def test_feature_ops_are_checked_by_name(llm):
+    for edit, field in [({"op": "set"}, "interventions[0].value"),
+                        ({"op": "set", "value": 1.0, "scale": 2.0}, "interventions[0].scale"),
+                        ({"op": "zero", "value": 1.0}, "interventions[0].value"),
+                        ({"op": "zero", "scale": 2.0}, "interventions[0].scale"),
+                        ({"op": "scale"}, "interventions[0].op"),
+                        ({"site": "resid_post"}, "interventions[0].feature")]:
+        with pytest.raises(ValidationError) as error:
+            SamplingParams(max_tokens=1, interventions=[
+                {"feature": {"sae": "s", "index": 1}, **edit}])
+        assert error.value.parameter == field, edit
+    with pytest.raises(ValidationError) as error:
+        SamplingParams(max_tokens=1, interventions=[
+            {"site": "resid_post", "layer": 0, "op": "add", "vector": [0.0] * 64, "value": 1}])
+    assert error.value.parameter == "interventions[0].value"

@@ -110,3 +110,42 @@ def test_the_command_line_takes_sae_flags(sae_dir, tmp_path):
     with pytest.raises(ValueError, match="given twice"):
         configs(build_parser().parse_args(["serve", "smollm2-135m-instruct", "--sae", f"a={sae_dir}", "--sae",
                                            f"a={sae_dir}"]))
+
+
+def test_saes_load_and_unload_at_run_time_behind_the_runtime_opt_in(llm, tmp_path):
+    import httpx
+
+    from workbench import serve_in_kernel
+
+    inside = save_sae(str(tmp_path / "ok" / "late"), weights("standard", seed=6),
+                      "blocks.0.hook_resid_post")
+    outside = save_sae(str(tmp_path / "elsewhere"), weights("standard", seed=6), HOOK)
+    wide = save_sae(str(tmp_path / "ok" / "wide"), weights("standard", d_in=32), HOOK)
+    handle = serve_in_kernel(llm, port=0, allow_runtime_lora_updating=True,
+                             lora_load_dirs=(str(tmp_path / "ok"),))
+    try:
+        with httpx.Client(base_url=handle.url, timeout=60) as http:
+            r = http.post("/v1/load_sae", json={"sae_name": "late", "sae_path": inside})
+            assert r.status_code == 200 and "late" in r.text
+            names = [s["name"] for s in http.get("/v1/models").json()["data"][0]["saes"]]
+            assert names == ["res-s", "late"]
+            r = http.post("/v1/load_sae", json={"sae_name": "x", "sae_path": outside})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "sae_path"
+            r = http.post("/v1/load_sae", json={"sae_name": "w", "sae_path": wide})
+            assert r.status_code == 400 and "d_in 32" in r.json()["error"]["message"]
+            r = http.post("/v1/unload_sae", json={"sae_name": "late"})
+            assert r.status_code == 200
+            r = http.post("/v1/unload_sae", json={"sae_name": "late"})
+            assert r.status_code == 400 and "no SAE 'late'" in r.json()["error"]["message"]
+    finally:
+        handle.stop(timeout=5)
+    assert sorted(llm.saes) == ["res-s"]
+
+
+def test_without_the_opt_in_there_are_no_sae_routes(client):
+    import httpx
+
+    with httpx.Client(base_url=str(client.base_url).removesuffix("/v1/").removesuffix("/v1"),
+                      timeout=30) as http:
+        assert http.post("/v1/load_sae", json={"sae_name": "a", "sae_path": "/"}).status_code \
+            == 404

@@ -1,7 +1,7 @@
 """`_Remote`: the `Backend` of any OpenAI-compatible server (ours, vLLM) over httpx. The
 trace is the client's round trip; `validate` needs our `/v1/validate`, and so do `capture`,
-`logit_lens`, `interventions` and `token_stats`: another server would ignore them, so they are
-refused client-side (`Result.error`, in the report)."""
+`logit_lens`, `interventions`, `features` and `token_stats`: another server would ignore them,
+so they are refused client-side (`Result.error`, in the report)."""
 
 from __future__ import annotations
 

@@ -118,6 +118,14 @@ class AsyncLLMEngine:
         leaves the resolution to the engine."""
         return self.engine.inputs.model_shape
 
+    def load_sae(self, name: str, path: str) -> Any:
+        """`LLMEngine.load_sae` on the model thread (between steps). Not part of
+        `EngineClient`: the runtime SAE routes are this engine's."""
+        return on_model_thread(self.engine.load_sae, name, path)
+
+    def unload_sae(self, name: str) -> None:
+        on_model_thread(self.engine.unload_sae, name)
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 

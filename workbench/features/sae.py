@@ -206,6 +206,19 @@ class SparseAutoencoder:
             out = out * scale + shift
         return out
 
+    def with_feature(self, x: torch.Tensor, feature: int, value: float) -> torch.Tensor:
+        """x [n, d_in] with `feature`'s activation set to `value` (0: ablated), everything
+        else as it was: SAELens's spliced SAE with `use_error_term=True` (decode of the edited
+        features plus the error x - decode(encode(x))), computed as x plus the edit's share of
+        the decoder, (value - a) W_dec[feature] (times the normalisation's scale), the same
+        sum without decoding the rest."""
+        x = x.to(torch.float32)
+        current = self.encode(x)[..., feature]
+        change = (value - current).unsqueeze(-1) * self.weights["W_dec"][feature]
+        if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
+            change = change * self._sae_in(x)[1]
+        return x + change
+
     def _sae_in(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
         """The encoder's input, and how to undo the normalisation (out * scale + shift)."""
         x = x.to(torch.float32)

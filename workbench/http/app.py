@@ -29,7 +29,16 @@ from workbench.http.middleware import (
     BodyLimitMiddleware,
     RequestCounterMiddleware,
 )
-from workbench.http.routes import extras, lora, openai, pooling, responses, system, tokenize
+from workbench.http.routes import (
+    extras,
+    lora,
+    openai,
+    pooling,
+    responses,
+    saes,
+    system,
+    tokenize,
+)
 from workbench.http.shutdown import Drain
 from workbench.serving import ServerConfig, ServingMetrics, Servings
 from workbench.version import __version__
@@ -59,6 +68,8 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
         app.include_router(router)
     if app.state.servings.adapters.allow_runtime:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
         app.include_router(lora.router)
+        if generates:  # SAEs read a decoder's hooks
+            app.include_router(saes.router)
     include_extras(app, config, generates, tuple(tasks))
     app.add_exception_handler(RequestValidationError, request_validation_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)

@@ -104,13 +104,16 @@ class ResolvedIntervention:
     scale: float
     positions: Positions
     heads: list[int] | None
-    feature: tuple[str, int] | None = None  # (SAE, index): `vector` is its W_dec row
+    feature: tuple[str, int] | None = None  # (SAE, index): op 'add': `vector` its W_dec row
+    sae: Any = None  # op 'set' / 'zero' on a feature: its SAE (encode, edit, add the change)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"site": site_name(self.site, self.layer), "op": self.op,
                                "positions": self.positions.to_json()}
         if self.feature is not None:
             out["feature"] = {"sae": self.feature[0], "index": self.feature[1]}
+            if self.op == "set":
+                out["value"] = self.scale
         elif self.name is not None:
             out["name"] = self.name
         elif self.vector is not None:
@@ -274,8 +277,12 @@ def _intervention(given: Intervention, shape: ModelShape, index: int) -> Resolve
         if given.feature[1] >= sae.d_sae:
             refuse(f"{p}.feature.index: {given.feature[1]} out of range: {sae.name!r} has "
                    f"{sae.d_sae} features.", f"{p}.feature.index", given.feature[1])
-        return ResolvedIntervention(sae.site, sae.layer, "add", sae.weights["W_dec"][
-            given.feature[1]].clone(), None, given.scale, given.positions, None, given.feature)
+        if given.op == "add":
+            return ResolvedIntervention(sae.site, sae.layer, "add", sae.weights["W_dec"][
+                given.feature[1]].clone(), None, given.scale, given.positions, None,
+                given.feature)
+        return ResolvedIntervention(sae.site, sae.layer, given.op, None, None, given.scale,
+                                    given.positions, None, given.feature, sae)
     layer = _layers([given.layer], shape.num_layers, f"{p}.layer")[0]
     if given.site in shape.missing_sites:
         refuse(f"{p}: {site_name(given.site, layer)} does not exist in this model: "

@@ -146,7 +146,8 @@ class Intervention:
     """One change to one site of one layer for this request's rows only.
 
     `op`: 'add' (`vector`, the named steering vector `name`, or an SAE feature's decoder
-    direction `feature` = {"sae": name, "index": i}, times `scale`), 'set' (replace by
+    direction `feature` = {"sae": name, "index": i}, times `scale`; a feature can also be
+    'set' to an activation `value` or 'zero'ed: `_of_feature`), 'set' (replace by
     `vector`: [width], or [positions, width] for an explicit list of positions: patching),
     'scale' (multiply by `scale`), 'zero'. Site 'z' (`blocks.{l}.attn.hook_z`, each head's
     output before the output projection) takes `heads` and vectors of the head size: ablating
@@ -175,19 +176,17 @@ class Intervention:
         if not isinstance(value, dict):
             refuse(f"{p} must be an object with site, layer, op.", p, value)
         unknown = set(value) - {"site", "layer", "op", "vector", "name", "scale", "positions",
-                                "heads", "feature"}
+                                "heads", "feature", "value"}
         if unknown:
             refuse(f"{p}: unknown field(s) {sorted(unknown)}; an intervention takes site, "
                    "layer, op, vector, name, feature, scale, positions, heads.", p,
                    sorted(unknown))
         feature = _feature(value.get("feature"), f"{p}.feature")
         if feature is not None:  # at its SAE's hook (site and layer: the SAE's, at resolve)
-            given = sorted(set(value) & {"site", "layer", "vector", "name", "heads"})
-            if given or value.get("op", "add") != "add":
-                refuse(f"{p}: a feature is added at its SAE's hook: op 'add' (or none), without "
-                       f"{', '.join(given) or 'another op'}.", f"{p}.feature", given)
-            return cls("", -1, "add", None, None, _scale(value, p),
-                       parse_positions(value.get("positions"), f"{p}.positions"), None, feature)
+            return _of_feature(cls, value, feature, p)
+        if "value" in value:
+            refuse(f"{p}.value: only a feature's 'set' takes a value (a vector's is 'vector').",
+                   f"{p}.value", value["value"])
         site, layer = parse_site(value.get("site"), f"{p}.site")
         if site not in INTERVENTION_SITES:
             refuse(f"{p}.site: {value.get('site')!r} cannot be intervened on; sites are "
@@ -218,6 +217,41 @@ class Intervention:
                    f"{p}.heads", heads)
         return cls(site, layer, op, vector, name, scale,
                    parse_positions(value.get("positions"), f"{p}.positions"), heads)
+
+
+FEATURE_OPS = ("add", "set", "zero")  # steer by a feature's direction; clamp it; ablate it
+
+
+def _of_feature(cls: type[Intervention], value: dict[str, Any], feature: tuple[str, int],
+                p: str) -> Intervention:
+    """An intervention on an SAE feature, at its SAE's hook: 'add' its decoder row times
+    `scale`; 'set' its activation to `value` or 'zero' it (encode, edit, decode, plus the SAE's
+    error, so everything not edited stays the model's)."""
+    op = value.get("op", "add")
+    if op not in FEATURE_OPS:
+        refuse(f"{p}.op: a feature takes {list(FEATURE_OPS)}, got {op!r}.", f"{p}.op", op)
+    given = sorted(set(value) & {"site", "layer", "vector", "name", "heads"})
+    if given:
+        refuse(f"{p}: a feature acts at its SAE's hook: leave out {', '.join(given)}.",
+               f"{p}.feature", given)
+    if op == "set":
+        if "scale" in value:
+            refuse(f"{p}: op 'set' on a feature takes 'value' (the activation to clamp it to), "
+                   "not 'scale'.", f"{p}.scale", value["scale"])
+        amount = value.get("value")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or \
+                not math.isfinite(amount):
+            refuse(f"{p}.value: op 'set' on a feature needs a finite activation to clamp it to, "
+                   f"got {amount!r}.", f"{p}.value", amount)
+    elif "value" in value:
+        refuse(f"{p}.value: only op 'set' takes a value.", f"{p}.value", value["value"])
+    elif op == "zero" and "scale" in value:
+        refuse(f"{p}.scale: op 'zero' on a feature takes no scale.", f"{p}.scale",
+               value["scale"])
+    else:
+        amount = _scale(value, p) if op == "add" else 0.0
+    return cls("", -1, op, None, None, float(amount),
+               parse_positions(value.get("positions"), f"{p}.positions"), None, feature)
 
 
 def _scale(value: dict[str, Any], p: str) -> float:

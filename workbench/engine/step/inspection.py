@@ -225,7 +225,10 @@ def _apply(intervention: ResolvedIntervention, mine: torch.Tensor, seq: Inspecte
             if intervention.heads is not None or current.dim() == 3:
                 vector = vector[:, None, :]
     op, scale = intervention.op, intervention.scale
-    if op == "add":
+    if intervention.sae is not None:  # an SAE feature clamped ('set') or ablated ('zero')
+        assert intervention.feature is not None
+        new = intervention.sae.with_feature(current.float(), intervention.feature[1], scale)
+    elif op == "add":
         new = current.float() + scale * vector
     elif op == "set":
         new = torch.broadcast_to(vector, current.shape)
