@@ -316,3 +316,19 @@ def test_feature_ops_are_checked_by_name(llm):
         SamplingParams(max_tokens=1, interventions=[
             {"site": "resid_post", "layer": 0, "op": "add", "vector": [0.0] * 64, "value": 1}])
     assert error.value.parameter == "interventions[0].value"
+
+
+def test_a_reloaded_sae_is_another_for_the_prefix_cache(tmp_path):
+    """A clamp's KV depends on the SAE's weights: the same name loaded again (other weights)
+    gives its requests another interventions digest, so no cached block is shared."""
+    from workbench.inside.resolve import ModelShape, resolve
+    from workbench.inside.spec import Intervention
+
+    edit = Intervention.parse({"feature": {"sae": "x", "index": 3}, "op": "zero"}, 0)
+    keys = []
+    for seed in (1, 2):
+        sae = SparseAutoencoder.load("x", save_sae(str(tmp_path / str(seed)), weights(
+            "standard", seed=seed), HOOK))
+        shape = ModelShape(2, D_IN, 4, 16, 100, saes={"x": sae})
+        keys.append(resolve(None, None, [edit], shape, 8).key)
+    assert keys[0] != keys[1]

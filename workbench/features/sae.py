@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,9 @@ class SparseAutoencoder:
     rescale_acts_by_decoder_norm: bool = False  # topk
     model_name: str | None = None  # metadata: the model it was trained on, if it says
     config: dict[str, Any] = field(default_factory=dict, repr=False)  # cfg.json as read
+    # this load, named apart from any other (a name reloaded with other weights is another):
+    # a clamp's or ablation's prefix-cache digest names it (`inside.resolve.interventions_key`)
+    key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
 
     @classmethod
     def load(cls, name: str, path: str, parameter: str = "saes") -> SparseAutoencoder:

@@ -328,4 +328,6 @@ def interventions_key(interventions: list[ResolvedIntervention]) -> str:
         digest.update(json.dumps(intervention.to_json(), sort_keys=True).encode())
         if intervention.vector is not None:
             digest.update(intervention.vector.numpy().tobytes())
+        if intervention.sae is not None:  # a feature clamped or ablated: which load of its SAE
+            digest.update(intervention.sae.key.encode())
     return digest.hexdigest()
