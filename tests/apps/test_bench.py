@@ -186,14 +186,18 @@ def test_the_share_of_the_limit_is_reported(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_the_invariant_and_inside_figures_are_measured():
+def test_the_invariant_inside_and_features_figures_are_measured():
     config = bench.BenchConfig.quick(tokens=4, concurrency=4)
-    figures = bench.run(config, [bench.bench_inside, bench.bench_invariant])
+    side = bench.Contenders(config)
+    figures = bench.run(config, [bench.bench_inside, bench.bench_invariant,
+                                 bench.bench_features], side=side)
     for key in ("inside_capture_ratio", "inside_steer_ratio", "logprobs5_ratio",
                 "token_stats_ratio", "invariant_single_ratio", "invariant_concurrent_ratio",
-                "invariant_prefill_ratio"):
+                "invariant_prefill_ratio", "features_concurrent_ratio", "features_prefill_ratio"):
         assert figures[key] > 0, key
     assert figures["invariant_single_tok_s"] > 0
+    assert figures["features_d_sae"] == bench.FEATURES_D_SAE
+    assert side.ours.saes == {}  # the bench's SAE unloaded after
 
 
 def test_the_engine_peak_rss_is_measured_in_a_child(tiny_llama, tiny_llama_dir, monkeypatch):
