@@ -332,3 +332,41 @@ def test_a_reloaded_sae_is_another_for_the_prefix_cache(tmp_path):
         shape = ModelShape(2, D_IN, 4, 16, 100, saes={"x": sae})
         keys.append(resolve(None, None, [edit], shape, 8).key)
     assert keys[0] != keys[1]
+
+
+def test_an_saes_hooks_are_capture_sites_in_saelens_names(llm):
+    """`blocks.1.hook_resid_pre.hook_sae_acts_post` and the other hooks of the SAE spliced at
+    a site: what SAELens's hooks hold, computed from the site's rows (recorded whether the site
+    itself is asked for or not)."""
+    prompt = ids_of(llm.llm_engine.loaded, "A spliced SAE")
+    names = [f"{HOOK}.hook_sae_{h}" for h in ("input", "acts_pre", "acts_post", "recons",
+                                               "error", "output")]
+    cache = llm.generate([{"prompt_token_ids": prompt}], greedy(
+        3, capture={"sites": names}))[0].activations
+    assert list(cache.tensors) == names  # the site itself was not asked for
+    x = llm.generate([{"prompt_token_ids": prompt}], greedy(
+        3, capture={"sites": [HOOK]}))[0].activations[HOOK]
+    sae = llm.saes["s"]
+    acts = sae.encode(x)
+    assert torch.equal(cache[f"{HOOK}.hook_sae_input"], x)
+    assert torch.equal(cache[f"{HOOK}.hook_sae_output"], x)
+    assert torch.equal(cache[f"{HOOK}.hook_sae_acts_post"], acts)
+    assert cache[f"{HOOK}.hook_sae_acts_pre"].shape == (x.shape[0], D_SAE)
+    recons = sae.decode(acts, x)
+    assert torch.equal(cache[f"{HOOK}.hook_sae_recons"], recons)
+    assert torch.equal(cache[f"{HOOK}.hook_sae_error"], x - recons)
+    reduced = llm.generate([{"prompt_token_ids": prompt}], greedy(3, capture={
+        "sites": [f"{HOOK}.hook_sae_acts_post"], "reduce": "mean"}))[0].activations
+    assert torch.equal(reduced[f"{HOOK}.hook_sae_acts_post"], acts.mean(0))
+
+
+@pytest.mark.parametrize("site, message", [
+    ("blocks.0.hook_resid_pre.hook_sae_acts_post", "needs one SAE loaded there; none is"),
+    ("resid_pre.hook_sae_acts_post", "names its site in full"),
+    (f"{HOOK}.hook_sae_nope", "an SAE's hook is one of"),
+    ("blocks.9.hook_resid_pre.hook_sae_error", "out of range"),
+])
+def test_an_sae_hook_without_its_sae_is_refused(llm, site, message):
+    with pytest.raises(ValidationError, match=message) as error:
+        llm.generate([{"prompt_token_ids": [1, 2]}], greedy(1, capture={"sites": [site]}))
+    assert error.value.parameter == "capture.sites"

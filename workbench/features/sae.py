@@ -187,6 +187,14 @@ class SparseAutoencoder:
             return torch.zeros_like(hidden_pre).scatter(-1, top.indices, top.values.relu())
         return torch.relu(hidden_pre)
 
+    def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """What SAELens's `hook_sae_acts_pre` holds: x W_enc + b_enc (gated: the magnitude
+        path's x (W_enc * exp(r_mag)) + b_mag), before the activation function."""
+        sae_in, w = self._sae_in(x)[0], self.weights
+        if self.architecture == "gated":
+            return sae_in @ (w["W_enc"] * w["r_mag"].exp()) + w["b_mag"]
+        return sae_in @ w["W_enc"] + w["b_enc"]
+
     def decode(self, acts: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """The reconstruction [..., d_in] of feature activations (SAELens's `decode`); `x`: the
         activations they were encoded from, where the normalisation needs them undone. Sparse

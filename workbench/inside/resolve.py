@@ -20,7 +20,7 @@ from typing import Any
 
 from workbench.errors import refuse
 from workbench.inside.positions import Positions
-from workbench.inside.sites import parse_site, site_name
+from workbench.inside.sites import parse_site, site_name, split_sae_name
 from workbench.inside.spec import CaptureParams, FeaturesParams, Intervention, LogitLensParams
 from workbench.inside.vectors import to_tensor
 
@@ -42,12 +42,21 @@ class ModelShape:
 
 @dataclass
 class ResolvedCapture:
-    """A capture for this model: the full names it records."""
+    """A capture for this model: the full names it answers; `saes`: those of them inside an
+    SAE spliced at a site (name -> (the SAE, its hook: `acts_post`, `recons`, ...)), computed
+    from the site's rows, which it records (`recorded`) whether asked for or not."""
 
     names: list[str]
     positions: Positions
     reduce: str | None
     heads: list[int] | None
+    saes: dict[str, tuple[Any, str]] = field(default_factory=dict)
+
+    @property
+    def recorded(self) -> list[str]:
+        """The model's sites whose rows the engine records for it."""
+        return list(dict.fromkeys([*(n for n in self.names if n not in self.saes),
+                                   *(sae.hook_name for sae, _ in self.saes.values())]))
 
     def to_json(self) -> dict[str, Any]:
         return {"sites": list(self.names), "positions": self.positions.to_json(),
@@ -232,7 +241,14 @@ def _capture(capture: CaptureParams, shape: ModelShape, num_positions: int
     `num_positions` at most)."""
     layers = _layers(capture.layers, shape.num_layers, "capture.layers")
     names: list[str] = []
+    saes: dict[str, tuple[Any, str]] = {}
     for given in capture.sites:
+        inside_sae = split_sae_name(given)
+        if inside_sae is not None:
+            name = _sae_capture(given, inside_sae, shape)
+            saes[name] = (_sae_at(inside_sae[0], shape), inside_sae[1])
+            names.append(name)
+            continue
         site, layer = parse_site(given, "capture.sites")
         if site == "z":
             refuse("capture.sites: hook_z is an intervention site only; capture attn_out or "
@@ -251,10 +267,34 @@ def _capture(capture: CaptureParams, shape: ModelShape, num_positions: int
                "capture.heads", capture.heads)
     rows = 1 if capture.reduce else capture.positions.most(num_positions)
     heads = len(capture.heads) if capture.heads else shape.num_heads
+    widths = {name: sae.d_sae if hook in ("acts_pre", "acts_post") else sae.d_in
+              for name, (sae, hook) in saes.items()}
     size = sum(4 * (heads * rows * num_positions if name.endswith("hook_pattern")
-                    else rows * shape.hidden_size) for name in names)
+                    else rows * widths.get(name, shape.hidden_size)) for name in names)
     return ResolvedCapture(names, capture.positions, capture.reduce,
-                           None if capture.heads is None else list(capture.heads)), size
+                           None if capture.heads is None else list(capture.heads), saes), size
+
+
+def _sae_capture(given: str, inside_sae: tuple[str, str], shape: ModelShape) -> str:
+    """The full name of a capture site inside an SAE (its site given with its layer)."""
+    site, layer = parse_site(inside_sae[0], "capture.sites")
+    if layer is None:
+        refuse(f"capture.sites: {given!r}: an SAE's hook names its site in full "
+               "('blocks.6.hook_resid_post.hook_sae_acts_post').", "capture.sites", given)
+    layer = _layers([layer], shape.num_layers, "capture.sites")[0]
+    return f"{site_name(site, layer)}.hook_sae_{inside_sae[1]}"
+
+
+def _sae_at(base: str, shape: ModelShape) -> Any:
+    """The one SAE loaded at the site `base`; refused where none or several are."""
+    site, layer = parse_site(base, "capture.sites")
+    hook = site_name(site, (layer or 0) % shape.num_layers)
+    found = [sae for sae in shape.saes.values() if sae.hook_name == hook]
+    if len(found) != 1:
+        what = "none is" if not found else f"{len(found)} are ({', '.join(s.name for s in found)})"
+        refuse(f"capture.sites: an SAE's hook at {hook} needs one SAE loaded there; {what}: "
+               "name the SAE with `features` instead.", "capture.sites", base)
+    return found[0]
 
 
 def _lens(lens: LogitLensParams, shape: ModelShape, num_positions: int

@@ -21,6 +21,18 @@ RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 LAYER_SITES = (*RESIDUAL_SITES, "pattern")
 CAPTURE_SITES = (*LAYER_SITES, "normalized")
 INTERVENTION_SITES = (*RESIDUAL_SITES, "z")
+# the hook points inside an SAE spliced at a site, as SAELens names them
+# (`blocks.6.hook_resid_post.hook_sae_acts_post`): captured from the site's rows through the SAE
+SAE_HOOKS = ("input", "acts_pre", "acts_post", "recons", "error", "output")
+
+
+def split_sae_name(name: Any) -> tuple[str, str] | None:
+    """'blocks.6.hook_resid_post.hook_sae_acts_post' -> ('blocks.6.hook_resid_post',
+    'acts_post'); None for a name without an SAE hook."""
+    if not isinstance(name, str) or ".hook_sae_" not in name:
+        return None
+    base, _, hook = name.rpartition(".hook_sae_")
+    return (base, hook) if hook in SAE_HOOKS else None
 
 
 def site_name(site: str, layer: int | None) -> str:

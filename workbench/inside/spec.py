@@ -18,7 +18,7 @@ from typing import Any
 
 from workbench.errors import refuse
 from workbench.inside.positions import Positions, parse_positions
-from workbench.inside.sites import INTERVENTION_SITES, parse_site
+from workbench.inside.sites import INTERVENTION_SITES, SAE_HOOKS, parse_site, split_sae_name
 
 OPS = ("add", "set", "scale", "zero")
 REDUCTIONS = ("mean", "last")
@@ -86,7 +86,12 @@ class CaptureParams:
             refuse("capture.sites must be a non-empty list of site names.", "capture.sites",
                    sites)
         for site in sites:
-            parse_site(site, "capture.sites")
+            sae = split_sae_name(site)
+            if sae is None and isinstance(site, str) and ".hook_sae_" in site:
+                refuse(f"capture.sites: {site!r}: an SAE's hook is one of "
+                       f"{', '.join('hook_sae_' + h for h in SAE_HOOKS)}.", "capture.sites",
+                       site)
+            parse_site(sae[0] if sae else site, "capture.sites")
         reduce = value.get("reduce")
         if reduce is not None and reduce not in REDUCTIONS:
             refuse(f"capture.reduce must be one of {list(REDUCTIONS)} or null, got {reduce!r}.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -111,9 +112,13 @@ class Recording:
                     tensors[name] = _pattern(got)
                     continue
             else:
-                chunks = self.rows.get(name)
+                spliced = capture.saes.get(name)  # (SAE, hook) for a name inside an SAE
+                chunks = self.rows.get(spliced[0].hook_name if spliced else name)
                 if chunks:
-                    tensors[name] = _reduce(_stack(chunks), capture.reduce)  # [P, W] reduced
+                    rows = _stack(chunks)  # [P, W]
+                    if spliced:
+                        rows = _through_sae(*spliced, rows)
+                    tensors[name] = _reduce(rows, capture.reduce)  # reduced where asked
                     continue
             missing[name] = "no position it asked for was computed"
         last = len(tokens) - 1
@@ -149,6 +154,21 @@ class Recording:
             top_tokens=[[[text(int(t)) for t in cell] for cell in row] for row in top.tolist()],
             token_ranks={t: ranks[..., i] for i, t in enumerate(lens.token_ids)},
             token_probs={t: probs[..., i] for i, t in enumerate(lens.token_ids)})
+
+
+def _through_sae(sae: Any, hook: str, x: torch.Tensor) -> torch.Tensor:
+    """What SAELens's hook `hook` of the SAE spliced at a site holds, for the site's rows x
+    [P, d_in] (float32): the input, the pre-activations and features, the reconstruction, the
+    error (x - reconstruction) or the output (with the error term: x itself)."""
+    if hook in ("input", "output"):
+        return x
+    if hook == "acts_pre":
+        return sae.pre_activations(x)
+    acts = sae.encode(x)
+    if hook == "acts_post":
+        return acts
+    recons = sae.decode(acts, x)
+    return recons if hook == "recons" else x - recons
 
 
 def _reduce(stacked: torch.Tensor, how: str | None) -> torch.Tensor:

@@ -63,7 +63,7 @@ class StepInspector:
             for i in inside.interventions:
                 self.sites.add((i.site, i.layer))
             if inside.capture is not None:
-                for name in inside.capture.names:
+                for name in inside.capture.recorded:
                     site, layer = split_name(name)
                     if site == "pattern":
                         assert layer is not None
@@ -94,7 +94,7 @@ class StepInspector:
             if seq.recording is None:
                 continue
             capture, lens = seq.inside.capture, seq.inside.logit_lens
-            if capture is not None and name in capture.names:
+            if capture is not None and name in capture.recorded:
                 self._record(seq, name, mine, capture.positions.selects)
             if lens is not None and site == "resid_post" and layer in lens.layers:
                 at = seq.rows_of(lens.positions.selects)
