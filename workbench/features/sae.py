@@ -70,8 +70,6 @@ class SparseAutoencoder:
     normalize_activations: str = "none"
     k: int | None = None  # topk
     rescale_acts_by_decoder_norm: bool = False  # topk
-    model_name: str | None = None  # metadata: the model it was trained on, if it says
-    config: dict[str, Any] = field(default_factory=dict, repr=False)  # cfg.json as read
     # this load, named apart from any other (a name reloaded with other weights is another):
     # a clamp's or ablation's prefix-cache digest names it (`inside.resolve.interventions_key`)
     key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
@@ -141,8 +139,7 @@ class SparseAutoencoder:
         return cls(name, str(path), architecture, d_in, d_sae, hook_name, site, layer, weights,
                    bool(config.get("apply_b_dec_to_input", True)), normalization,
                    k if architecture == "topk" else None,
-                   bool(config.get("rescale_acts_by_decoder_norm", False)),
-                   metadata.get("model_name"), config)
+                   bool(config.get("rescale_acts_by_decoder_norm", False)))
 
     # -- the model it reads ---------------------------------------------------------------------
     def check_model(self, num_layers: int, hidden_size: int, missing_sites: dict[str, str],
