@@ -32,6 +32,7 @@ from workbench.http.middleware import (
 from workbench.http.routes import (
     extras,
     lora,
+    neuronpedia,
     openai,
     pooling,
     responses,
@@ -64,7 +65,7 @@ def build_app(engine: Any, config: ServerConfig | None = None, *,
     generates = not engine.is_pooling_model
     for router in (openai.router if generates else pooling.models_only(openai.router),
                    tokenize.router, system.router, *pooling.routers_for(tuple(tasks)),
-                   *([responses.router] if generates else [])):
+                   *([responses.router, neuronpedia.router] if generates else [])):
         app.include_router(router)
     if app.state.servings.adapters.allow_runtime:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
         app.include_router(lora.router)

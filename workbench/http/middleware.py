@@ -35,7 +35,8 @@ def _path(scope: Scope) -> str:
 
 
 class ApiKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` (any of `keys`) outside the `exempt` segments."""
+    """Requires `Authorization: Bearer <key>` (any of `keys`) outside the `exempt` segments;
+    `X-SECRET-KEY: <key>` (what Neuronpedia's client sends) is taken as well."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...], exempt: tuple[str, ...] = ()):
         self.app = app
@@ -43,12 +44,15 @@ class ApiKeyMiddleware:
         self.exempt = {segment.strip("/") for segment in exempt}
 
     def _authorized(self, scope: Scope) -> bool:
-        auth = b""
+        auth = secret = b""
         for name, value in scope.get("headers") or []:
             if name == b"authorization":
                 auth = value
+            elif name == b"x-secret-key":
+                secret = value
         text = auth.decode("latin-1")
-        given = _digest(text[7:]) if text.startswith("Bearer ") else _digest("\x00no key")
+        given = _digest(text[7:] if text.startswith("Bearer ") else
+                        secret.decode("latin-1") if secret else "\x00no key")
         ok = False
         for digest in self.digests:  # no short-circuit: the time does not depend on which key
             ok |= hmac.compare_digest(given, digest)

@@ -22,6 +22,7 @@ from workbench.serving.errors import ServingError, error_response
 from workbench.serving.lora import ServedAdapters
 from workbench.serving.metrics import ServingMetrics
 from workbench.serving.models import ModelsServing
+from workbench.serving.neuronpedia import NeuronpediaServing
 from workbench.serving.offload import CpuPool
 from workbench.serving.pooling import (
     ClassifyServing,
@@ -50,6 +51,7 @@ class Servings:
     rerank: RerankServing | None = None
     responses: ResponsesServing | None = None  # `/v1/responses` (`serving/responses/`)
     compare: CompareServing | None = None  # `/v1/compare`, ours (`serving/compare.py`)
+    neuronpedia: NeuronpediaServing | None = None  # Neuronpedia's routes (`neuronpedia.py`)
 
     def __post_init__(self) -> None:
         """One `ServedAdapters` (LoRA adapter names) shared by every endpoint; a server's
@@ -93,7 +95,8 @@ class Servings:
                    score=ScoreServing(engine, config, metrics),
                    rerank=RerankServing(engine, config, metrics),
                    responses=ResponsesServing(engine, config, metrics, tool_server=tool_server),
-                   compare=CompareServing(engine, config))
+                   compare=CompareServing(engine, config),
+                   neuronpedia=NeuronpediaServing(engine, config))
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -70,6 +71,18 @@ def linear_invariant_function():
     lib = c_library.library()
     return lib.wb_linear_f32_invariant_avx512 if available_avx512() else \
         lib.wb_linear_f32_invariant
+
+
+def invariant_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None],
+                                  torch.Tensor] | None:
+    """`linear(x, weight, bias)` through the batch-invariant float32 products, for an SAE's
+    encoder (`SparseAutoencoder.encode(x, linear=...)`): a row's features the same bits whatever
+    rows share the call, the weights read once for all of them (torch's matmul took 8 ms for 16
+    rows of a 16k SAE where this takes 1.9); None where the C library does not run (torch's)."""
+    if not available():
+        return None
+    function = linear_invariant_function()
+    return lambda x, weight, bias: product(function, x, weight, bias, weight.shape[0])
 
 
 @functools.cache

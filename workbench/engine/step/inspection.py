@@ -108,7 +108,6 @@ class StepInspector:
         return changed
 
     # -- SAE features -----------------------------------------------------------------------
-    # (the encoder's product: `_encoder_product`)
     def features(self) -> None:
         """Encodes the recorded rows of every request that reads an SAE, one encoder product
         per SAE for all its requests' rows of the step, and records each position's top-k
@@ -121,7 +120,7 @@ class StepInspector:
         for indices in by_sae.values():
             sae = self.rows[indices[0]].inside.features.sae  # type: ignore[union-attr]
             x = torch.cat([self._feature_rows[i] for i in indices])
-            acts = sae.encode(x, _encoder_product())  # [n, d_sae]
+            acts = sae.encode(x, c_products.invariant_linear())  # [n, d_sae]
             errors = (x - sae.decode(acts, x)).norm(dim=-1).tolist()
             l0 = torch.count_nonzero(acts, dim=-1).tolist()
             k = max(self.rows[i].inside.features.top_k for i in indices)  # type: ignore[union-attr]
@@ -316,15 +315,3 @@ def _visit_z(inspector: StepInspector, layer: int, args: tuple, kwargs: dict):
     if args:
         return (contiguous, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": contiguous}
-
-
-def _encoder_product() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """An SAE encoder's product where the C library runs: float32 invariant products (a row's
-    features the same bits whatever rows share the step, the weights read once for all of them;
-    torch's matmul took 8 ms for 16 rows of a 16k SAE where this takes 1.9); else None
-    (torch's)."""
-    if not c_products.available():
-        return None
-    function = c_products.linear_invariant_function()
-    return lambda x, weight, bias: c_products.product(function, x, weight, bias,
-                                                      weight.shape[0])
