@@ -193,7 +193,8 @@ def test_the_invariant_inside_and_features_figures_are_measured():
                                  bench.bench_features], side=side)
     for key in ("inside_capture_ratio", "inside_steer_ratio", "logprobs5_ratio",
                 "token_stats_ratio", "invariant_single_ratio", "invariant_concurrent_ratio",
-                "invariant_prefill_ratio", "features_concurrent_ratio", "features_prefill_ratio"):
+                "invariant_prefill_ratio", "features_concurrent_ratio", "features_prefill_ratio",
+                "neuronpedia_topk_speedup", "neuronpedia_steer_speedup"):
         assert figures[key] > 0, key
     assert figures["invariant_single_tok_s"] > 0
     assert figures["features_d_sae"] == bench.FEATURES_D_SAE

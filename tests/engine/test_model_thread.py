@@ -10,7 +10,12 @@ import torch
 from tests.engine.helpers import make_llm
 from workbench.engine.async_engine import AsyncLLMEngine
 from workbench.engine.engine import EngineLock
-from workbench.engine.model_thread import jobs_waiting, model_thread, on_model_thread
+from workbench.engine.model_thread import (
+    jobs_waiting,
+    model_thread,
+    on_model_thread,
+    while_serving,
+)
 from workbench.sampling_params import SamplingParams
 
 
@@ -24,6 +29,21 @@ def test_a_call_runs_there_and_returns_or_raises_what_the_function_does():
 
 def test_a_call_from_the_model_thread_itself_runs_at_once():
     assert on_model_thread(on_model_thread, threading.current_thread) is model_thread()
+
+
+def test_the_model_thread_can_wait_on_work_that_needs_it():
+    """Model work waiting on another thread that itself asks the model thread (the bench
+    driving its own server) finishes instead of deadlocking; failures come back."""
+    def waits() -> object:
+        def helper() -> object:
+            return on_model_thread(threading.current_thread)  # needs the model thread
+        return while_serving(helper)
+
+    assert on_model_thread(waits) is model_thread()
+    with pytest.raises(ZeroDivisionError):
+        on_model_thread(while_serving, lambda: on_model_thread(lambda: 1 / 0))
+    assert while_serving(lambda: 7) == 7  # elsewhere: just a call
+    assert on_model_thread(threading.current_thread) is model_thread()  # still serving
 
 
 def test_the_callers_torch_thread_count_applies():

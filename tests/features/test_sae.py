@@ -235,6 +235,22 @@ def test_the_llm_hands_features_as_a_view_with_a_frame_and_html(llm):
     assert FeatureActivations.from_wire(view.to_wire()).top_values.equal(view.top_values)
 
 
+def test_the_default_colouring_passes_over_the_first_tokens_sink():
+    from workbench.inspect import FeatureActivations
+
+    def view(positions, values):
+        ids = torch.tensor([[7, 1], [3, 2], [5, 4]])[:len(positions)]
+        return FeatureActivations("s", HOOK, D_SAE, ["a", "b", "c"], positions, ids,
+                                  torch.tensor(values), [], torch.zeros(len(positions), 0),
+                                  [2] * len(positions), [0.0] * len(positions))
+
+    sink = view([0, 1, 2], [[90.0, 1.0], [2.0, 1.0], [6.0, 1.0]])
+    assert sink.strongest() == 5  # not 7, the attention sink's at position 0
+    assert view([0], [[90.0, 1.0]]).strongest() == 7  # the only position read
+    assert view([0, 1], [[9.0, 0.0], [0.0, 0.0]]).strongest() == 7  # nothing later is active
+    assert view([0, 1], [[0.0, 0.0], [0.0, 0.0]]).strongest() is None
+
+
 def test_sparse_activations_decode_row_by_row_to_the_same_sum(tmp_path):
     """At most one feature in `SPARSE_DECODE` active: each row adds its active features'
     decoder rows (float32 rounding apart from the dense product)."""

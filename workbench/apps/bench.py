@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import resource
 import statistics
 import sys
@@ -705,11 +706,68 @@ def bench_features(side: Contenders, config: BenchConfig) -> dict[str, float]:
                     rate = (512 if name == "prefill" else len(prompts) * tokens) / (
                         time.perf_counter() - start)
                     best[name, which] = max(best[name, which], rate)
+        speedups = neuronpedia_speedups(llm, side.prompt_ids(1)[0] * 8, config.repeats)
     finally:
         llm.unload_sae("bench")
     return {"features_d_sae": FEATURES_D_SAE,
             **{f"features_{name}_ratio": round(best[name, "features"] / best[name, "plain"], 3)
-               for name in cases}}
+               for name in cases}, **speedups}
+
+
+NEURONPEDIA_CLIENTS = 8  # concurrent clients of Neuronpedia's routes
+
+
+def neuronpedia_speedups(llm: Any, prompt: list[int], repeats: int) -> dict[str, float]:
+    """Neuronpedia's routes over HTTP with the SAE "bench" loaded: `NEURONPEDIA_CLIENTS`
+    clients at once against the same requests one at a time (`neuronpedia_topk_speedup`: each
+    a prompt's top features per token; `neuronpedia_steer_speedup`: each a steered and a
+    default completion of 16 tokens): the time one at a time / the time together, above 1 is
+    the engine batching the clients' requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from workbench import serve_in_kernel
+    from workbench.engine.model_thread import while_serving
+
+    text = llm.get_tokenizer().decode(prompt[:64])
+    model = llm.llm_engine.served_model_name
+    bodies = {
+        "topk": ("activation/topk-by-token", {"prompt": text, "model": model, "source": "bench",
+                                              "top_k": FEATURES_TOP_K, "ignore_bos": False}),
+        "steer": ("steer/completion", {
+            "prompt": text, "model": model, "steer_method": "SIMPLE_ADDITIVE",
+            "normalize_steering": False, "types": ["STEERED", "DEFAULT"],
+            "features": [{"model": model, "source": "bench", "index": 1, "strength": 4.0}],
+            "n_completion_tokens": 16, "temperature": 0, "strength_multiplier": 1,
+            "freq_penalty": 0, "seed": 0})}
+
+    def measure() -> dict[str, float]:
+        handle = serve_in_kernel(llm, port=0)
+        try:
+            with httpx.Client(base_url=handle.base_url, timeout=600) as client:
+                def call(request: tuple[str, dict[str, Any]]) -> None:
+                    client.post("/" + request[0], json=request[1]).raise_for_status()
+
+                out = {}
+                with ThreadPoolExecutor(NEURONPEDIA_CLIENTS) as pool:
+                    for name, request in bodies.items():
+                        call(request)  # warm-up
+                        alone = together = math.inf
+                        for _ in range(repeats):
+                            start = time.perf_counter()
+                            for _ in range(NEURONPEDIA_CLIENTS):
+                                call(request)
+                            alone = min(alone, time.perf_counter() - start)
+                            start = time.perf_counter()
+                            list(pool.map(call, [request] * NEURONPEDIA_CLIENTS))
+                            together = min(together, time.perf_counter() - start)
+                        out[f"neuronpedia_{name}_speedup"] = round(alone / together, 3)
+                return out
+        finally:
+            handle.stop(timeout=5)
+
+    return while_serving(measure)  # the model thread steps the server's requests meanwhile
 
 
 def capture_corpus(count: int = 48, seed: int = 0) -> list[str]:

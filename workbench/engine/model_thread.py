@@ -15,7 +15,8 @@ more than ~87 makes denormal terms, each a slow microcode assist (sampling 16 ro
 
 `on_model_thread(fn, *args)` runs `fn` there, with the caller's torch thread count (so
 `torch.set_num_threads` in a notebook or a test still sets how many threads a step uses), and
-returns (or raises) what it does; called from the model thread itself it runs at once. The
+returns (or raises) what it does; called from the model thread itself it runs at once.
+`while_serving(fn)` lets the model thread wait on work that needs it. The
 thread is a daemon: a process may exit while it idles. Never call it while holding a lock the
 model work takes (the engine's `lock`).
 """
@@ -34,7 +35,7 @@ T = TypeVar("T")
 
 _Job = tuple[Callable[..., Any], tuple, dict, int, Future]
 
-_jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+_jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: a wake-up
 _thread: threading.Thread | None = None
 _start_lock = threading.Lock()
 
@@ -68,13 +69,40 @@ def _start() -> threading.Thread:
     return _thread
 
 
+def while_serving(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on a thread of its own while the model thread, the caller, goes on running
+    jobs (an engine's steps) until it returns: for model work that waits on requests the model
+    thread must step (the bench driving its own in-process server). Elsewhere: `fn(*args)`."""
+    if threading.current_thread() is not _thread:
+        return fn(*args)
+    done: Future = Future()
+
+    def target() -> None:
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - raised again below
+            done.set_exception(exc)
+        _jobs.put(None)
+
+    threading.Thread(target=target, name="workbench-while-serving", daemon=True).start()
+    while not done.done():
+        _run(_jobs.get())
+    return done.result()
+
+
 def _serve() -> None:
     torch.set_flush_denormal(True)  # this thread's; its OpenMP team, created later, inherits it
     while True:
-        fn, args, kwargs, threads, future = _jobs.get()
-        try:
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            future.set_exception(exc)
+        _run(_jobs.get())
+
+
+def _run(job: _Job | None) -> None:
+    if job is None:
+        return
+    fn, args, kwargs, threads, future = job
+    try:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        future.set_result(fn(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+        future.set_exception(exc)

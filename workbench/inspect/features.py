@@ -6,7 +6,7 @@ largest first), the activations of the named features (`values[p]`, `activation(
 many features are active) and the norm of the reconstruction error.
 
 `_repr_html_` shows the tokens, each coloured by a feature's activation (the one given to
-`html(feature=...)`, else the most active feature of the whole request), its top features on
+`html(feature=...)`, else `strongest()`: the most active past the first token), its top features on
 hover, with a table of each position's top features below; `to_frame()` one row per position and
 rank; `plot()` a tokens-by-features heatmap of the features that are ever most active. It is the
 engine's `FeatureData` (`workbench.inside.recorded`) as a view; `to_wire()` / `from_wire()`:
@@ -83,12 +83,15 @@ class FeatureActivations(FeatureData):
         return self.to_wire()
 
     def strongest(self) -> int | None:
-        """The feature with the largest activation anywhere in the request (None: none is
-        active)."""
-        if not self.top_values.numel() or float(self.top_values.max()) <= 0:
-            return None
-        flat = int(self.top_values.argmax())
-        return int(self.top_ids.flatten()[flat])
+        """The feature with the largest activation in the request past its first token (whose
+        activations, an attention sink's, dwarf the rest in most models), else at the first;
+        None where none is active."""
+        later = [i for i, p in enumerate(self.positions) if p > 0]
+        for rows in (later, list(range(len(self.positions)))):
+            values = self.top_values[rows]
+            if values.numel() and float(values.max()) > 0:
+                return int(self.top_ids[rows].flatten()[int(values.argmax())])
+        return None
 
     # -- rendering --------------------------------------------------------------------------
     def html(self, feature: int | None = None, last: int = MAX_TABLE_ROWS) -> str:

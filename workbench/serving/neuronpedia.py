@@ -331,7 +331,8 @@ class NeuronpediaServing(EngineServing):
         vectors = self.steering(request)
         messages = [{"role": m.role, "content": m.content} for m in request.prompt]
         try:
-            text = self.chat.render([ChatMessageParam(**m) for m in messages]).prompt
+            text = self.chat.render([ChatMessageParam(role=m.role, content=m.content)
+                                     for m in request.prompt]).prompt
         except Refused as exc:
             raise NeuronpediaError(str(exc)) from None
         ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -347,8 +348,8 @@ class NeuronpediaServing(EngineServing):
             "input": {"raw": raw, "chat_template": messages}}
         return await self.answer(request, runs, build)
 
-    def steering(self, request: Any) -> list[tuple[str, torch.Tensor]]:
-        """The (hook, vector * strength) pairs STEERED adds, checked."""
+    def steering(self, request: Any) -> list[tuple[str, str, torch.Tensor]]:
+        """What STEERED adds, checked: (the item's field, its hook, vector * strength)."""
         if (request.features is not None) == (request.vectors is not None):
             raise NeuronpediaError("Invalid request data: exactly one of features or vectors "
                                    "must be provided")
@@ -385,7 +386,7 @@ class NeuronpediaServing(EngineServing):
                 if norm == 0:
                     raise NeuronpediaError(f"{where}: a zero vector cannot be normalised.")
                 vector = vector / norm
-            out.append((hook, vector * (request.strength_multiplier * item.strength)))
+            out.append((where, hook, vector * (request.strength_multiplier * item.strength)))
         return out
 
     @staticmethod
@@ -393,7 +394,7 @@ class NeuronpediaServing(EngineServing):
         if vector.numel() == 0 or not torch.isfinite(vector).all():
             raise NeuronpediaError(f"{field} must be a non-empty list of finite numbers.")
 
-    def runs(self, request: Any, ids: list[int], vectors: list[tuple[str, torch.Tensor]],
+    def runs(self, request: Any, ids: list[int], vectors: list[tuple[str, str, torch.Tensor]],
              steered: list[int] | None) -> dict[str, AsyncIterator[Any]]:
         """Each asked type's engine request (STEERED with the vectors added at `steered`
         prompt positions and every generated one; None: every position)."""
@@ -404,15 +405,16 @@ class NeuronpediaServing(EngineServing):
                                    f"{self.max_model_len}. Shorten the prompt.")
         if request.n_completion_tokens < 1:
             raise NeuronpediaError("n_completion_tokens must be at least 1.")
-        interventions = []
-        for i, (hook, vector) in enumerate(vectors):
+        interventions, fields = [], []
+        for where, hook, vector in vectors:
             for positions in ([None] if steered is None else
                               ([steered] if steered else []) + ["generated"]):
                 try:
                     interventions.append(Intervention.parse({
-                        "site": hook, "op": "add", "vector": vector, "positions": positions}, i))
+                        "site": hook, "op": "add", "vector": vector, "positions": positions}, 0))
                 except Refused as exc:
-                    raise NeuronpediaError(f"vectors[{i}].hook: {exc}") from None
+                    raise NeuronpediaError(f"{where}.hook: {exc.message}") from None
+                fields.append(where)
         runs = {}
         for kind in request.types:
             params = SamplingParams(
@@ -420,7 +422,14 @@ class NeuronpediaServing(EngineServing):
                 temperature=request.temperature, seed=int(request.seed),
                 frequency_penalty=request.freq_penalty, logprobs=request.n_logprobs or None,
                 interventions=interventions if kind == "STEERED" and interventions else None)
-            self.engine.check_inputs("np-check", {"prompt_token_ids": ids}, params)
+            try:
+                self.engine.check_inputs("np-check", {"prompt_token_ids": ids}, params)
+            except Refused as exc:  # a vector the hook cannot take: say which item it is
+                at = re.match(r"interventions\[(\d+)\]", exc.parameter or "")
+                if at is None:
+                    raise
+                raise NeuronpediaError(f"{fields[int(at[1])]}: its vector does not fit its "
+                                       f"hook ({exc.message})") from None
             runs[kind] = self.run(ids, params)
         return runs
 
