@@ -84,6 +84,8 @@ def test_encode_and_decode_are_saelens_arithmetic(tmp_path, architecture, extra)
     assert (acts - expected).abs().max() <= 1e-6 * scale
     assert torch.equal(acts > 0, expected > 0)
     recons = sae.decode(acts, x)
+    if extra.get("rescale_acts_by_decoder_norm"):  # SAELens's act_times_W_dec
+        expected = expected * (1 / w["W_dec"].norm(dim=-1))
     reference = expected @ w["W_dec"] + w["b_dec"]
     if extra.get("normalize_activations") == "layer_norm":
         mu = x.mean(-1, keepdim=True)
@@ -93,6 +95,21 @@ def test_encode_and_decode_are_saelens_arithmetic(tmp_path, architecture, extra)
     torch.testing.assert_close(recons, reference, rtol=1e-5, atol=1e-5)
     if architecture == "topk":
         assert ((acts > 0).sum(-1) <= extra["k"]).all()
+
+
+@pytest.mark.parametrize("architecture, extra", CASES)
+def test_a_clamped_feature_is_the_spliced_sae_with_its_error_term(tmp_path, architecture, extra):
+    """`with_feature` (x plus the edit's share of the decoder) against SAELens's splice:
+    decode(edited features) + (x - decode(features))."""
+    sae = SparseAutoencoder.load("s", save_sae(str(tmp_path / "sae"), weights(architecture),
+                                               HOOK, architecture, **extra))
+    x = torch.randn(5, D_IN, generator=torch.Generator().manual_seed(2)) * 3
+    acts = sae.encode(x)
+    feature = int(acts.sum(0).argmax())
+    edited = acts.clone()
+    edited[:, feature] = 6.0
+    spliced = sae.decode(edited, x) + (x - sae.decode(acts, x))
+    torch.testing.assert_close(sae.with_feature(x, feature, 6.0), spliced, rtol=1e-5, atol=1e-5)
 
 
 def test_load_refuses_what_it_cannot_compute(tmp_path):

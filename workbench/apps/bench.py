@@ -657,16 +657,18 @@ def bench_invariant(side: Contenders, config: BenchConfig) -> dict[str, float]:
 
 
 FEATURES_D_SAE = 16384  # the bench SAE's features (a 16k SAE, as SAELens's releases)
+FEATURES_D_SAE_WIDE = 65536  # at a width of 2048 and more (Gemma-2-2B's): Gemma Scope's 65k
 FEATURES_K = 64  # its TopK: a trained SAE's L0, so decoding reads 64 rows a token
 FEATURES_TOP_K = 10  # the features a request reads per position
 
 
 def bench_features(side: Contenders, config: BenchConfig) -> dict[str, float]:
     """What reading an SAE's features costs: a random TopK SAE of `FEATURES_D_SAE` features
-    (k = `FEATURES_K`) at the middle layer's `resid_post`, its top `FEATURES_TOP_K` read at
-    every position of `concurrency` streams and of a 512-token prompt's prefill, each against
-    the same requests without, in turn (`features_concurrent_ratio`, `features_prefill_ratio`:
-    its rate / the plain one's)."""
+    (`FEATURES_D_SAE_WIDE` on a model 2048 wide or wider; k = `FEATURES_K`) at the middle
+    layer's `resid_post`, its top `FEATURES_TOP_K` read at every position of `concurrency`
+    streams and of a 512-token prompt's prefill, each against the same requests without, in
+    turn (`features_concurrent_ratio`, `features_prefill_ratio`: its rate / the plain one's);
+    then Neuronpedia's routes with it (`neuronpedia_speedups`)."""
     import tempfile
 
     import torch
@@ -677,9 +679,10 @@ def bench_features(side: Contenders, config: BenchConfig) -> dict[str, float]:
     cfg = llm.llm_engine.model.config
     gen = torch.Generator().manual_seed(config.seed)
     width, layer = cfg.hidden_size, cfg.num_hidden_layers // 2
-    weights = {"W_enc": torch.randn(width, FEATURES_D_SAE, generator=gen) / width ** 0.5,
-               "b_enc": torch.zeros(FEATURES_D_SAE),
-               "W_dec": torch.randn(FEATURES_D_SAE, width, generator=gen) / FEATURES_D_SAE ** 0.5,
+    d_sae = FEATURES_D_SAE_WIDE if width >= 2048 else FEATURES_D_SAE
+    weights = {"W_enc": torch.randn(width, d_sae, generator=gen) / width ** 0.5,
+               "b_enc": torch.zeros(d_sae),
+               "W_dec": torch.randn(d_sae, width, generator=gen) / d_sae ** 0.5,
                "b_dec": torch.zeros(width)}
     with tempfile.TemporaryDirectory() as folder:
         llm.load_sae("bench", save_sae(folder, weights, f"blocks.{layer}.hook_resid_post",
@@ -709,7 +712,7 @@ def bench_features(side: Contenders, config: BenchConfig) -> dict[str, float]:
         speedups = neuronpedia_speedups(llm, side.prompt_ids(1)[0] * 8, config.repeats)
     finally:
         llm.unload_sae("bench")
-    return {"features_d_sae": FEATURES_D_SAE,
+    return {"features_d_sae": d_sae,
             **{f"features_{name}_ratio": round(best[name, "features"] / best[name, "plain"], 3)
                for name in cases}, **speedups}
 

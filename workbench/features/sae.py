@@ -27,6 +27,7 @@ covariance whitening are refused at load, named.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -178,7 +179,7 @@ class SparseAutoencoder:
             return torch.relu(hidden_pre) * (hidden_pre > w["threshold"]).to(torch.float32)
         if self.architecture == "topk":
             if self.rescale_acts_by_decoder_norm:
-                hidden_pre = hidden_pre * w["W_dec"].norm(dim=-1)
+                hidden_pre = hidden_pre * self.decoder_norms
             assert self.k is not None
             top = torch.topk(hidden_pre, k=self.k, dim=-1, sorted=False)
             return torch.zeros_like(hidden_pre).scatter(-1, top.indices, top.values.relu())
@@ -198,6 +199,8 @@ class SparseAutoencoder:
         activations (at most one in `SPARSE_DECODE` active) add just their active features'
         decoder rows (the same sum in another order: float32 rounding apart)."""
         flat = acts.reshape(-1, self.d_sae)
+        if self.rescale_acts_by_decoder_norm:  # SAELens's act_times_W_dec
+            flat = flat * self.inverse_decoder_norms
         rows, cols = flat.nonzero(as_tuple=True)  # row-major: each row's features together
         if rows.numel() * SPARSE_DECODE <= flat.numel():
             starts = torch.bincount(rows, minlength=flat.shape[0]).cumsum(0) - \
@@ -207,7 +210,8 @@ class SparseAutoencoder:
                 per_sample_weights=flat[rows, cols])
             out = (out + self.weights["b_dec"]).reshape(*acts.shape[:-1], self.d_in)
         else:
-            out = acts @ self.weights["W_dec"] + self.weights["b_dec"]
+            out = (flat @ self.weights["W_dec"] + self.weights["b_dec"]).reshape(
+                *acts.shape[:-1], self.d_in)
         if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
             if x is None:
                 raise ValueError(f"decoding with {self.normalize_activations} needs the input")
@@ -219,14 +223,28 @@ class SparseAutoencoder:
         """x [n, d_in] with `feature`'s activation set to `value` (0: ablated), everything
         else as it was: SAELens's spliced SAE with `use_error_term=True` (decode of the edited
         features plus the error x - decode(encode(x))), computed as x plus the edit's share of
-        the decoder, (value - a) W_dec[feature] (times the normalisation's scale), the same
-        sum without decoding the rest."""
+        the decoder, (value - a) W_dec[feature] (over its norm with
+        `rescale_acts_by_decoder_norm`, times the normalisation's scale), the same sum without
+        decoding the rest."""
         x = x.to(torch.float32)
         current = self.encode(x)[..., feature]
-        change = (value - current).unsqueeze(-1) * self.weights["W_dec"][feature]
+        change = value - current
+        if self.rescale_acts_by_decoder_norm:
+            change = change * self.inverse_decoder_norms[feature]
+        change = change.unsqueeze(-1) * self.weights["W_dec"][feature]
         if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
             change = change * self._sae_in(x)[1]
         return x + change
+
+    @functools.cached_property
+    def decoder_norms(self) -> torch.Tensor:
+        """Each feature's decoder row's norm [d_sae] (what `rescale_acts_by_decoder_norm`
+        scales by; SAELens computes it at every call, the same bits)."""
+        return self.weights["W_dec"].norm(dim=-1)
+
+    @functools.cached_property
+    def inverse_decoder_norms(self) -> torch.Tensor:
+        return 1 / self.decoder_norms
 
     def _sae_in(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
         """The encoder's input, and how to undo the normalisation (out * scale + shift)."""
