@@ -176,6 +176,32 @@ def test_features_per_request_are_encode_of_the_hooks_activations(llm):
     assert data.hook_name == HOOK and data.d_sae == D_SAE
 
 
+@pytest.mark.parametrize("top_k", [5, 12])  # within the SAE's k (its pairs) and beyond (dense)
+def test_a_topk_saes_features_per_request_are_encode_of_the_hooks_activations(llm, tmp_path,
+                                                                             top_k):
+    llm.load_sae("t", save_sae(str(tmp_path / "t"), weights("topk", seed=6), HOOK, "topk",
+                               k=7, rescale_acts_by_decoder_norm=True))
+    try:
+        prompt = ids_of(llm.llm_engine.loaded, "Pack my box with five dozen")
+        out = llm.generate([{"prompt_token_ids": prompt}], greedy(
+            3, features={"sae": "t", "top_k": top_k, "indices": [0, 3, 50]},
+            capture={"sites": [HOOK]}))[0]
+        data, x = out.features, out.activations[HOOK]
+        acts = llm.saes["t"].encode(x)
+        active = (acts > 0).sum(-1)
+        assert data.l0 == active.tolist() and (active <= 7).all()
+        assert (data.values - acts[:, [0, 3, 50]]).abs().max() <= 1e-6 * acts.abs().max()
+        top = acts.topk(top_k, dim=-1)
+        for p in range(len(data.positions)):  # the active ones, most active first
+            n = int(active[p])
+            assert data.top_ids[p, :n].tolist() == top.indices[p, :n].tolist()
+            assert torch.equal(data.top_values[p, :n], top.values[p, :n])
+        errors = (x - llm.saes["t"].decode(acts, x)).norm(dim=-1)
+        assert data.error_norm == pytest.approx(errors.tolist(), rel=1e-5)
+    finally:
+        llm.unload_sae("t")
+
+
 def test_reading_features_leaves_every_other_request_as_it_was(llm):
     prompts = [ids_of(llm.llm_engine.loaded, t) for t in ("Hello there", "One two three four")]
     alone = llm.generate([{"prompt_token_ids": prompts[1]}], greedy(6, logprobs=2))[0]

@@ -178,12 +178,25 @@ class SparseAutoencoder:
         if self.architecture == "jumprelu":
             return torch.relu(hidden_pre) * (hidden_pre > w["threshold"]).to(torch.float32)
         if self.architecture == "topk":
-            if self.rescale_acts_by_decoder_norm:
-                hidden_pre = hidden_pre * self.decoder_norms
-            assert self.k is not None
-            top = torch.topk(hidden_pre, k=self.k, dim=-1, sorted=False)
-            return torch.zeros_like(hidden_pre).scatter(-1, top.indices, top.values.relu())
+            ids, values = self._top(hidden_pre)
+            return torch.zeros_like(hidden_pre).scatter(-1, ids, values)
         return torch.relu(hidden_pre)
+
+    def encode_top(self, x: torch.Tensor, linear: Linear | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A TopK SAE's features of rows x [n, d_in] as its k (feature, activation) pairs
+        [n, k] each, what `encode` scatters into [n, d_sae] (a ReLU'd zero among them where
+        fewer than k are positive)."""
+        assert self.architecture == "topk"
+        return self._top(_product(linear, self._sae_in(x)[0], self.weights["W_enc"],
+                                  self.weights["b_enc"]))
+
+    def _top(self, hidden_pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rescale_acts_by_decoder_norm:
+            hidden_pre = hidden_pre * self.decoder_norms
+        assert self.k is not None
+        top = torch.topk(hidden_pre, k=self.k, dim=-1, sorted=False)
+        return top.indices, top.values.relu()
 
     def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
         """What SAELens's `hook_sae_acts_pre` holds: x W_enc + b_enc (gated: the magnitude
@@ -199,19 +212,34 @@ class SparseAutoencoder:
         activations (at most one in `SPARSE_DECODE` active) add just their active features'
         decoder rows (the same sum in another order: float32 rounding apart)."""
         flat = acts.reshape(-1, self.d_sae)
-        if self.rescale_acts_by_decoder_norm:  # SAELens's act_times_W_dec
-            flat = flat * self.inverse_decoder_norms
         rows, cols = flat.nonzero(as_tuple=True)  # row-major: each row's features together
         if rows.numel() * SPARSE_DECODE <= flat.numel():
-            starts = torch.bincount(rows, minlength=flat.shape[0]).cumsum(0) - \
-                torch.bincount(rows, minlength=flat.shape[0])
-            out = torch.nn.functional.embedding_bag(
-                cols, self.weights["W_dec"], starts, mode="sum",
-                per_sample_weights=flat[rows, cols])
-            out = (out + self.weights["b_dec"]).reshape(*acts.shape[:-1], self.d_in)
+            counts = torch.bincount(rows, minlength=flat.shape[0])
+            out = self._rows_sum(cols, flat[rows, cols], counts.cumsum(0) - counts)
         else:
-            out = (flat @ self.weights["W_dec"] + self.weights["b_dec"]).reshape(
-                *acts.shape[:-1], self.d_in)
+            if self.rescale_acts_by_decoder_norm:  # SAELens's act_times_W_dec
+                flat = flat * self.inverse_decoder_norms
+            out = flat @ self.weights["W_dec"] + self.weights["b_dec"]
+        return self._undo_norm(out.reshape(*acts.shape[:-1], self.d_in), x)
+
+    def decode_top(self, ids: torch.Tensor, values: torch.Tensor,
+                   x: torch.Tensor | None = None) -> torch.Tensor:
+        """`decode` of (feature, activation) pairs [n, m] each (`encode_top`'s) -> [n, d_in]."""
+        n, m = ids.shape
+        out = self._rows_sum(ids.reshape(-1), values.reshape(-1),
+                             torch.arange(0, n * m, m, dtype=torch.long))
+        return self._undo_norm(out, x)
+
+    def _rows_sum(self, ids: torch.Tensor, values: torch.Tensor, starts: torch.Tensor
+                  ) -> torch.Tensor:
+        """Per row (its pairs from `starts`), the sum of value x W_dec[id], plus b_dec."""
+        if self.rescale_acts_by_decoder_norm:  # SAELens's act_times_W_dec
+            values = values * self.inverse_decoder_norms[ids]
+        return torch.nn.functional.embedding_bag(
+            ids, self.weights["W_dec"], starts, mode="sum", per_sample_weights=values
+        ) + self.weights["b_dec"]
+
+    def _undo_norm(self, out: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
         if self.normalize_activations in ("constant_norm_rescale", "layer_norm"):
             if x is None:
                 raise ValueError(f"decoding with {self.normalize_activations} needs the input")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -120,24 +121,19 @@ class StepInspector:
         for indices in by_sae.values():
             sae = self.rows[indices[0]].inside.features.sae  # type: ignore[union-attr]
             x = torch.cat([self._feature_rows[i] for i in indices])
-            acts = sae.encode(x, c_products.invariant_linear())  # [n, d_sae]
-            errors = (x - sae.decode(acts, x)).norm(dim=-1).tolist()
-            l0 = torch.count_nonzero(acts, dim=-1).tolist()
             k = max(self.rows[i].inside.features.top_k for i in indices)  # type: ignore[union-attr]
-            top = acts.topk(k, dim=-1) if k else None  # once for all: each takes its first k
+            read = _read_features(sae, x, k)
             start = 0
             for index in indices:
                 seq, n = self.rows[index], self._feature_rows[index].shape[0]
                 features = seq.inside.features
                 assert features is not None and seq.recording is not None
-                named = acts[start:start + n, features.indices]
+                named = read.named(start, start + n, features.indices)
                 for j, offset in enumerate(seq.rows_of(features.positions.selects)):
                     row = start + j
                     seq.recording.add_features(seq.first + offset, FeatureCell(
-                        top.indices[row, :features.top_k] if top is not None
-                        else torch.zeros(0, dtype=torch.long),
-                        top.values[row, :features.top_k] if top is not None
-                        else torch.zeros(0), named[j], l0[row], errors[row]))
+                        read.top_ids[row, :features.top_k], read.top_values[row, :features.top_k],
+                        named[j], read.l0[row], read.errors[row]))
                 start += n
         self._feature_rows.clear()
 
@@ -315,3 +311,35 @@ def _visit_z(inspector: StepInspector, layer: int, args: tuple, kwargs: dict):
     if args:
         return (contiguous, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": contiguous}
+
+
+@dataclass
+class _Read:
+    """What one SAE read on a step's rows: each row's `k` most active features (ids and
+    activations), L0 and reconstruction error norm; `named` the activations of given features."""
+
+    top_ids: torch.Tensor  # [n, k]
+    top_values: torch.Tensor
+    l0: list[int]
+    errors: list[float]
+    named: Callable[[int, int, list[int]], torch.Tensor]  # rows [a, b), features -> [b-a, f]
+
+
+def _read_features(sae: Any, x: torch.Tensor, k: int) -> _Read:
+    """`sae` on rows x [n, d_in], one encoder product for all (the invariant C products). A
+    TopK SAE asked for at most its k features stays in its k (feature, activation) pairs a row:
+    the same activations without scattering them into [n, d_sae] and searching that again."""
+    linear = c_products.invariant_linear()
+    if sae.architecture == "topk" and k <= sae.k:
+        ids, values = sae.encode_top(x, linear)  # [n, sae.k]
+        top_values, where = values.topk(k, dim=-1)
+        return _Read(ids.gather(-1, where), top_values, (values > 0).sum(-1).tolist(),
+                     (x - sae.decode_top(ids, values, x)).norm(dim=-1).tolist(),
+                     lambda a, b, features: torch.where(
+                         ids[a:b, :, None] == torch.tensor(features, dtype=torch.long),
+                         values[a:b, :, None], 0.0).sum(dim=1))
+    acts = sae.encode(x, linear)  # [n, d_sae]
+    top = acts.topk(k, dim=-1)  # once for all: each request takes its first top_k
+    return _Read(top.indices, top.values, torch.count_nonzero(acts, dim=-1).tolist(),
+                 (x - sae.decode(acts, x)).norm(dim=-1).tolist(),
+                 lambda a, b, features: acts[a:b, features])
