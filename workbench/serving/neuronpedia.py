@@ -37,7 +37,7 @@ import logging
 import math
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,9 @@ MAX_NUM_RESULTS = 1000
 DEFAULT_TOP_K = 5  # activation/topk-by-token
 MAX_COSSIM_RESULTS = 128
 MAX_BATCH_PROMPTS = 64  # a batch route's prompts (Neuronpedia's takes 4)
+
+
+Reader = Callable[[str, Any], Awaitable[dict[str, Any]]]  # (prompt, request) -> its answer
 
 
 class NeuronpediaError(Exception):
@@ -187,13 +190,10 @@ class NeuronpediaServing(EngineServing):
 
     # -- activation/all ---------------------------------------------------------------------
     async def activation_all(self, request: ActivationAllRequest) -> dict[str, Any]:
-        self.check_model(request.model)
-        return await self._all(request.prompt, request)
+        return await self.one(request, self._all)
 
     async def activation_all_batch(self, request: ActivationAllBatchRequest) -> dict[str, Any]:
-        self.check_model(request.model)
-        prompts = self.batch(request.prompts)
-        return {"results": await together(self._all(p, request) for p in prompts)}
+        return await self.each(request, self._all)
 
     async def _all(self, text: str, request: Any) -> dict[str, Any]:
         sources = self.selected(request.source_set, request.selected_sources)
@@ -221,24 +221,28 @@ class NeuronpediaServing(EngineServing):
                                    f"the set {source_set!r} ({', '.join(in_set)}).")
         return list(dict.fromkeys(selected)) or in_set
 
-    def batch(self, prompts: list[str]) -> list[str]:
-        if not prompts:
+    async def one(self, request: Any, read: Reader) -> dict[str, Any]:
+        """An activation route's answer for its `prompt`."""
+        self.check_model(request.model)
+        return await read(request.prompt, request)
+
+    async def each(self, request: Any, read: Reader) -> dict[str, Any]:
+        """A batch route's: `results`, one per prompt, read side by side in the engine."""
+        self.check_model(request.model)
+        if not request.prompts:
             raise NeuronpediaError("At least one prompt is required")
-        if len(prompts) > MAX_BATCH_PROMPTS:
-            raise NeuronpediaError(f"Batch size {len(prompts)} exceeds maximum of "
+        if len(request.prompts) > MAX_BATCH_PROMPTS:
+            raise NeuronpediaError(f"Batch size {len(request.prompts)} exceeds maximum of "
                                    f"{MAX_BATCH_PROMPTS}")
-        return prompts
+        return {"results": await together(read(p, request) for p in request.prompts)}
 
     # -- activation/single ------------------------------------------------------------------
     async def activation_single(self, request: ActivationSingleRequest) -> dict[str, Any]:
-        self.check_model(request.model)
-        return await self._single(request.prompt, request)
+        return await self.one(request, self._single)
 
     async def activation_single_batch(self, request: ActivationSingleBatchRequest
                                       ) -> dict[str, Any]:
-        self.check_model(request.model)
-        prompts = self.batch(request.prompts)
-        return {"results": await together(self._single(p, request) for p in prompts)}
+        return await self.each(request, self._single)
 
     async def _single(self, text: str, request: Any) -> dict[str, Any]:
         by_feature = request.source is not None and request.index is not None
@@ -286,14 +290,11 @@ class NeuronpediaServing(EngineServing):
 
     # -- activation/topk-by-token -----------------------------------------------------------
     async def topk_by_token(self, request: ActivationTopkByTokenRequest) -> dict[str, Any]:
-        self.check_model(request.model)
-        return await self._topk(request.prompt, request)
+        return await self.one(request, self._topk)
 
     async def topk_by_token_batch(self, request: ActivationTopkByTokenBatchRequest
                                   ) -> dict[str, Any]:
-        self.check_model(request.model)
-        prompts = self.batch(request.prompts)
-        return {"results": await together(self._topk(p, request) for p in prompts)}
+        return await self.each(request, self._topk)
 
     async def _topk(self, text: str, request: Any) -> dict[str, Any]:
         sae = self.sae(request.source)
