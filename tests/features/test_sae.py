@@ -116,8 +116,8 @@ def test_load_refuses_what_it_cannot_compute(tmp_path):
     w = weights("standard")
     with pytest.raises(ValidationError, match="sae_weights.safetensors"):
         SparseAutoencoder.load("s", str(tmp_path / "nothing"))
-    path = save_sae(str(tmp_path / "t"), w, HOOK, "transcoder")
-    with pytest.raises(ValidationError, match="transcoder"):
+    path = save_sae(str(tmp_path / "t"), w, HOOK, "crosscoder")
+    with pytest.raises(ValidationError, match="'crosscoder' is not an architecture"):
         SparseAutoencoder.load("s", path)
     path = save_sae(str(tmp_path / "z"), w, "blocks.1.attn.hook_z")
     with pytest.raises(ValidationError, match="hook_z|SAEs are served on"):

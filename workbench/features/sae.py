@@ -21,8 +21,16 @@ plain torch, step for step:
 
 `hook_name` (metadata, TransformerLens's name such as `blocks.6.hook_resid_post`) says where in
 the model it reads; `check_model` refuses, naming the SAE, a hook the model lacks or a `d_in`
-that is not the hook's width. Transcoders (one hook in, another out), `hook_z` SAEs and
-covariance whitening are refused at load, named.
+that is not the hook's width. `hook_sae_*` captures and the error term follow SAELens's
+HookedSAETransformer.
+
+Transcoders (`transcoder`, `jumprelu_transcoder`, `skip_transcoder`, `jumprelu_skip_transcoder`)
+read one hook (`hook_name`) and write another later in the same pass (`metadata.hook_name_out`,
+as SAELens names it): `encode` is the SAE's of the input hook's rows (no `b_dec` subtracted,
+as SAELens refuses `apply_b_dec_to_input` for them), `decode` is acts W_dec + b_dec at the
+output hook with no normalisation undone, and `output` adds the skip connection x W_skip^T
+(the skip transcoders' `forward`). `hook_z` SAEs, covariance whitening and a transcoder with a
+normalisation on its input (SAELens does not undo it on the other hook) are refused at load.
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ import torch
 from workbench.errors import refuse
 from workbench.inside.sites import RESIDUAL_SITES, parse_site
 
-ARCHITECTURES = ("standard", "jumprelu", "topk", "gated")
+TRANSCODERS = ("transcoder", "jumprelu_transcoder", "skip_transcoder",
+               "jumprelu_skip_transcoder")
+ARCHITECTURES = ("standard", "jumprelu", "topk", "gated", *TRANSCODERS)
 NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
 HOOK_SITES = RESIDUAL_SITES  # the [d_model]-wide sites of a layer
 LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
@@ -50,7 +60,14 @@ Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _TENSORS = {"standard": ("W_enc", "b_enc", "W_dec", "b_dec"),
             "jumprelu": ("W_enc", "b_enc", "W_dec", "b_dec", "threshold"),
             "topk": ("W_enc", "b_enc", "W_dec", "b_dec"),
-            "gated": ("W_enc", "W_dec", "b_dec", "b_gate", "b_mag", "r_mag")}
+            "gated": ("W_enc", "W_dec", "b_dec", "b_gate", "b_mag", "r_mag"),
+            "transcoder": ("W_enc", "b_enc", "W_dec", "b_dec"),
+            "jumprelu_transcoder": ("W_enc", "b_enc", "W_dec", "b_dec", "threshold"),
+            "skip_transcoder": ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip"),
+            "jumprelu_skip_transcoder": ("W_enc", "b_enc", "W_dec", "b_dec", "threshold",
+                                         "W_skip")}
+# where a residual-width hook comes in a layer's pass (a transcoder writes after it reads)
+_ORDER = {"resid_pre": 0, "attn_out": 1, "resid_mid": 2, "mlp_out": 3, "resid_post": 4}
 
 
 @dataclass(eq=False)
@@ -71,6 +88,11 @@ class SparseAutoencoder:
     normalize_activations: str = "none"
     k: int | None = None  # topk
     rescale_acts_by_decoder_norm: bool = False  # topk
+    # a transcoder's output hook (metadata.hook_name_out) and its short name and layer; None:
+    # an SAE, which writes where it reads
+    hook_name_out: str | None = None
+    site_out: str | None = None
+    layer_out: int | None = None
     # this load, named apart from any other (a name reloaded with other weights is another):
     # a clamp's or ablation's prefix-cache digest names it (`inside.resolve.interventions_key`)
     key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
@@ -96,15 +118,21 @@ class SparseAutoencoder:
             refuse(f"{where}: cannot read {path!r} ({error}).", parameter, path)
         architecture = config.get("architecture", "standard")
         if architecture not in ARCHITECTURES:
-            why = ("a transcoder reads one hook and writes another: not served yet"
-                   if "transcoder" in str(architecture) else "not an architecture this computes")
-            refuse(f"{where}: architecture {architecture!r}: {why}; these are: "
-                   f"{', '.join(ARCHITECTURES)} (BatchTopK saves itself as jumprelu).",
-                   parameter, architecture)
+            refuse(f"{where}: architecture {architecture!r} is not an architecture this "
+                   f"computes; these are: {', '.join(ARCHITECTURES)} (BatchTopK saves itself "
+                   "as jumprelu).", parameter, architecture)
         normalization = config.get("normalize_activations", "none") or "none"
         if normalization not in NORMALIZATIONS:
             refuse(f"{where}: normalize_activations {normalization!r} is not computed here; "
                    f"these are: {', '.join(NORMALIZATIONS)}.", parameter, normalization)
+        transcoder = architecture in TRANSCODERS
+        if transcoder and normalization in ("constant_norm_rescale", "layer_norm"):
+            refuse(f"{where}: a transcoder with normalize_activations {normalization!r}: "
+                   "SAELens normalises its input and never undoes it on the output hook, so "
+                   "its output is not the model's scale; not served.", parameter, normalization)
+        if transcoder and config.get("apply_b_dec_to_input", False):
+            refuse(f"{where}: a transcoder with apply_b_dec_to_input (its b_dec is the output "
+                   "hook's; SAELens refuses it too).", parameter, "apply_b_dec_to_input")
         if config.get("reshape_activations", "none") not in (None, "none"):
             refuse(f"{where}: reshape_activations {config['reshape_activations']!r} (hook_z "
                    "SAEs) is not served yet.", parameter, config["reshape_activations"])
@@ -112,15 +140,25 @@ class SparseAutoencoder:
         hook_name = metadata.get("hook_name") or config.get("hook_name")
         if not isinstance(hook_name, str):
             refuse(f"{where}: its cfg.json names no hook (metadata.hook_name).", parameter, path)
-        site, layer = parse_site(hook_name, where)
-        if site not in HOOK_SITES or layer is None:
-            refuse(f"{where}: hook {hook_name!r}: SAEs are served on {', '.join(HOOK_SITES)} of "
-                   "a layer.", parameter, hook_name)
+        site, layer = _hook_site(hook_name, where, parameter)
+        hook_name_out = site_out = layer_out = None
+        if transcoder:
+            hook_name_out = metadata.get("hook_name_out") or config.get("hook_name_out")
+            if not isinstance(hook_name_out, str):
+                refuse(f"{where}: a transcoder's cfg.json names the hook it writes "
+                       "(metadata.hook_name_out).", parameter, path)
+            site_out, layer_out = _hook_site(hook_name_out, where, parameter)
+            if 4 * layer_out + _ORDER[site_out] <= 4 * layer + _ORDER[site]:
+                refuse(f"{where}: a transcoder writes after it reads: {hook_name_out!r} does "
+                       f"not come after {hook_name!r} in the model's pass.", parameter,
+                       hook_name_out)
         d_in, d_sae = config.get("d_in"), config.get("d_sae")
-        if not (isinstance(d_in, int) and isinstance(d_sae, int) and d_in > 0 and d_sae > 0):
-            refuse(f"{where}: cfg.json must give d_in and d_sae as positive integers.",
-                   parameter, path)
-        shapes = {"W_enc": (d_in, d_sae), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
+        d_out = config.get("d_out", d_in) if transcoder else d_in
+        if not all(isinstance(d, int) and d > 0 for d in (d_in, d_sae, d_out)):
+            refuse(f"{where}: cfg.json must give d_in and d_sae (and a transcoder's d_out) as "
+                   "positive integers.", parameter, path)
+        shapes = {"W_enc": (d_in, d_sae), "W_dec": (d_sae, d_out), "b_dec": (d_out,),
+                  "W_skip": (d_out, d_in)}
         weights: dict[str, torch.Tensor] = {}
         for key in _TENSORS[architecture]:
             tensor = tensors.get(key)
@@ -138,29 +176,53 @@ class SparseAutoencoder:
         if architecture == "topk" and not (isinstance(k, int) and 0 < k <= d_sae):
             refuse(f"{where}: a topk SAE needs k in [1, d_sae], got {k!r}.", parameter, k)
         return cls(name, str(path), architecture, d_in, d_sae, hook_name, site, layer, weights,
-                   bool(config.get("apply_b_dec_to_input", True)), normalization,
+                   bool(config.get("apply_b_dec_to_input", not transcoder)), normalization,
                    k if architecture == "topk" else None,
-                   bool(config.get("rescale_acts_by_decoder_norm", False)))
+                   bool(config.get("rescale_acts_by_decoder_norm", False)), hook_name_out,
+                   site_out, layer_out)
+
+    @property
+    def transcoder(self) -> bool:
+        """Whether it writes another hook than it reads."""
+        return self.hook_name_out is not None
+
+    @property
+    def writes(self) -> tuple[str, int]:
+        """The (site, layer) its decoder writes: the output hook (an SAE's is its input's)."""
+        if self.site_out is not None and self.layer_out is not None:
+            return self.site_out, self.layer_out
+        return self.site, self.layer
+
+    @property
+    def d_out(self) -> int:
+        return self.weights["W_dec"].shape[1]
 
     # -- the model it reads ---------------------------------------------------------------------
     def check_model(self, num_layers: int, hidden_size: int, missing_sites: dict[str, str],
                     parameter: str = "saes") -> None:
         """Refuses (naming the SAE) a hook this model does not have or a `d_in` not its width."""
         where = f"{parameter}[{self.name}]"
-        if not 0 <= self.layer < num_layers:
-            refuse(f"{where}: hook {self.hook_name!r} is past the model's {num_layers} layers.",
-                   parameter, self.hook_name)
-        if self.site in missing_sites:
-            refuse(f"{where}: hook {self.hook_name!r} does not exist in this model: "
-                   f"{missing_sites[self.site]}.", parameter, self.hook_name)
-        if self.d_in != hidden_size:
-            refuse(f"{where}: d_in {self.d_in} is not the width of {self.hook_name} "
-                   f"({hidden_size}): an SAE made for another model.", parameter, self.d_in)
+        hooks = [(self.hook_name, self.site, self.layer, "d_in", self.d_in)]
+        if self.hook_name_out is not None:
+            hooks.append((self.hook_name_out, *self.writes, "d_out", self.d_out))
+        for hook, site, layer, width_name, width in hooks:
+            if not 0 <= layer < num_layers:
+                refuse(f"{where}: hook {hook!r} is past the model's {num_layers} layers.",
+                       parameter, hook)
+            if site in missing_sites:
+                refuse(f"{where}: hook {hook!r} does not exist in this model: "
+                       f"{missing_sites[site]}.", parameter, hook)
+            if width != hidden_size:
+                refuse(f"{where}: {width_name} {width} is not the width of {hook} "
+                       f"({hidden_size}): an SAE made for another model.", parameter, width)
 
     def describe(self) -> dict[str, Any]:
         """What `/v1/models` and the validation report say of it."""
-        return {"name": self.name, "hook_name": self.hook_name, "architecture": self.architecture,
-                "d_in": self.d_in, "d_sae": self.d_sae}
+        out = {"name": self.name, "hook_name": self.hook_name, "architecture": self.architecture,
+               "d_in": self.d_in, "d_sae": self.d_sae}
+        if self.transcoder:
+            out["hook_name_out"] = self.hook_name_out
+        return out
 
     # -- the arithmetic -------------------------------------------------------------------------
     def encode(self, x: torch.Tensor, linear: Linear | None = None) -> torch.Tensor:
@@ -175,7 +237,7 @@ class SparseAutoencoder:
             magnitude = sae_in @ (w["W_enc"] * w["r_mag"].exp()) + w["b_mag"]
             return active * torch.relu(magnitude)
         hidden_pre = _product(linear, sae_in, w["W_enc"], w["b_enc"])
-        if self.architecture == "jumprelu":
+        if self.architecture in ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder"):
             return torch.relu(hidden_pre) * (hidden_pre > w["threshold"]).to(torch.float32)
         if self.architecture == "topk":
             ids, values = self._top(hidden_pre)
@@ -220,7 +282,7 @@ class SparseAutoencoder:
             if self.rescale_acts_by_decoder_norm:  # SAELens's act_times_W_dec
                 flat = flat * self.inverse_decoder_norms
             out = flat @ self.weights["W_dec"] + self.weights["b_dec"]
-        return self._undo_norm(out.reshape(*acts.shape[:-1], self.d_in), x)
+        return self._undo_norm(out.reshape(*acts.shape[:-1], self.d_out), x)
 
     def decode_top(self, ids: torch.Tensor, values: torch.Tensor,
                    x: torch.Tensor | None = None) -> torch.Tensor:
@@ -247,15 +309,25 @@ class SparseAutoencoder:
             out = out * scale + shift
         return out
 
-    def with_feature(self, x: torch.Tensor, feature: int, value: float) -> torch.Tensor:
-        """x [n, d_in] with `feature`'s activation set to `value` (0: ablated), everything
-        else as it was: SAELens's spliced SAE with `use_error_term=True` (decode of the edited
-        features plus the error x - decode(encode(x))), computed as x plus the edit's share of
-        the decoder, (value - a) W_dec[feature] (over its norm with
-        `rescale_acts_by_decoder_norm`, times the normalisation's scale), the same sum without
-        decoding the rest."""
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """What it writes in place of its output hook's rows, from its input hook's rows x
+        [..., d_in]: decode(encode(x)) (a skip transcoder's `forward` adds x W_skip^T)."""
+        out = self.decode(self.encode(x), x)
+        if "W_skip" in self.weights:
+            out = out + x.to(torch.float32) @ self.weights["W_skip"].T
+        return out
+
+    def with_feature(self, x: torch.Tensor, feature: int, value: float,
+                     x_in: torch.Tensor | None = None) -> torch.Tensor:
+        """x [n, d_out] (its output hook's rows) with `feature`'s activation set to `value`
+        (0: ablated), everything else as it was: SAELens's spliced SAE with
+        `use_error_term=True` (decode of the edited features plus the error x - decode(encode(
+        x_in))), computed as x plus the edit's share of the decoder, (value - a) W_dec[feature]
+        (over its norm with `rescale_acts_by_decoder_norm`, times the normalisation's scale),
+        the same sum without decoding the rest. `x_in`: a transcoder's input hook's rows (an
+        SAE reads x itself)."""
         x = x.to(torch.float32)
-        current = self.encode(x)[..., feature]
+        current = self.encode(x if x_in is None else x_in)[..., feature]
         change = value - current
         if self.rescale_acts_by_decoder_norm:
             change = change * self.inverse_decoder_norms[feature]
@@ -292,6 +364,14 @@ class SparseAutoencoder:
         return x, scale, shift
 
 
+def _hook_site(hook_name: str, where: str, parameter: str) -> tuple[str, int]:
+    site, layer = parse_site(hook_name, where)
+    if site not in HOOK_SITES or layer is None:
+        refuse(f"{where}: hook {hook_name!r}: SAEs are served on {', '.join(HOOK_SITES)} of "
+               "a layer.", parameter, hook_name)
+    return site, layer
+
+
 def _product(linear: Linear | None, x: torch.Tensor, w_enc: torch.Tensor,
              bias: torch.Tensor) -> torch.Tensor:
     if linear is None:
@@ -304,15 +384,20 @@ def save_sae(path: str, weights: dict[str, torch.Tensor], hook_name: str,
              architecture: str = "standard", **config: Any) -> str:
     """Writes an SAE folder in SAELens's format (`cfg.json`, `sae_weights.safetensors`): what
     tests and notebooks make SAEs with; `config` adds cfg.json fields (`k`, `normalize_activations`,
-    `apply_b_dec_to_input`, ...). Returns `path`."""
+    `apply_b_dec_to_input`, `metadata={"hook_name_out": ...}` for a transcoder, ...). Returns
+    `path`."""
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
-    d_in, d_sae = weights["W_dec"].shape[1], weights["W_dec"].shape[0]
+    d_in, d_sae = weights["W_enc"].shape
     metadata = {"hook_name": hook_name, **config.pop("metadata", {})}
+    transcoder = architecture in TRANSCODERS
+    if transcoder:
+        config.setdefault("d_out", weights["W_dec"].shape[1])
     cfg = {"architecture": architecture, "d_in": d_in, "d_sae": d_sae, "dtype": "float32",
-           "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
-           "reshape_activations": "none", **config, "metadata": metadata}
+           "device": "cpu", "apply_b_dec_to_input": not transcoder,
+           "normalize_activations": "none", "reshape_activations": "none", **config,
+           "metadata": metadata}
     with open(os.path.join(path, "cfg.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     save_file({k: v.contiguous() for k, v in weights.items()},

@@ -44,7 +44,8 @@ class ModelShape:
 class ResolvedCapture:
     """A capture for this model: the full names it answers; `saes`: those of them inside an
     SAE spliced at a site (name -> (the SAE, its hook: `acts_post`, `recons`, ...)), computed
-    from the site's rows, which it records (`recorded`) whether asked for or not."""
+    from the site's rows (a transcoder's: its input hook's and output hook's), which it records
+    (`recorded`) whether asked for or not."""
 
     names: list[str]
     positions: Positions
@@ -56,7 +57,8 @@ class ResolvedCapture:
     def recorded(self) -> list[str]:
         """The model's sites whose rows the engine records for it."""
         return list(dict.fromkeys([*(n for n in self.names if n not in self.saes),
-                                   *(sae.hook_name for sae, _ in self.saes.values())]))
+                                   *(h for sae, _ in self.saes.values()
+                                     for h in (sae.hook_name, sae.hook_name_out) if h)]))
 
     def to_json(self) -> dict[str, Any]:
         return {"sites": list(self.names), "positions": self.positions.to_json(),
@@ -114,7 +116,8 @@ class ResolvedIntervention:
     positions: Positions
     heads: list[int] | None
     feature: tuple[str, int] | None = None  # (SAE, index): op 'add': `vector` its W_dec row
-    sae: Any = None  # op 'set' / 'zero' on a feature: its SAE (encode, edit, add the change)
+    # op 'set' / 'zero' on a feature, or 'splice': its SAE (encode, edit or decode, write)
+    sae: Any = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"site": site_name(self.site, self.layer), "op": self.op,
@@ -123,6 +126,8 @@ class ResolvedIntervention:
             out["feature"] = {"sae": self.feature[0], "index": self.feature[1]}
             if self.op == "set":
                 out["value"] = self.scale
+        elif self.op == "splice":
+            out["sae"] = self.sae.name
         elif self.name is not None:
             out["name"] = self.name
         elif self.vector is not None:
@@ -267,8 +272,8 @@ def _capture(capture: CaptureParams, shape: ModelShape, num_positions: int
                "capture.heads", capture.heads)
     rows = 1 if capture.reduce else capture.positions.most(num_positions)
     heads = len(capture.heads) if capture.heads else shape.num_heads
-    widths = {name: sae.d_sae if hook in ("acts_pre", "acts_post") else sae.d_in
-              for name, (sae, hook) in saes.items()}
+    widths = {name: sae.d_sae if hook in ("acts_pre", "acts_post") else
+              sae.d_in if hook == "input" else sae.d_out for name, (sae, hook) in saes.items()}
     size = sum(4 * (heads * rows * num_positions if name.endswith("hook_pattern")
                     else rows * widths.get(name, shape.hidden_size)) for name in names)
     return ResolvedCapture(names, capture.positions, capture.reduce,
@@ -286,10 +291,11 @@ def _sae_capture(given: str, inside_sae: tuple[str, str], shape: ModelShape) -> 
 
 
 def _sae_at(base: str, shape: ModelShape) -> Any:
-    """The one SAE loaded at the site `base`; refused where none or several are."""
+    """The one SAE spliced at the site `base` (a transcoder at the hook it writes, as SAELens
+    names its hooks); refused where none or several are."""
     site, layer = parse_site(base, "capture.sites")
     hook = site_name(site, (layer or 0) % shape.num_layers)
-    found = [sae for sae in shape.saes.values() if sae.hook_name == hook]
+    found = [sae for sae in shape.saes.values() if (sae.hook_name_out or sae.hook_name) == hook]
     if len(found) != 1:
         what = "none is" if not found else f"{len(found)} are ({', '.join(s.name for s in found)})"
         refuse(f"capture.sites: an SAE's hook at {hook} needs one SAE loaded there; {what}: "
@@ -317,12 +323,16 @@ def _intervention(given: Intervention, shape: ModelShape, index: int) -> Resolve
         if given.feature[1] >= sae.d_sae:
             refuse(f"{p}.feature.index: {given.feature[1]} out of range: {sae.name!r} has "
                    f"{sae.d_sae} features.", f"{p}.feature.index", given.feature[1])
-        if given.op == "add":
-            return ResolvedIntervention(sae.site, sae.layer, "add", sae.weights["W_dec"][
+        if given.op == "add":  # at the hook its decoder writes (a transcoder's output)
+            return ResolvedIntervention(*sae.writes, "add", sae.weights["W_dec"][
                 given.feature[1]].clone(), None, given.scale, given.positions, None,
                 given.feature)
-        return ResolvedIntervention(sae.site, sae.layer, given.op, None, None, given.scale,
+        return ResolvedIntervention(*sae.writes, given.op, None, None, given.scale,
                                     given.positions, None, given.feature, sae)
+    if given.sae is not None:
+        sae = _sae(given.sae, shape, f"{p}.sae")
+        return ResolvedIntervention(*sae.writes, "splice", None, None, 1.0, given.positions,
+                                    None, None, sae)
     layer = _layers([given.layer], shape.num_layers, f"{p}.layer")[0]
     if given.site in shape.missing_sites:
         refuse(f"{p}: {site_name(given.site, layer)} does not exist in this model: "

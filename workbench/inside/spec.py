@@ -154,7 +154,9 @@ class Intervention:
     direction `feature` = {"sae": name, "index": i}, times `scale`; a feature can also be
     'set' to an activation `value` or 'zero'ed: `_of_feature`), 'set' (replace by
     `vector`: [width], or [positions, width] for an explicit list of positions: patching),
-    'scale' (multiply by `scale`), 'zero'. Site 'z' (`blocks.{l}.attn.hook_z`, each head's
+    'scale' (multiply by `scale`), 'zero'; 'splice' with `sae` = a loaded SAE's name: the
+    hook's rows replaced by the SAE's reconstruction of them (SAELens's spliced SAE without the
+    error term; a transcoder's output written at its output hook: `_of_sae`). Site 'z' (`blocks.{l}.attn.hook_z`, each head's
     output before the output projection) takes `heads` and vectors of the head size: ablating
     heads is `{"site": "z", "op": "zero", "heads": [...]}`. `vector` is kept as given until
     the request is resolved (`workbench.inside.resolve`: a float32 tensor there).
@@ -169,6 +171,7 @@ class Intervention:
     positions: Positions = field(default_factory=Positions)
     heads: list[int] | None = None
     feature: tuple[str, int] | None = None  # (SAE name, feature index): add its W_dec row
+    sae: str | None = None  # op 'splice': the SAE whose reconstruction replaces its hook's rows
 
     def __post_init__(self) -> None:
         self.positions = parse_positions(self.positions, "interventions[].positions")
@@ -181,11 +184,13 @@ class Intervention:
         if not isinstance(value, dict):
             refuse(f"{p} must be an object with site, layer, op.", p, value)
         unknown = set(value) - {"site", "layer", "op", "vector", "name", "scale", "positions",
-                                "heads", "feature", "value"}
+                                "heads", "feature", "value", "sae"}
         if unknown:
             refuse(f"{p}: unknown field(s) {sorted(unknown)}; an intervention takes site, "
-                   "layer, op, vector, name, feature, scale, positions, heads.", p,
+                   "layer, op, vector, name, feature, sae, scale, positions, heads.", p,
                    sorted(unknown))
+        if "sae" in value:
+            return _of_sae(cls, value, p)
         feature = _feature(value.get("feature"), f"{p}.feature")
         if feature is not None:  # at its SAE's hook (site and layer: the SAE's, at resolve)
             return _of_feature(cls, value, feature, p)
@@ -207,7 +212,9 @@ class Intervention:
             refuse(f"{p}.layer is required.", f"{p}.layer", None)
         op = value.get("op")
         if op not in OPS:
-            refuse(f"{p}.op must be one of {list(OPS)}, got {op!r}.", f"{p}.op", op)
+            splice = " ('splice' names an SAE: {\"sae\": name, \"op\": \"splice\"})" \
+                if op == "splice" else ""
+            refuse(f"{p}.op must be one of {list(OPS)}{splice}, got {op!r}.", f"{p}.op", op)
         vector, name = value.get("vector"), value.get("name")
         if op in ("add", "set") and (vector is None) == (name is None):
             refuse(f"{p}: op {op!r} takes exactly one of 'vector' or 'name'.", f"{p}.vector",
@@ -257,6 +264,24 @@ def _of_feature(cls: type[Intervention], value: dict[str, Any], feature: tuple[s
         amount = _scale(value, p) if op == "add" else 0.0
     return cls("", -1, op, None, None, float(amount),
                parse_positions(value.get("positions"), f"{p}.positions"), None, feature)
+
+
+def _of_sae(cls: type[Intervention], value: dict[str, Any], p: str) -> Intervention:
+    """`{"sae": name, "op": "splice"}`: the SAE's hook (a transcoder's output hook) replaced by
+    its reconstruction at `positions`."""
+    name = value["sae"]
+    if not isinstance(name, str) or not name:
+        refuse(f"{p}.sae must name a loaded SAE.", f"{p}.sae", name)
+    if value.get("op") != "splice":
+        refuse(f"{p}.op: an intervention naming an SAE takes op 'splice' (steering by a "
+               f"feature names it with 'feature'), got {value.get('op')!r}.", f"{p}.op",
+               value.get("op"))
+    given = sorted(set(value) - {"sae", "op", "positions"})
+    if given:
+        refuse(f"{p}: a splice acts at its SAE's hook: leave out {', '.join(given)}.",
+               f"{p}.sae", given)
+    return cls("", -1, "splice", positions=parse_positions(value.get("positions"),
+                                                           f"{p}.positions"), sae=name)
 
 
 def _scale(value: dict[str, Any], p: str) -> float:

@@ -371,7 +371,9 @@ class NeuronpediaServing(EngineServing):
                 self.check_model(item.model)
                 sae = self.sae(item.source, f"{where}.source")
                 index = self.feature_index(sae, item.index, f"{where}.index")
-                hook, vector = sae.hook_name, sae.weights["W_dec"][index].to(torch.float32)
+                # at the hook its decoder writes (a transcoder's output hook)
+                hook = sae.hook_name_out or sae.hook_name
+                vector = sae.weights["W_dec"][index].to(torch.float32)
                 if item.steering_vector is not None and not torch.allclose(
                         torch.tensor(item.steering_vector), vector, rtol=1e-5, atol=1e-6):
                     raise NeuronpediaError(f"{where}.steering_vector differs from the feature's "

@@ -117,7 +117,9 @@ class Recording:
                 if chunks:
                     rows = _stack(chunks)  # [P, W]
                     if spliced:
-                        rows = _through_sae(*spliced, rows)
+                        out = spliced[0].hook_name_out
+                        rows = _through_sae(*spliced, rows,
+                                            _stack(self.rows[out]) if out else rows)
                     tensors[name] = _reduce(rows, capture.reduce)  # reduced where asked
                     continue
             missing[name] = "no position it asked for was computed"
@@ -156,19 +158,23 @@ class Recording:
             token_probs={t: probs[..., i] for i, t in enumerate(lens.token_ids)})
 
 
-def _through_sae(sae: Any, hook: str, x: torch.Tensor) -> torch.Tensor:
+def _through_sae(sae: Any, hook: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """What SAELens's hook `hook` of the SAE spliced at a site holds, for the site's rows x
-    [P, d_in] (float32): the input, the pre-activations and features, the reconstruction, the
-    error (x - reconstruction) or the output (with the error term: x itself)."""
-    if hook in ("input", "output"):
+    [P, d_in] (float32) and the rows `out` of the hook it writes (x itself for an SAE; a
+    transcoder's output hook's): the input, the pre-activations and features, the
+    reconstruction (`decode`: a skip transcoder's W_skip is not in it, as in SAELens), the
+    error (out - reconstruction) or the output (with the error term: out itself)."""
+    if hook == "input":
         return x
+    if hook == "output":
+        return out
     if hook == "acts_pre":
         return sae.pre_activations(x)
     acts = sae.encode(x)
     if hook == "acts_post":
         return acts
     recons = sae.decode(acts, x)
-    return recons if hook == "recons" else x - recons
+    return recons if hook == "recons" else out - recons
 
 
 def _reduce(stacked: torch.Tensor, how: str | None) -> torch.Tensor:

@@ -59,10 +59,15 @@ class StepInspector:
         self.pattern_layers: set[int] = set()
         self._lens_rows: dict[tuple[int, int], torch.Tensor] = {}  # (row index, layer) -> rows
         self._feature_rows: dict[int, torch.Tensor] = {}  # row index -> its rows at its SAE
+        self._feature_out: dict[int, torch.Tensor] = {}  # ... at its transcoder's output hook
+        # (row index, SAE load) -> a transcoder's input rows this step, for what it writes later
+        self._inputs: dict[tuple[int, str], torch.Tensor] = {}
         for seq in rows:
             inside = seq.inside
             for i in inside.interventions:
                 self.sites.add((i.site, i.layer))
+                if i.sae is not None and i.sae.transcoder:
+                    self.sites.add((i.sae.site, i.sae.layer))
             if inside.capture is not None:
                 for name in inside.capture.recorded:
                     site, layer = split_name(name)
@@ -76,6 +81,7 @@ class StepInspector:
                 self.sites.update(("resid_post", layer) for layer in inside.logit_lens.layers)
             if inside.features is not None:
                 self.sites.add((inside.features.site, inside.features.layer))
+                self.sites.add(inside.features.sae.writes)
 
     def wants(self, site: str, layer: int | None) -> bool:
         return (site, layer) in self.sites
@@ -91,7 +97,13 @@ class StepInspector:
             mine = rows[seq.start:seq.start + seq.count]  # a view: written in place
             for intervention in seq.inside.interventions:
                 if intervention.site == site and intervention.layer == layer:
-                    changed.extend(seq.start + i for i in _apply(intervention, mine, seq))
+                    x_in = None if intervention.sae is None or not intervention.sae.transcoder \
+                        else self._inputs[(index, intervention.sae.key)]
+                    changed.extend(seq.start + i for i in _apply(intervention, mine, seq, x_in))
+            for intervention in seq.inside.interventions:  # a transcoder reads here, writes later
+                sae = intervention.sae
+                if sae is not None and sae.transcoder and (sae.site, sae.layer) == (site, layer):
+                    self._inputs[(index, sae.key)] = mine.to(torch.float32, copy=True)
             if seq.recording is None:
                 continue
             capture, lens = seq.inside.capture, seq.inside.logit_lens
@@ -106,6 +118,11 @@ class StepInspector:
                 at = seq.rows_of(features.positions.selects)
                 if at:
                     self._feature_rows[index] = mine[at].to(torch.float32, copy=True)
+            if features is not None and features.sae.transcoder and \
+                    (site, layer) == features.sae.writes:
+                at = seq.rows_of(features.positions.selects)
+                if at:
+                    self._feature_out[index] = mine[at].to(torch.float32, copy=True)
         return changed
 
     # -- SAE features -----------------------------------------------------------------------
@@ -122,7 +139,8 @@ class StepInspector:
             sae = self.rows[indices[0]].inside.features.sae  # type: ignore[union-attr]
             x = torch.cat([self._feature_rows[i] for i in indices])
             k = max(self.rows[i].inside.features.top_k for i in indices)  # type: ignore[union-attr]
-            read = _read_features(sae, x, k)
+            read = _read_features(sae, x, k, torch.cat([self._feature_out[i] for i in indices])
+                                  if sae.transcoder else x)
             start = 0
             for index in indices:
                 seq, n = self.rows[index], self._feature_rows[index].shape[0]
@@ -136,6 +154,8 @@ class StepInspector:
                         named[j], read.l0[row], read.errors[row]))
                 start += n
         self._feature_rows.clear()
+        self._feature_out.clear()
+        self._inputs.clear()
 
     @staticmethod
     def _record(seq: InspectedRows, name: str, mine: torch.Tensor,
@@ -202,9 +222,11 @@ class StepInspector:
                 seq.recording.add_pattern(layer, position, probs[:, j, :position + 1])
 
 
-def _apply(intervention: ResolvedIntervention, mine: torch.Tensor, seq: InspectedRows) -> list[int]:
+def _apply(intervention: ResolvedIntervention, mine: torch.Tensor, seq: InspectedRows,
+           x_in: torch.Tensor | None = None) -> list[int]:
     """Applies one intervention to a sequence's rows [n, W] (or [n, Hq, D] for z) in place;
-    returns the offsets of the rows it changed."""
+    returns the offsets of the rows it changed. `x_in`: a transcoder's input hook's rows of
+    this sequence this step (what it encodes)."""
     at = seq.rows_of(intervention.positions.selects)
     if not at:
         return at
@@ -220,9 +242,13 @@ def _apply(intervention: ResolvedIntervention, mine: torch.Tensor, seq: Inspecte
             if intervention.heads is not None or current.dim() == 3:
                 vector = vector[:, None, :]
     op, scale = intervention.op, intervention.scale
-    if intervention.sae is not None:  # an SAE feature clamped ('set') or ablated ('zero')
+    reads = None if x_in is None else x_in[at]
+    if op == "splice":  # the SAE's reconstruction in place of the rows
+        new = intervention.sae.output(current.float() if reads is None else reads)
+    elif intervention.sae is not None:  # an SAE feature clamped ('set') or ablated ('zero')
         assert intervention.feature is not None
-        new = intervention.sae.with_feature(current.float(), intervention.feature[1], scale)
+        new = intervention.sae.with_feature(current.float(), intervention.feature[1], scale,
+                                            reads)
     elif op == "add":
         new = current.float() + scale * vector
     elif op == "set":
@@ -325,21 +351,26 @@ class _Read:
     named: Callable[[int, int, list[int]], torch.Tensor]  # rows [a, b), features -> [b-a, f]
 
 
-def _read_features(sae: Any, x: torch.Tensor, k: int) -> _Read:
-    """`sae` on rows x [n, d_in], one encoder product for all (the invariant C products). A
-    TopK SAE asked for at most its k features stays in its k (feature, activation) pairs a row:
-    the same activations without scattering them into [n, d_sae] and searching that again."""
+def _read_features(sae: Any, x: torch.Tensor, k: int, out: torch.Tensor) -> _Read:
+    """`sae` on rows x [n, d_in], one encoder product for all (the invariant C products);
+    `out`: the rows of the hook it writes (x itself for an SAE), which the reconstruction
+    error is of. A TopK SAE asked for at most its k features stays in its k (feature,
+    activation) pairs a row: the same activations without scattering them into [n, d_sae] and
+    searching that again."""
     linear = c_products.invariant_linear()
     if sae.architecture == "topk" and k <= sae.k:
         ids, values = sae.encode_top(x, linear)  # [n, sae.k]
         top_values, where = values.topk(k, dim=-1)
         return _Read(ids.gather(-1, where), top_values, (values > 0).sum(-1).tolist(),
-                     (x - sae.decode_top(ids, values, x)).norm(dim=-1).tolist(),
+                     (out - sae.decode_top(ids, values, x)).norm(dim=-1).tolist(),
                      lambda a, b, features: torch.where(
                          ids[a:b, :, None] == torch.tensor(features, dtype=torch.long),
                          values[a:b, :, None], 0.0).sum(dim=1))
     acts = sae.encode(x, linear)  # [n, d_sae]
     top = acts.topk(k, dim=-1)  # once for all: each request takes its first top_k
+    recons = sae.decode(acts, x)
+    if "W_skip" in sae.weights:  # a skip transcoder's output
+        recons = recons + x @ sae.weights["W_skip"].T
     return _Read(top.indices, top.values, torch.count_nonzero(acts, dim=-1).tolist(),
-                 (x - sae.decode(acts, x)).norm(dim=-1).tolist(),
+                 (out - recons).norm(dim=-1).tolist(),
                  lambda a, b, features: acts[a:b, features])
