@@ -429,3 +429,41 @@ def test_an_sae_hook_without_its_sae_is_refused(llm, site, message):
     with pytest.raises(ValidationError, match=message) as error:
         llm.generate([{"prompt_token_ids": [1, 2]}], greedy(1, capture={"sites": [site]}))
     assert error.value.parameter == "capture.sites"
+
+
+def test_an_saes_features_can_be_captured_sparse(llm, tmp_path):
+    """`capture={"sites": [...acts_post], "sparse": True}`: sparse COO tensors equal to the dense
+    capture; a TopK SAE's counted against the capture limit at its k a row."""
+    from workbench.inside.resolve import ModelShape, resolve
+    from workbench.inside.spec import CaptureParams
+
+    prompt = ids_of(llm.llm_engine.loaded, "A sparse read")
+    site = f"{HOOK}.hook_sae_acts_post"
+    dense = llm.generate([{"prompt_token_ids": prompt}], greedy(
+        3, capture={"sites": [site, HOOK]}))[0].activations
+    sparse = llm.generate([{"prompt_token_ids": prompt}], greedy(
+        3, capture={"sites": [site, HOOK], "sparse": True}))[0].activations
+    assert sparse[site].is_sparse and not sparse[HOOK].is_sparse
+    assert torch.equal(sparse[site].to_dense(), dense[site])
+    nnz = int((dense[site] != 0).sum())
+    assert sparse.nbytes == dense.nbytes - dense[site].numel() * 4 + nnz * 20
+    assert sparse.to_frame().equals(dense.to_frame())
+    assert "sparse" in sparse._repr_html_()
+    topk = SparseAutoencoder.load("k", save_sae(str(tmp_path / "k"), weights("topk"), HOOK,
+                                                "topk", k=4))
+    shape = ModelShape(2, D_IN, 4, 16, 100, saes={"k": topk})
+    sizes = [resolve(CaptureParams.parse({"sites": [site], "sparse": s}), None, [], shape,
+                     10).nbytes for s in (False, True)]
+    assert sizes == [10 * D_SAE * 4, 10 * 4 * 20]
+
+
+@pytest.mark.parametrize("capture", [
+    {"sites": [HOOK], "sparse": True},
+    {"sites": [f"{HOOK}.hook_sae_acts_pre"], "sparse": True},
+    {"sites": [f"{HOOK}.hook_sae_acts_post"], "sparse": True, "reduce": "mean"},
+    {"sites": [f"{HOOK}.hook_sae_acts_post"], "sparse": 1},
+])
+def test_sparse_is_for_an_saes_features_per_position(capture):
+    with pytest.raises(ValidationError) as error:
+        SamplingParams(max_tokens=1, capture=capture)
+    assert error.value.parameter == "capture.sparse"

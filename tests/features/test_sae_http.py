@@ -6,6 +6,7 @@ engine's own; steering by feature; a bad field a 400 naming it; `--sae` at the c
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.features.test_sae import D_SAE, HOOK, weights
 from workbench.features.sae import save_sae
@@ -149,3 +150,20 @@ def test_without_the_opt_in_there_are_no_sae_routes(client):
                       timeout=30) as http:
         assert http.post("/v1/load_sae", json={"sae_name": "a", "sae_path": "/"}).status_code \
             == 404
+
+
+def test_sparse_sae_features_over_http_are_the_engines_bits(client, llm):
+    """`capture.sparse`: an SAE's features as a sparse COO tensor, over the wire too (its
+    indices and values in the exact wire form), equal to the dense capture."""
+    from workbench import SamplingParams
+    from workbench.inspect import ActivationCache
+
+    site = f"{HOOK}.hook_sae_acts_post"
+    r = client.completions.create(
+        model=client.models.list().data[0].id, prompt="Hello world", max_tokens=3,
+        temperature=0, extra_body={"capture": {"sites": [site], "sparse": True}})
+    got = ActivationCache.from_wire(r.choices[0].model_extra["activations"])[site]
+    dense = llm.generate(["Hello world"], SamplingParams(max_tokens=3, temperature=0, capture={
+        "sites": [site]}))[0].activations[site]
+    assert got.is_sparse and got.shape == dense.shape
+    assert torch.equal(got.to_dense(), dense)

@@ -45,13 +45,14 @@ class ResolvedCapture:
     """A capture for this model: the full names it answers; `saes`: those of them inside an
     SAE spliced at a site (name -> (the SAE, its hook: `acts_post`, `recons`, ...)), computed
     from the site's rows (a transcoder's: its input hook's and output hook's), which it records
-    (`recorded`) whether asked for or not."""
+    (`recorded`) whether asked for or not; `sparse`: their features as sparse tensors."""
 
     names: list[str]
     positions: Positions
     reduce: str | None
     heads: list[int] | None
     saes: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    sparse: bool = False
 
     @property
     def recorded(self) -> list[str]:
@@ -61,8 +62,11 @@ class ResolvedCapture:
                                      for h in (sae.hook_name, sae.hook_name_out) if h)]))
 
     def to_json(self) -> dict[str, Any]:
-        return {"sites": list(self.names), "positions": self.positions.to_json(),
-                "reduce": self.reduce, "heads": self.heads}
+        out = {"sites": list(self.names), "positions": self.positions.to_json(),
+               "reduce": self.reduce, "heads": self.heads}
+        if self.sparse:
+            out["sparse"] = True
+        return out
 
 
 @dataclass
@@ -272,12 +276,19 @@ def _capture(capture: CaptureParams, shape: ModelShape, num_positions: int
                "capture.heads", capture.heads)
     rows = 1 if capture.reduce else capture.positions.most(num_positions)
     heads = len(capture.heads) if capture.heads else shape.num_heads
-    widths = {name: sae.d_sae if hook in ("acts_pre", "acts_post") else
-              sae.d_in if hook == "input" else sae.d_out for name, (sae, hook) in saes.items()}
-    size = sum(4 * (heads * rows * num_positions if name.endswith("hook_pattern")
-                    else rows * widths.get(name, shape.hidden_size)) for name in names)
+    # bytes a row: 4 a value; a sparse row of a TopK SAE's features at most k (value, two
+    # int64 indices), of another SAE's no more than dense (what its L0 will be is not known)
+    widths = {name: 4 * sae.d_sae if hook in ("acts_pre", "acts_post") else
+              4 * sae.d_in if hook == "input" else 4 * sae.d_out
+              for name, (sae, hook) in saes.items()}
+    if capture.sparse:
+        widths.update({name: 20 * sae.k for name, (sae, hook) in saes.items()
+                       if hook == "acts_post" and sae.k is not None})
+    size = sum(4 * heads * rows * num_positions if name.endswith("hook_pattern")
+               else rows * widths.get(name, 4 * shape.hidden_size) for name in names)
     return ResolvedCapture(names, capture.positions, capture.reduce,
-                           None if capture.heads is None else list(capture.heads), saes), size
+                           None if capture.heads is None else list(capture.heads), saes,
+                           capture.sparse), size
 
 
 def _sae_capture(given: str, inside_sae: tuple[str, str], shape: ModelShape) -> str:

@@ -50,7 +50,8 @@ class CaptureParams:
 
     `sites` are short forms expanded over `layers` (None: every layer) or full names with their
     layer; `positions` which rows (`workbench.inside.positions`); `reduce` 'mean' or 'last'
-    over them; `heads` of patterns.
+    over them; `heads` of patterns; `sparse`: an SAE's features (`.hook_sae_acts_post`) as
+    sparse COO tensors rather than dense.
     """
 
     sites: list[str]
@@ -58,6 +59,7 @@ class CaptureParams:
     positions: Positions = field(default_factory=Positions)
     reduce: str | None = None
     heads: list[int] | None = None
+    sparse: bool = False
 
     def __post_init__(self) -> None:  # built by hand: positions in any accepted form
         self.positions = parse_positions(self.positions, "capture.positions")
@@ -74,11 +76,11 @@ class CaptureParams:
             value = {"sites": value}
         if not isinstance(value, dict):
             refuse("capture must be a site name, a list of them, or an object with 'sites' "
-                   "(and 'layers', 'positions', 'reduce', 'heads').", p, value)
-        unknown = set(value) - {"sites", "layers", "positions", "reduce", "heads"}
+                   "(and 'layers', 'positions', 'reduce', 'heads', 'sparse').", p, value)
+        unknown = set(value) - {"sites", "layers", "positions", "reduce", "heads", "sparse"}
         if unknown:
             refuse(f"capture: unknown field(s) {sorted(unknown)}; it takes sites, layers, "
-                   "positions, reduce, heads.", p, sorted(unknown))
+                   "positions, reduce, heads, sparse.", p, sorted(unknown))
         sites = value.get("sites")
         if isinstance(sites, str):
             sites = [sites]
@@ -101,8 +103,16 @@ class CaptureParams:
                                   or not all(_is_int(h) and h >= 0 for h in heads)):
             refuse("capture.heads must be a non-empty list of head indices.", "capture.heads",
                    heads)
+        sparse = value.get("sparse", False)
+        if not isinstance(sparse, bool):
+            refuse("capture.sparse must be true or false.", "capture.sparse", sparse)
+        if sparse and (reduce is not None or not any(
+                (split_sae_name(s) or ("", ""))[1] == "acts_post" for s in sites)):
+            refuse("capture.sparse: sparse is for an SAE's features (a '.hook_sae_acts_post' "
+                   "site), per position (no reduce).", "capture.sparse", sparse)
         return cls(list(sites), parse_layers(value.get("layers"), "capture.layers"),
-                   parse_positions(value.get("positions"), "capture.positions"), reduce, heads)
+                   parse_positions(value.get("positions"), "capture.positions"), reduce, heads,
+                   sparse)
 
 
 @dataclass

@@ -6,7 +6,8 @@ shorthand `cache["resid_post", 3]` (a negative layer counts from the last), `cac
 site's tensor is `[positions, d_model]` over `positions` (absolute positions of the sequence,
 prompt then generated), or `[d_model]` when the capture reduced them (`reduce`: mean, last); a
 pattern is `[heads, queries, keys]`, zero after each query's own position. Float32 whatever the
-model ran in.
+model ran in. An SAE's features captured with `sparse` are sparse COO tensors
+(`.to_dense()`, `.indices()`, `.values()`).
 
 What was asked and is absent is stated in `missing` (name or position -> why) and a lookup of
 it raises a KeyError with the reason: the last sampled token is never run through the model,
@@ -115,7 +116,7 @@ class ActivationCache(ActivationData):
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return sum(_nbytes(t) for t in self.tensors.values())
 
     # -- data -------------------------------------------------------------------------------
     def to_frame(self) -> Any:
@@ -125,7 +126,7 @@ class ActivationCache(ActivationData):
         for name, tensor in self.tensors.items():
             if name.endswith("hook_pattern"):
                 continue
-            rows = tensor.reshape(-1, tensor.shape[-1])
+            rows = _dense(tensor).reshape(-1, tensor.shape[-1])
             labels = [None] if self.reduce else self.positions
             layer = None if name.startswith("ln_final") else int(name.split(".")[1])
             for position, row in zip(labels, rows):
@@ -171,8 +172,10 @@ class ActivationCache(ActivationData):
             if name.endswith("hook_pattern"):
                 summary = "attention probabilities: cache.pattern(layer)"
             else:
-                norm = tensor.reshape(-1, tensor.shape[-1]).norm(dim=-1).mean().item()
+                norm = _dense(tensor).reshape(-1, tensor.shape[-1]).norm(dim=-1).mean().item()
                 summary = f"mean ‖row‖ {h.fmt(norm, 3)}"
+                if tensor.is_sparse:
+                    summary += f", sparse: {tensor.coalesce().values().numel()} active"
             rows.append((name, "×".join(map(str, tensor.shape)), summary))
         more = len(self.tensors) - MAX_ROWS
         spans = _spans(self.positions)
@@ -198,6 +201,17 @@ class ActivationCache(ActivationData):
 
 
 MAX_ROWS = 40  # names listed in the notebook view
+
+
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_dense() if tensor.is_sparse else tensor
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    if tensor.is_sparse:
+        tensor = tensor.coalesce()
+        return _nbytes(tensor.indices()) + _nbytes(tensor.values())
+    return tensor.numel() * tensor.element_size()
 MAX_TOKENS = 64  # tokens shown above it
 
 

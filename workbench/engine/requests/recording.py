@@ -120,6 +120,8 @@ class Recording:
                         out = spliced[0].hook_name_out
                         rows = _through_sae(*spliced, rows,
                                             _stack(self.rows[out]) if out else rows)
+                        if capture.sparse and spliced[1] == "acts_post":
+                            rows = rows.to_sparse()  # COO, coalesced: row-major
                     tensors[name] = _reduce(rows, capture.reduce)  # reduced where asked
                     continue
             missing[name] = "no position it asked for was computed"
