@@ -164,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(see `workbench run-batch --help`)", add_help=False)
     sub.add_parser("capture", help="a dataset's activations and scores into shards "
                    "(see `workbench capture --help`)", add_help=False)
+    sub.add_parser("feature-dashboards", help="an SAE's feature dashboards over a dataset "
+                   "(see `workbench feature-dashboards --help`)", add_help=False)
     return parser
 
 
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # its own flags belong to workbench.apps.bench
         return bench.main(argv[1:]) or 0
-    if argv[:1] in (["run-batch"], ["capture"]):  # research at scale: workbench/apps/jobs_cli.py
+    if argv[:1] in (["run-batch"], ["capture"], ["feature-dashboards"]):  # research at scale: workbench/apps/jobs_cli.py
         from workbench.apps import jobs_cli
 
         return jobs_cli.main(argv, add_server_flags, configs_from_args)

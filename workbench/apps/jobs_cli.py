@@ -1,9 +1,12 @@
-"""`workbench run-batch` and `workbench capture`: research at scale from the command line.
+"""`workbench run-batch`, `workbench capture` and `workbench feature-dashboards`: research at
+scale from the command line.
 
 `run-batch -i requests.jsonl -o results.jsonl` takes `serve`'s flags (the same engine and
 server, `cli.add_server_flags`) and answers an OpenAI Batch file (`workbench/jobs/batch_file.py`);
 `capture --model M --data FILE --capture SPEC --out DIR` runs a capture job
-(`workbench/jobs/capture.py`). Both: `--ray [ADDRESS] --replicas N` run on Ray replicas.
+(`workbench/jobs/capture.py`); `feature-dashboards --sae DIR --data FILE --out DIR` an SAE's
+dashboards (`workbench/jobs/dashboards.py`). Each: `--ray [ADDRESS] --replicas N` run on Ray
+replicas.
 """
 
 from __future__ import annotations
@@ -51,6 +54,28 @@ def capture_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder (reused: resume)")
     p.add_argument("--scores", action="store_true",
                    help="also each token's logprob, entropy, rank and margin")
+    p.add_argument("--sae", action="append", default=[], metavar="NAME=PATH",
+                   help="an SAE whose hooks the capture names (repeatable)")
+    _job_flags(p)
+    return p
+
+
+def dashboards_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="workbench feature-dashboards",
+        description="For every feature of an SAE over a dataset: its top activating contexts, "
+        "samples across its activations, a histogram, its density and the tokens its decoder "
+        "row raises and lowers, as Parquet; rerun to resume.")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--sae", required=True, metavar="DIR", help="the SAE's folder (SAELens's "
+                   "format)")
+    p.add_argument("--data", required=True, help="JSONL or Parquet file")
+    p.add_argument("--out", required=True, help="output folder (reused: resume)")
+    _job_flags(p)
+    return p
+
+
+def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-column", default="text")
     p.add_argument("--chat-column", default=None, metavar="COLUMN",
                    help="conversations (messages) rendered with the chat template instead")
@@ -63,14 +88,13 @@ def capture_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-batch-invariant", action="store_true",
                    help="faster, but shards then depend on how documents were batched")
     _ray_flags(p)
-    return p
 
 
 def main(argv: list[str], add_server_flags: Callable, configs_from_args: Callable) -> int:
     command, rest = argv[0], argv[1:]
     if command == "run-batch":
         return _run_batch(rest, add_server_flags, configs_from_args)
-    return _capture(rest)
+    return _job(command, rest)
 
 
 def _run_batch(argv: list[str], add_server_flags: Callable, configs_from_args: Callable) -> int:
@@ -97,26 +121,35 @@ def _run_batch(argv: list[str], add_server_flags: Callable, configs_from_args: C
     return 0
 
 
-def _capture(argv: list[str]) -> int:
-    parser = capture_parser()
+def _job(command: str, argv: list[str]) -> int:
+    """`capture` or `feature-dashboards`."""
+    parser = capture_parser() if command == "capture" else dashboards_parser()
     args = parser.parse_args(argv)
     from workbench.errors import ValidationError
     from workbench.jobs.capture import CaptureJob, JobError  # deferred: torch
+    from workbench.jobs.dashboards import DashboardJob
 
     kwargs: dict[str, Any] = {"dtype": args.dtype, "kernel": args.kernel}
     if args.max_model_len:
         kwargs["max_model_len"] = args.max_model_len
+    common = {"text_column": args.text_column, "chat_column": args.chat_column,
+              "id_column": args.id_column, "docs_per_shard": args.docs_per_shard,
+              "batch_invariant": False if args.no_batch_invariant else None,
+              "ray": args.ray is not None, "address": args.ray, "replicas": args.replicas,
+              "num_cpus_per_replica": args.num_cpus_per_replica, "engine_kwargs": kwargs}
     try:
-        job = CaptureJob(args.model, args.data, args.capture, args.out, scores=args.scores,
-                         text_column=args.text_column, chat_column=args.chat_column,
-                         id_column=args.id_column, docs_per_shard=args.docs_per_shard,
-                         batch_invariant=False if args.no_batch_invariant else None,
-                         ray=args.ray is not None, address=args.ray, replicas=args.replicas,
-                         num_cpus_per_replica=args.num_cpus_per_replica, engine_kwargs=kwargs)
+        if command == "capture":
+            saes = dict(s.split("=", 1) for s in args.sae if "=" in s)
+            if len(saes) != len(args.sae):
+                raise ValueError("--sae takes NAME=PATH")
+            job = CaptureJob(args.model, args.data, args.capture, args.out, scores=args.scores,
+                             saes=saes, **common)
+        else:
+            job = DashboardJob(args.model, args.data, args.sae, args.out, **common)
         summary = job.run()
     except (ImportError, JobError, OSError, ValueError) as exc:
-        parser.exit(2, f"workbench capture: error: {exc}\n")
+        parser.exit(2, f"workbench {command}: error: {exc}\n")
     except ValidationError as exc:
-        parser.exit(2, f"workbench capture: error: {exc.message}\n")
+        parser.exit(2, f"workbench {command}: error: {exc.message}\n")
     print(json.dumps(summary), file=sys.stderr)
     return 0

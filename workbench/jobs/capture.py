@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from typing import Any
 
@@ -94,16 +95,26 @@ def model_config(model: str) -> Any:
                                       local_files_only=True)
 
 
-def config_shape(model: str) -> Any:
+def config_shape(model: str, saes: dict[str, str] | None = None) -> Any:
     """A `ModelShape` from the model's config alone (what a driver checks a spec against
-    before any replica loads the model)."""
+    before any replica loads the model), with the SAEs `saes` (name -> folder) loaded and
+    checked against it."""
+    from workbench.features.sae import SparseAutoencoder
     from workbench.inside.resolve import ModelShape
 
     cfg = model_config(model)
     heads = cfg.num_attention_heads
-    return ModelShape(cfg.num_hidden_layers, cfg.hidden_size, heads,
-                      getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, cfg.vocab_size,
-                      max_capture_bytes=1 << 62)
+    shape = ModelShape(cfg.num_hidden_layers, cfg.hidden_size, heads,
+                       getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                       cfg.vocab_size, max_capture_bytes=1 << 62)
+    for name, path in (saes or {}).items():
+        try:
+            sae = SparseAutoencoder.load(name, path)
+            sae.check_model(shape.num_layers, shape.hidden_size, {})
+        except Exception as exc:  # ValidationError: the load's own message
+            raise JobError(getattr(exc, "message", str(exc))) from exc
+        shape.saes[name] = sae
+    return shape
 
 
 class ShardComputer:
@@ -210,11 +221,10 @@ class ShardComputer:
                 result.append(f"refused: {exc.message}")
         return result
 
-    def compute(self, k: int, start: int, docs: list[Document]) -> dict[str, Any]:
-        """Shard k (rows start.. of `docs`), written; returns its manifest."""
-        import torch
-
-        began = time.perf_counter()
+    def run(self, docs: list[Document]) -> tuple[dict[int, tuple[list[int], Any]],
+                                                  dict[int, Any], dict[str, str]]:
+        """A shard's documents through the engine: (prompts, outputs, errors) by the
+        document's number in the shard; an output may be an error string."""
         errors: dict[str, str] = {}
         prompts: dict[int, tuple[list[int], list[bool] | None]] = {}
         for i, doc in enumerate(docs):
@@ -224,6 +234,14 @@ class ShardComputer:
                 errors[str(i)] = str(exc)
         order = sorted(prompts)
         outs = dict(zip(order, self.outputs([prompts[i][0] for i in order]))) if order else {}
+        return prompts, outs, errors
+
+    def compute(self, k: int, start: int, docs: list[Document]) -> dict[str, Any]:
+        """Shard k (rows start.. of `docs`), written; returns its manifest."""
+        import torch
+
+        began = time.perf_counter()
+        prompts, outs, errors = self.run(docs)
         token_ids: list[int] = []
         doc_offsets, row_offsets, positions = [0], [0], []
         rows: dict[str, list[Any]] = {n: [] for n in self.names}
@@ -259,10 +277,9 @@ class ShardComputer:
                    "doc_offsets": torch.tensor(doc_offsets, dtype=torch.int64),
                    "row_offsets": torch.tensor(row_offsets, dtype=torch.int64),
                    "positions": torch.tensor(positions, dtype=torch.int64)}
-        width = self._widths()
         for n in self.names:
             tensors[n] = torch.cat(rows[n]) if rows[n] else \
-                torch.zeros((0, width), dtype=self.store_dtype)
+                torch.zeros((0, self._width(n)), dtype=self.store_dtype)
         if self.scores:
             for c in ("logprob", "entropy", "margin"):
                 tensors[c] = torch.tensor(cols[c], dtype=torch.float32)
@@ -277,8 +294,18 @@ class ShardComputer:
         return sh.write_shard(self.out, k, {n: t.contiguous() for n, t in tensors.items()},
                               manifest)
 
-    def _widths(self) -> int:
-        return int(self.llm.llm_engine.inputs.model_shape.hidden_size)
+    def _width(self, name: str) -> int:
+        """A site's row width (an SAE's hook's: its features' or its input's or output's)."""
+        from workbench.inside.sites import split_sae_name
+
+        shape = self.llm.llm_engine.inputs.model_shape
+        inside = split_sae_name(name)
+        if inside is None:
+            return int(shape.hidden_size)
+        sae = next(s for s in shape.saes.values() if (s.hook_name_out or s.hook_name) ==
+                   inside[0])
+        return int(sae.d_sae if inside[1] in ("acts_pre", "acts_post") else
+                   sae.d_in if inside[1] == "input" else sae.d_out)
 
     def _scores(self, out: Any, ids: list[int], cols: dict[str, list[float]]) -> None:
         stats = out.prompt_token_stats or [None] * len(ids)
@@ -354,13 +381,15 @@ class CaptureReplica:
     call gets shards (`shard`, `start`, `documents` as JSON) and writes them itself; only the
     manifests go back."""
 
+    computer_class: Any = ShardComputer
+
     def __init__(self, job: dict[str, Any], out: str, engine_kwargs: dict[str, Any]):
         check_same_folder(job, out)
         llm, _ = make_llm(job["model"], job["dtype"], job["kernel"], job["batch_invariant"],
                           engine_kwargs)
         import ray  # deferred: a replica runs inside Ray
 
-        self.computer = ShardComputer(
+        self.computer = self.computer_class(
             llm, job, out, where={"ray_node_id": ray.get_runtime_context().get_node_id()})
 
     def __call__(self, batch: Any) -> Any:
@@ -414,7 +443,12 @@ class CaptureJob:
     list of dicts or strings, or a `datasets.Dataset`; `capture`: a request's capture spec;
     `out`: the folder (rerun: resume). `ray=True` runs on `replicas` Ray actors
     (`num_cpus_per_replica` each; `address`: a cluster, or the notebook's `ray.init`;
-    `ray_options`: more `map_batches` arguments, e.g. a `runtime_env`)."""
+    `ray_options`: more `map_batches` arguments, e.g. a `runtime_env`); `saes`: SAEs to load
+    (name -> folder in SAELens's format) whose hooks the capture names
+    (`blocks.6.hook_resid_post.hook_sae_acts_post`)."""
+
+    computer_class: Any = ShardComputer
+    replica_class: Any = CaptureReplica
 
     def __init__(self, model: Any, data: Any, capture: Any, out: str, *, scores: bool = False,
                  text_column: str = "text", chat_column: str | None = None,
@@ -423,7 +457,8 @@ class CaptureJob:
                  kernel: str = "auto", llm: Any = None, ray: bool = False,
                  address: str | None = None, replicas: int = 1,
                  num_cpus_per_replica: float = 1, engine_kwargs: dict[str, Any] | None = None,
-                 ray_options: dict[str, Any] | None = None, progress: bool = True):
+                 ray_options: dict[str, Any] | None = None, progress: bool = True,
+                 saes: dict[str, str] | None = None):
         if docs_per_shard < 1:
             raise JobError("docs_per_shard must be at least 1")
         if ray and (llm is not None or not isinstance(model, str)):
@@ -436,6 +471,13 @@ class CaptureJob:
                         "id": id_column}
         self.batch_invariant, self.llm = batch_invariant, llm
         engine_kwargs = dict(engine_kwargs or {})
+        self.saes = {name: os.path.abspath(path) for name, path in
+                     (saes or engine_kwargs.pop("saes", None) or {}).items()}
+        if self.saes:
+            if llm is not None:
+                raise JobError("saes load on the job's own engine: give the model by name or "
+                               "path, or load them on your LLM (llm.load_sae) and leave saes out")
+            engine_kwargs["saes"] = dict(self.saes)
         self.dtype = engine_kwargs.pop("dtype", dtype)
         self.kernel = engine_kwargs.pop("kernel", kernel)
         self.engine_kwargs = engine_kwargs
@@ -457,7 +499,7 @@ class CaptureJob:
             from workbench.jobs.ray_pool import require_ray
 
             require_ray()
-            shape = config_shape(self.model)
+            shape = config_shape(self.model, self.saes)
             batch_invariant = self.batch_invariant
             if batch_invariant is not False:
                 refusal = batch_invariance_refusal(self.model, self.dtype)
@@ -466,7 +508,7 @@ class CaptureJob:
                 note, batch_invariant = refusal, refusal is None
         else:
             if self.llm is None:
-                names = resolve_names(self.spec, config_shape(self.model)) \
+                names = resolve_names(self.spec, config_shape(self.model, self.saes)) \
                     if isinstance(self.model, str) else None
                 del names  # checked before the engine loads; checked again on the engine below
                 self.llm, note = make_llm(self.model, self.dtype, self.kernel,
@@ -479,14 +521,20 @@ class CaptureJob:
         self.job = {
             "model": model, "dtype": self.dtype, "kernel": self.kernel,
             "capture": {**self.spec, "names": names}, "scores": self.scores,
+            "saes": self.saes or None,
             "source": self.source.fingerprint, "source_description": self.source.description,
             "documents": len(self.source), "columns": self.columns,
             "docs_per_shard": self.docs_per_shard, "batch_invariant": batch_invariant,
             "batch_invariant_note": note,
             "max_model_len": self.engine_kwargs.get("max_model_len"),
-            "workbench_version": __version__, "layout": "workbench capture shards v1"}
+            "workbench_version": __version__, "layout": "workbench capture shards v1",
+            **self.job_extra()}
         sh.prepare_folder(self.out, self.job)
         return self.job
+
+    def job_extra(self) -> dict[str, Any]:
+        """More of job.json, for a job built on this one (`dashboards.DashboardJob`)."""
+        return {}
 
     def shard_plan(self) -> list[tuple[int, int, int]]:
         assert self.source is not None
@@ -528,7 +576,7 @@ class CaptureJob:
             if todo and self.ray:
                 self._run_ray(job, todo, finished)
             elif todo:
-                computer = ShardComputer(self.llm, job, self.out)
+                computer = self.computer_class(self.llm, job, self.out)
                 for k, start, stop in todo:
                     finished(computer.compute(k, start, self.source.documents(start, stop)))
         finally:
@@ -558,7 +606,7 @@ class CaptureJob:
         assert self.source is not None
         items = [{"shard": k, "start": start, "documents": json.dumps(
             [asdict(d) for d in self.source.documents(start, stop)])} for k, start, stop in todo]
-        for row in run_pool(items, CaptureReplica,
+        for row in run_pool(items, self.replica_class,
                             {"job": job, "out": self.out, "engine_kwargs": self.engine_kwargs},
                             replicas=self.replicas, num_cpus=self.num_cpus_per_replica,
                             batch_size=1, address=self.address, options=self.ray_options):

@@ -34,8 +34,8 @@ JOB_FILE = "job.json"
 INDEX_FILE = "index.parquet"
 SHARDS = "shards"
 # what a resumed job must share with the folder's (the version is recorded, not compared)
-COMPARED = ("model", "dtype", "kernel", "capture", "scores", "source", "columns",
-            "docs_per_shard", "batch_invariant", "max_model_len")
+COMPARED = ("model", "dtype", "kernel", "capture", "scores", "saes", "source", "columns",
+            "docs_per_shard", "batch_invariant", "max_model_len", "dashboards")
 
 
 def shard_stem(k: int) -> str:
