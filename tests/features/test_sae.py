@@ -467,3 +467,23 @@ def test_sparse_is_for_an_saes_features_per_position(capture):
     with pytest.raises(ValidationError) as error:
         SamplingParams(max_tokens=1, capture=capture)
     assert error.value.parameter == "capture.sparse"
+
+
+def test_capture_sae_names_which_of_several_saes_at_a_hook(llm, tmp_path):
+    llm.load_sae("twin", save_sae(str(tmp_path / "twin"), weights("standard", seed=8), HOOK))
+    try:
+        site = f"{HOOK}.hook_sae_acts_post"
+        with pytest.raises(ValidationError, match=r"2 are \(s, twin\): name one with capture.sae"):
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}], greedy(1, capture={"sites": [site]}))
+        rows = llm.generate([{"prompt_token_ids": [1, 2, 3]}], greedy(1, capture={
+            "sites": [site, HOOK], "sae": "twin"}))[0].activations
+        assert torch.equal(rows[site], llm.saes["twin"].encode(rows[HOOK]))
+        with pytest.raises(ValidationError, match="is spliced at") as error:
+            llm.generate([{"prompt_token_ids": [1, 2]}], greedy(1, capture={
+                "sites": ["blocks.0.hook_resid_pre.hook_sae_acts_post"], "sae": "twin"}))
+        assert error.value.parameter == "capture.sae"
+        with pytest.raises(ValidationError) as error:
+            SamplingParams(max_tokens=1, capture={"sites": [HOOK], "sae": "twin"})
+        assert error.value.parameter == "capture.sae"
+    finally:
+        llm.unload_sae("twin")

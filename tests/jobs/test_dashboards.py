@@ -67,13 +67,19 @@ def done(tiny_dir, data, sae_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_dir, sae_dir, tiny_llama_dir):
+def llm(tiny_dir, sae_dir):
+    from workbench import LLM
+
+    return LLM(model=tiny_dir, dtype="float32", batch_invariant=True, saes={"s": sae_dir})
+
+
+@pytest.fixture(scope="module")
+def reference(llm):
     """Each document's dense features [tokens, d_sae] as a request captures them, its token
     ids, and W_dec @ W_U with transformers' own LM head weight."""
-    from workbench import LLM, SamplingParams
+    from workbench import SamplingParams
     from workbench.models import tiny_model
 
-    llm = LLM(model=tiny_dir, dtype="float32", batch_invariant=True, saes={"s": sae_dir})
     tok = llm.get_tokenizer()
     acts, ids = {}, {}
     for row, doc in enumerate(DOCS):
@@ -134,7 +140,7 @@ def test_every_figure_is_the_brute_force_one(done, reference):
     assert math.isinf(edges[-1]) and summary["errors"] == 1
 
 
-def test_the_same_bytes_however_split_or_resumed(done, tiny_dir, data, sae_dir, tmp_path):
+def test_the_same_bytes_however_split_or_resumed(done, tiny_dir, data, sae_dir, tmp_path, llm):
     out, _ = done
     other = tmp_path / "other"
     run(tiny_dir, data, sae_dir, other, docs_per_shard=3)
@@ -142,6 +148,9 @@ def test_the_same_bytes_however_split_or_resumed(done, tiny_dir, data, sae_dir, 
     (other / "shards" / "00001.safetensors").unlink()
     summary = run(tiny_dir, data, sae_dir, other, docs_per_shard=3)
     assert summary["computed"] == 1 and digests(other) == digests(out)
+    on_mine = tmp_path / "mine"  # on this process's engine: loaded for the job, then unloaded
+    run(tiny_dir, data, sae_dir, on_mine, llm=llm)
+    assert digests(on_mine) == digests(out) and sorted(llm.saes) == ["s"]
 
 
 def test_the_view_reads_a_feature(done):

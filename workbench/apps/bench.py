@@ -865,6 +865,62 @@ def bench_capture(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     return found
 
 
+DASHBOARD_D_SAE, DASHBOARD_K = 4608, 32  # the dashboards job's SAE: what `train-sae` makes
+
+
+def bench_dashboards(side: Contenders, config: BenchConfig) -> dict[str, Any]:
+    """A feature-dashboards job (a random TopK SAE of `DASHBOARD_D_SAE` features at the middle
+    layer's `resid_post`) against a capture job of the same site on the same documents, both on
+    one batch-invariant engine, in turn (`dashboards_capture_ratio`: its tokens/s / the capture
+    job's, above 1 is faster; `dashboards_merge_s`: the merge into Parquet)."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from workbench import LLM  # deferred: workbench.llm imports torch
+    from workbench.features.sae import save_sae
+    from workbench.jobs import CaptureJob
+    from workbench.jobs.dashboards import DashboardJob
+
+    docs = capture_corpus(16 if config.repeats == 1 else 48)
+    llm = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel, seed=config.seed,
+              batch_invariant=True, **engine_extras(config))
+    cfg = llm.llm_engine.loaded.config
+    width, layer = cfg.hidden_size, cfg.num_hidden_layers // 2
+    gen = torch.Generator().manual_seed(config.seed)
+    folder = tempfile.mkdtemp()
+    save_sae(folder, {"W_enc": torch.randn(width, DASHBOARD_D_SAE, generator=gen) / width ** 0.5,
+                      "b_enc": torch.zeros(DASHBOARD_D_SAE),
+                      "W_dec": torch.randn(DASHBOARD_D_SAE, width, generator=gen) /
+                      DASHBOARD_D_SAE ** 0.5, "b_dec": torch.zeros(width)},
+             f"blocks.{layer}.hook_resid_post", "topk", k=DASHBOARD_K)
+    best = {"capture": 0.0, "dashboards": 0.0}
+    merge = math.inf
+    try:
+        for _ in range(config.repeats):
+            for which in best:
+                out = tempfile.mkdtemp()
+                try:
+                    llm.llm_engine.reset_prefix_cache()
+                    if which == "capture":
+                        summary = CaptureJob(config.model, docs, {
+                            "sites": ["resid_post"], "layers": [layer]}, out, llm=llm,
+                            docs_per_shard=16, progress=False).run()
+                    else:
+                        summary = DashboardJob(config.model, docs, folder, out, llm=llm,
+                                               docs_per_shard=16, progress=False).run()
+                        merge = min(merge, summary["merge_seconds"])
+                    best[which] = max(best[which], summary["tokens"] / summary["seconds"])
+                finally:
+                    shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"dashboards_tok_s": round(best["dashboards"], 1),
+            "dashboards_capture_ratio": round(best["dashboards"] / best["capture"], 3),
+            "dashboards_merge_s": merge}
+
+
 def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, float]:
     """With `--dtype gguf` only: both arithmetics of the file's blocks in one run, ours (its
     `--gguf-activations`) and a second engine with the other, in turn: a lone greedy stream
@@ -903,7 +959,7 @@ def bench_gguf_activations(side: Contenders, config: BenchConfig) -> dict[str, f
 BENCHMARKS: tuple[Callable[[Contenders, BenchConfig], dict[str, Any]], ...] = (
     bench_load, bench_machine, bench_single_stream, bench_stream_share, bench_gguf_activations,
     bench_concurrent16, bench_prefill512, bench_beam4, bench_embed, bench_inside, bench_invariant,
-    bench_capture, bench_features, bench_engine_memory)
+    bench_capture, bench_features, bench_dashboards, bench_engine_memory)
 # the benchmarks that hold transformers' copy beside ours in this process
 BOTH_IN_PROCESS = frozenset({bench_single_stream, bench_concurrent16, bench_prefill512,
                              bench_beam4, bench_gguf_activations, bench_invariant, bench_capture})

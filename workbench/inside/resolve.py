@@ -66,6 +66,8 @@ class ResolvedCapture:
                "reduce": self.reduce, "heads": self.heads}
         if self.sparse:
             out["sparse"] = True
+        if self.saes:
+            out["saes"] = sorted({sae.name for sae, _ in self.saes.values()})
         return out
 
 
@@ -255,7 +257,7 @@ def _capture(capture: CaptureParams, shape: ModelShape, num_positions: int
         inside_sae = split_sae_name(given)
         if inside_sae is not None:
             name = _sae_capture(given, inside_sae, shape)
-            saes[name] = (_sae_at(inside_sae[0], shape), inside_sae[1])
+            saes[name] = (_sae_at(inside_sae[0], shape, capture.sae), inside_sae[1])
             names.append(name)
             continue
         site, layer = parse_site(given, "capture.sites")
@@ -301,16 +303,23 @@ def _sae_capture(given: str, inside_sae: tuple[str, str], shape: ModelShape) -> 
     return f"{site_name(site, layer)}.hook_sae_{inside_sae[1]}"
 
 
-def _sae_at(base: str, shape: ModelShape) -> Any:
-    """The one SAE spliced at the site `base` (a transcoder at the hook it writes, as SAELens
-    names its hooks); refused where none or several are."""
+def _sae_at(base: str, shape: ModelShape, name: str | None) -> Any:
+    """The SAE spliced at the site `base` (a transcoder at the hook it writes, as SAELens names
+    its hooks): the one loaded there, or the one `name`d (`capture.sae`); refused where none
+    is, or several are and none is named."""
     site, layer = parse_site(base, "capture.sites")
     hook = site_name(site, (layer or 0) % shape.num_layers)
+    if name is not None:
+        sae = _sae(name, shape, "capture.sae")
+        if (sae.hook_name_out or sae.hook_name) != hook:
+            refuse(f"capture.sae: {name!r} is spliced at {sae.hook_name_out or sae.hook_name}, "
+                   f"not {hook}.", "capture.sae", name)
+        return sae
     found = [sae for sae in shape.saes.values() if (sae.hook_name_out or sae.hook_name) == hook]
     if len(found) != 1:
         what = "none is" if not found else f"{len(found)} are ({', '.join(s.name for s in found)})"
         refuse(f"capture.sites: an SAE's hook at {hook} needs one SAE loaded there; {what}: "
-               "name the SAE with `features` instead.", "capture.sites", base)
+               "name one with capture.sae.", "capture.sites", base)
     return found[0]
 
 

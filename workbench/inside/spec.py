@@ -51,7 +51,8 @@ class CaptureParams:
     `sites` are short forms expanded over `layers` (None: every layer) or full names with their
     layer; `positions` which rows (`workbench.inside.positions`); `reduce` 'mean' or 'last'
     over them; `heads` of patterns; `sparse`: an SAE's features (`.hook_sae_acts_post`) as
-    sparse COO tensors rather than dense.
+    sparse COO tensors rather than dense; `sae`: which loaded SAE an SAE's hook sites go
+    through, where several are loaded at the hook.
     """
 
     sites: list[str]
@@ -60,6 +61,7 @@ class CaptureParams:
     reduce: str | None = None
     heads: list[int] | None = None
     sparse: bool = False
+    sae: str | None = None
 
     def __post_init__(self) -> None:  # built by hand: positions in any accepted form
         self.positions = parse_positions(self.positions, "capture.positions")
@@ -76,11 +78,12 @@ class CaptureParams:
             value = {"sites": value}
         if not isinstance(value, dict):
             refuse("capture must be a site name, a list of them, or an object with 'sites' "
-                   "(and 'layers', 'positions', 'reduce', 'heads', 'sparse').", p, value)
-        unknown = set(value) - {"sites", "layers", "positions", "reduce", "heads", "sparse"}
+                   "(and 'layers', 'positions', 'reduce', 'heads', 'sparse', 'sae').", p, value)
+        unknown = set(value) - {"sites", "layers", "positions", "reduce", "heads", "sparse",
+                                "sae"}
         if unknown:
             refuse(f"capture: unknown field(s) {sorted(unknown)}; it takes sites, layers, "
-                   "positions, reduce, heads, sparse.", p, sorted(unknown))
+                   "positions, reduce, heads, sparse, sae.", p, sorted(unknown))
         sites = value.get("sites")
         if isinstance(sites, str):
             sites = [sites]
@@ -110,9 +113,14 @@ class CaptureParams:
                 (split_sae_name(s) or ("", ""))[1] == "acts_post" for s in sites)):
             refuse("capture.sparse: sparse is for an SAE's features (a '.hook_sae_acts_post' "
                    "site), per position (no reduce).", "capture.sparse", sparse)
+        sae = value.get("sae")
+        if sae is not None and (not isinstance(sae, str) or not any(
+                split_sae_name(s) for s in sites)):
+            refuse("capture.sae names the loaded SAE that '.hook_sae_*' sites go through.",
+                   "capture.sae", sae)
         return cls(list(sites), parse_layers(value.get("layers"), "capture.layers"),
                    parse_positions(value.get("positions"), "capture.positions"), reduce, heads,
-                   sparse)
+                   sparse, sae)
 
 
 @dataclass

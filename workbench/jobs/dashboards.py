@@ -218,7 +218,8 @@ class DashboardReplica(CaptureReplica):
 class DashboardJob(CaptureJob):
     """Feature dashboards of the SAE in the folder `sae` over `data` (see the module
     docstring), written into `out` (rerun: resume). The capture job's arguments otherwise:
-    `ray=True, replicas=N` on Ray; `docs_per_shard`; `text_column`, `chat_column`."""
+    `ray=True, replicas=N` on Ray; `docs_per_shard`; `text_column`, `chat_column`; `llm=`
+    this process's engine (the SAE is loaded on it for the job, then unloaded)."""
 
     computer_class = DashboardComputer
     replica_class = DashboardReplica
@@ -227,16 +228,18 @@ class DashboardJob(CaptureJob):
         from workbench.features.sae import SparseAutoencoder
 
         if not isinstance(model, str):
-            raise JobError("a dashboards job loads its own engine with the SAE: give the model "
-                           "by name or path")
-        for taken in ("scores", "saes", "llm"):
+            raise JobError("a dashboards job names its model (by name or path; `llm=` for this "
+                           "process's engine)")
+        for taken in ("scores", "saes"):
             if taken in kwargs:
                 raise JobError(f"a dashboards job takes no {taken!r}: it reads the SAE's "
                                "features alone")
         loaded = SparseAutoencoder.load(SAE_NAME, sae, "sae")
         site = f"{loaded.hook_name_out or loaded.hook_name}.hook_sae_acts_post"
-        super().__init__(model, data, {"sites": [site], "sparse": True}, out,
-                         saes={SAE_NAME: sae}, **kwargs)
+        engine = kwargs.get("llm")
+        super().__init__(model, data, {"sites": [site], "sparse": True, "sae": SAE_NAME}, out,
+                         saes=None if engine is not None else {SAE_NAME: sae}, **kwargs)
+        self.saes = {SAE_NAME: os.path.abspath(sae)}  # in job.json however it is loaded
 
     def job_extra(self) -> dict[str, Any]:
         return {"dashboards": {"top": TOP, "intervals": INTERVALS, "samples": SAMPLES,
@@ -245,7 +248,14 @@ class DashboardJob(CaptureJob):
                                "num_bins": NUM_BINS}}
 
     def run(self) -> dict[str, Any]:
-        summary = super().run()
+        given = self.llm is not None and SAE_NAME not in self.llm.saes
+        if given:
+            self.llm.load_sae(SAE_NAME, self.saes[SAE_NAME])
+        try:
+            summary = super().run()
+        finally:
+            if given:
+                self.llm.unload_sae(SAE_NAME)
         began = time.perf_counter()
         self.finish()
         summary["merge_seconds"] = round(time.perf_counter() - began, 2)
