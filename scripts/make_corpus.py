@@ -583,6 +583,11 @@ def write_sample(folder: Path, manifest: dict) -> None:
                                   f"(sha256 {manifest['sha256']})"}
 
 
+def write_manifest(manifest: dict, *paths: Path) -> None:
+    for path in paths:
+        write_atomic(path, (json.dumps(manifest, indent=2) + "\n").encode())
+
+
 def main() -> None:
     from workbench.models import cache_dir  # deferred: the tests import this module's helpers
 
@@ -599,14 +604,12 @@ def main() -> None:
     else:
         start = time.perf_counter()
         manifest = build(folder)
+        write_manifest(manifest, manifest_path)
         print(f"built in {time.perf_counter() - start:.0f} s")
     if args.sample:
         write_sample(folder, manifest)
+        write_manifest(manifest, manifest_path, SAMPLE_MANIFEST_PATH)
         print(f"wrote {SAMPLE_PATH} and {SAMPLE_MANIFEST_PATH}")
-    manifest_json = (json.dumps(manifest, indent=2) + "\n").encode()
-    write_atomic(manifest_path, manifest_json)
-    if args.sample:
-        write_atomic(SAMPLE_MANIFEST_PATH, manifest_json)
     print(f"{folder / 'corpus.jsonl'}: {manifest['documents']:,} documents, "
           f"{manifest['tokens']:,} tokens ({manifest['code_share']:.0%} code)")
 
