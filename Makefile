@@ -10,7 +10,7 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 CHROMIUM := /usr/bin/chromium
 QEMU := /usr/bin/qemu-x86_64
 
-.PHONY: install lab serve docs lint test test-portable gpu-wheels gpu-check
+.PHONY: install lab serve docs lint test test-portable gpu-wheels gpu-check corpus
 
 install: $(STAMP) $(CHROMIUM)
 
@@ -93,3 +93,13 @@ gpu-wheels: install
 
 gpu-check:
 	$(PYTHON) scripts/gpu_check.py run $(GPU_CHECK_FLAGS)
+
+# The training corpus (docs/features-from-data.md): about 3.1M SmolLM2 tokens of English prose and
+# Python code from Debian's archive (`apt-get download`, nothing installed), built once into
+# $WORKBENCH_CACHE/corpus/ (default ~/.cache/workbench; not in git); a second run only says where
+# it is. Not part of `make test`: the tests read its committed slice, data/corpus-sample.jsonl,
+# which `make corpus CORPUS_FLAGS=--sample` rewrites (`--force` rebuilds the corpus).
+CORPUS_FLAGS ?=
+
+corpus: install
+	$(BIN)/python scripts/make_corpus.py $(CORPUS_FLAGS)
