@@ -499,3 +499,50 @@ def test_the_token_explorer_clicks_a_token_then_branches_in_jupyterlab(tmp_path,
         explorer.screenshot(path=str(SCREENSHOTS / f"token-explorer-{theme}.png"))
         assert audit["low"] == [], audit["low"]
         assert audit["overflow"] == [], audit["overflow"]
+
+
+FEATURE_CELL = """import tempfile
+import torch
+from workbench import LLM
+from workbench.features.sae import save_sae
+from workbench.jobs.dashboards import DashboardJob
+from workbench.models import tiny_model
+from workbench.widgets import FeatureExplorer
+
+g = torch.Generator().manual_seed(1)
+sae = save_sae(tempfile.mkdtemp(), {
+    "W_enc": torch.randn(64, 32, generator=g) / 8, "b_enc": torch.full((32,), -0.2),
+    "W_dec": torch.randn(32, 64, generator=g) / 2, "b_dec": torch.zeros(64)},
+    "blocks.1.hook_resid_post")
+llm = LLM(tiny_model("llama", seed=0, dtype="float32"), batch_invariant=True, saes={"s": sae})
+dash = tempfile.mkdtemp()
+docs = [f"Document {i}: " + "alpha beta gamma delta " * (i + 2) for i in range(6)]
+DashboardJob("tiny", docs, sae, dash, llm=llm, progress=False).run()
+FeatureExplorer(llm, "s", dash, max_tokens=6)"""
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_feature_explorer_reads_a_text_and_steers_in_jupyterlab(tmp_path, page, theme):
+    """Show a feature's dashboard, read a typed text (its active features listed, the text
+    coloured), steer a prompt (steered beside default); every text readable in both themes."""
+    (tmp_path / "root").mkdir()
+    _notebook(tmp_path / "root" / "features.ipynb", [FEATURE_CELL])
+    with _jupyterlab(tmp_path, theme) as url:
+        page.goto(f"{url}/lab/tree/features.ipynb?token={TOKEN}")
+        _run_all(page, 1)
+        explorer = page.locator(".wb-feature-explorer")
+        explorer.wait_for()
+        assert "feature 0" in explorer.locator(".wb-dash").inner_text()
+        explorer.locator("textarea").fill("The quick brown fox jumps over the lazy dog")
+        page.get_by_role("button", name="Read").click()
+        explorer.locator(".wb-features").wait_for(timeout=60_000)
+        assert explorer.locator(".widget-select select option").count() > 0
+        explorer.locator("input[placeholder='a prompt to steer']").fill("Once upon a time")
+        page.get_by_role("button", name="Steer").click()
+        explorer.locator(".wb-steer").wait_for(timeout=60_000)
+        assert "default" in explorer.locator(".wb-steer").inner_text()
+        audit = page.evaluate(AUDIT_JS)
+        SCREENSHOTS.mkdir(exist_ok=True)
+        explorer.screenshot(path=str(SCREENSHOTS / f"feature-explorer-{theme}.png"))
+        assert audit["low"] == [], audit["low"]
+        assert audit["overflow"] == [], audit["overflow"]

@@ -111,27 +111,31 @@ class FeatureDashboard:
         return (f'<pre style="font-size:11px;line-height:1.15;margin:2px 0">'
                 f"{h.escape(chr(10).join(lines))}</pre>")
 
-    def html(self) -> str:
+    def html(self, top: int | None = None, samples: int = SHOWN_SAMPLES) -> str:
+        """The dashboard (see the module docstring): its first `top` contexts (all by
+        default) and `samples` samples an interval."""
         logits = "".join(
             f"<div><b>{label}</b> " + ", ".join(f"{h.token_html(t)} ({v:+.2f})" for t, v in pairs)
             + "</div>" for label, pairs in (("raises", self.top_logits),
                                             ("lowers", self.bottom_logits)))
         shown: dict[int, int] = {}
-        samples = []
+        drawn = []
         for c in self.samples:
-            if shown.get(c["interval"], 0) < SHOWN_SAMPLES:
+            if shown.get(c["interval"], 0) < samples:
                 shown[c["interval"]] = shown.get(c["interval"], 0) + 1
-                samples.append(f'<div style="font-size:11px;opacity:0.7">interval '
-                               f'{c["interval"]}</div>{self._context(c)}')
+                drawn.append(f'<div style="font-size:11px;opacity:0.7">interval '
+                             f'{c["interval"]}</div>{self._context(c)}')
         return h.themed(
             f'<div class="wb-dash"><div style="font-size:13px"><b>feature {self.feature}</b>'
             f"{' of ' + h.escape(self.site) if self.site else ''}: fires on {self.fires} "
             f"positions (density {self.density:.3%}), largest {h.fmt(self.max_activation, 3)}"
             f'</div><div style="font-size:12px;margin:4px 0">{logits}</div>'
             f"{h.caption('top contexts (the position outlined, each token coloured by this feature)')}"
-            + "".join(self._context(c) for c in self.top)
+            + "".join(self._context(c) for c in self.top[:top])
+            + (h.caption(f"… {len(self.top) - top} more: .top") if top is not None and
+               len(self.top) > top else "")
             + (h.caption("samples across its activations (interval 0: its lowest tenth)")
-               + "".join(samples) if samples else "")
+               + "".join(drawn) if drawn else "")
             + h.caption("activations (bin's lower edge, count)") + self._histogram()
             + "</div>")
 

@@ -10,10 +10,13 @@ GitHub, nbconvert, a kernel without the widget manager.
 - `LogprobViewer`: a position slider over a `LogprobTable`, showing that position's top-k.
 - `TokenExplorer`: an output's tokens; pick one and an alternative, and the branch forced
   there runs (`LLM.branch` / `Workbench.branch`): a `BranchTree` of every branch so far.
+- `FeatureExplorer`: an SAE's features: a feature's dashboard (`FeatureDashboards`), the
+  features most active on a text, a prompt steered by a feature beside the default.
 """
 
 from workbench.widgets.beam_explorer import BeamExplorer, tree_until
+from workbench.widgets.feature_explorer import FeatureExplorer
 from workbench.widgets.logprob_viewer import LogprobViewer
 from workbench.widgets.token_explorer import TokenExplorer
 
-__all__ = ["BeamExplorer", "LogprobViewer", "TokenExplorer", "tree_until"]
+__all__ = ["BeamExplorer", "FeatureExplorer", "LogprobViewer", "TokenExplorer", "tree_until"]
