@@ -302,8 +302,9 @@ class ShardComputer:
         inside = split_sae_name(name)
         if inside is None:
             return int(shape.hidden_size)
+        named = self.job["capture"].get("sae")  # `capture.sae`, where several are there
         sae = next(s for s in shape.saes.values() if (s.hook_name_out or s.hook_name) ==
-                   inside[0])
+                   inside[0] and named in (None, s.name))
         return int(sae.d_sae if inside[1] in ("acts_pre", "acts_post") else
                    sae.d_in if inside[1] == "input" else sae.d_out)
 
