@@ -71,6 +71,9 @@ def dashboards_parser() -> argparse.ArgumentParser:
                    "format)")
     p.add_argument("--data", required=True, help="JSONL or Parquet file")
     p.add_argument("--out", required=True, help="output folder (reused: resume)")
+    p.add_argument("--skip-positions", type=int, default=1, metavar="N",
+                   help="each document's first N positions left out (default 1: the attention "
+                   "sink)")
     _job_flags(p)
     return p
 
@@ -145,7 +148,8 @@ def _job(command: str, argv: list[str]) -> int:
             job = CaptureJob(args.model, args.data, args.capture, args.out, scores=args.scores,
                              saes=saes, **common)
         else:
-            job = DashboardJob(args.model, args.data, args.sae, args.out, **common)
+            job = DashboardJob(args.model, args.data, args.sae, args.out,
+                               skip_positions=args.skip_positions, **common)
         summary = job.run()
     except (ImportError, JobError, OSError, ValueError) as exc:
         parser.exit(2, f"workbench {command}: error: {exc}\n")

@@ -1,6 +1,12 @@
 """`DashboardJob`: feature dashboards of an SAE over a dataset, as a capture job of the SAE's
-features (its `hook_sae_acts_post`, sparse, every prompt position) whose shards hold each
-feature's share of the statistics instead of the rows, merged once at the end into Parquet.
+features (its `hook_sae_acts_post`, sparse, every prompt position but each document's first
+`skip_positions`) whose shards hold each feature's share of the statistics instead of the rows,
+merged once at the end into Parquet.
+
+A document's first position is left out by default (`skip_positions=1`): without a BOS token it
+is the attention sink, whose residual stream in SmolLM2 is about a hundred times as long as
+the others', so its features would top every list; SAELens leaves BOS positions out of its
+training and dashboards alike. A window still shows its token, at activation 0.
 
 >>> job = DashboardJob("smollm2-135m-instruct", "corpus.jsonl", "sae/", "dash/")  # doctest: +SKIP
 >>> job.run()                                                                     # doctest: +SKIP
@@ -224,7 +230,8 @@ class DashboardJob(CaptureJob):
     computer_class = DashboardComputer
     replica_class = DashboardReplica
 
-    def __init__(self, model: Any, data: Any, sae: str, out: str, **kwargs: Any):
+    def __init__(self, model: Any, data: Any, sae: str, out: str, *, skip_positions: int = 1,
+                 **kwargs: Any):
         from workbench.features.sae import SparseAutoencoder
 
         if not isinstance(model, str):
@@ -234,15 +241,22 @@ class DashboardJob(CaptureJob):
             if taken in kwargs:
                 raise JobError(f"a dashboards job takes no {taken!r}: it reads the SAE's "
                                "features alone")
+        if isinstance(skip_positions, bool) or not isinstance(skip_positions, int) or \
+                skip_positions < 0:
+            raise JobError(f"skip_positions must be an integer >= 0, got {skip_positions!r}")
+        self.skip_positions = skip_positions
         loaded = SparseAutoencoder.load(SAE_NAME, sae, "sae")
         site = f"{loaded.hook_name_out or loaded.hook_name}.hook_sae_acts_post"
         engine = kwargs.get("llm")
-        super().__init__(model, data, {"sites": [site], "sparse": True, "sae": SAE_NAME}, out,
+        spec = {"sites": [site], "sparse": True, "sae": SAE_NAME,
+                "positions": {"start": skip_positions}}
+        super().__init__(model, data, spec, out,
                          saes=None if engine is not None else {SAE_NAME: sae}, **kwargs)
         self.saes = {SAE_NAME: os.path.abspath(sae)}  # in job.json however it is loaded
 
     def job_extra(self) -> dict[str, Any]:
-        return {"dashboards": {"top": TOP, "intervals": INTERVALS, "samples": SAMPLES,
+        return {"dashboards": {"skip_positions": self.skip_positions, "top": TOP,
+                               "intervals": INTERVALS, "samples": SAMPLES,
                                "window": list(WINDOW), "logits": LOGITS,
                                "bins_per_octave": BINS_PER_OCTAVE, "low_bin": LOW_BIN,
                                "num_bins": NUM_BINS}}
