@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(see `workbench capture --help`)", add_help=False)
     sub.add_parser("feature-dashboards", help="an SAE's feature dashboards over a dataset "
                    "(see `workbench feature-dashboards --help`)", add_help=False)
+    sub.add_parser("train-sae", help="an SAE trained with SAELens on a capture's rows "
+                   "(see `workbench train-sae --help`)", add_help=False)
     return parser
 
 
@@ -302,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # its own flags belong to workbench.apps.bench
         return bench.main(argv[1:]) or 0
-    if argv[:1] in (["run-batch"], ["capture"], ["feature-dashboards"]):  # research at scale: workbench/apps/jobs_cli.py
+    if argv[:1] in (["run-batch"], ["capture"], ["feature-dashboards"], ["train-sae"]):
+        # research at scale: workbench/apps/jobs_cli.py
         from workbench.apps import jobs_cli
 
         return jobs_cli.main(argv, add_server_flags, configs_from_args)

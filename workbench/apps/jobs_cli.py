@@ -1,12 +1,13 @@
-"""`workbench run-batch`, `workbench capture` and `workbench feature-dashboards`: research at
-scale from the command line.
+"""`workbench run-batch`, `workbench capture`, `workbench feature-dashboards` and `workbench
+train-sae`: research at scale from the command line.
 
 `run-batch -i requests.jsonl -o results.jsonl` takes `serve`'s flags (the same engine and
 server, `cli.add_server_flags`) and answers an OpenAI Batch file (`workbench/jobs/batch_file.py`);
 `capture --model M --data FILE --capture SPEC --out DIR` runs a capture job
 (`workbench/jobs/capture.py`); `feature-dashboards --sae DIR --data FILE --out DIR` an SAE's
 dashboards (`workbench/jobs/dashboards.py`). Each: `--ray [ADDRESS] --replicas N` run on Ray
-replicas.
+replicas. `train-sae --shards DIR --site HOOK --out DIR` trains an SAE with SAELens on a
+capture job's rows and prints what it measured (`workbench/jobs/sae_training.py`).
 """
 
 from __future__ import annotations
@@ -92,11 +93,48 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="faster, but shards then depend on how documents were batched")
     _ray_flags(p)
 
+def train_sae_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="workbench train-sae",
+        description="Train a sparse autoencoder with SAELens on a capture job's rows of one "
+        "hook, save it in SAELens's format and report L0, the fraction of variance "
+        "unexplained, dead features and the next-token loss with it spliced in (needs pip "
+        "install 'workbench[train]').")
+    p.add_argument("--shards", required=True, metavar="DIR", help="a capture job's folder")
+    p.add_argument("--site", required=True, metavar="HOOK",
+                   help="a captured hook, e.g. blocks.15.hook_resid_post")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
+    p.add_argument("--architecture", default="topk",
+                   help="topk (default), batchtopk (saved as jumprelu), standard, jumprelu")
+    p.add_argument("--d-sae", type=int, default=None, metavar="N",
+                   help="features (default 8 x the hook's width)")
+    p.add_argument("--k", type=float, default=None,
+                   help="topk / batchtopk: active features per token (default 32)")
+    p.add_argument("--sparsity-coefficient", type=float, default=None, metavar="C",
+                   help="standard: the L1 coefficient; jumprelu: the L0 coefficient "
+                   "(default 1.0)")
+    p.add_argument("--tokens", type=int, default=None, metavar="N",
+                   help="training tokens (default: one epoch of the training rows)")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-documents", type=int, default=None, metavar="N",
+                   help="the last N documents are held out (default 5 %%, at least one)")
+    p.add_argument("--loss-documents", type=int, default=32, metavar="N",
+                   help="held-out documents the next-token loss is measured on (default 32)")
+    p.add_argument("--model", default=None,
+                   help="the model of the loss evaluation (default: the capture job's)")
+    p.add_argument("--no-eval-loss", action="store_true",
+                   help="skip the next-token loss through the engine")
+    return p
+
 
 def main(argv: list[str], add_server_flags: Callable, configs_from_args: Callable) -> int:
     command, rest = argv[0], argv[1:]
     if command == "run-batch":
         return _run_batch(rest, add_server_flags, configs_from_args)
+    if command == "train-sae":
+        return _train_sae(rest)
     return _job(command, rest)
 
 
@@ -156,4 +194,35 @@ def _job(command: str, argv: list[str]) -> int:
     except ValidationError as exc:
         parser.exit(2, f"workbench {command}: error: {exc.message}\n")
     print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+# train_sae's parameters whose flags are not their names
+_TRAIN_FLAGS = {"training_tokens": "--tokens", "eval_loss": "--no-eval-loss"}
+
+
+def _train_sae(argv: list[str]) -> int:
+    parser = train_sae_parser()
+    args = parser.parse_args(argv)
+    from workbench.errors import ValidationError
+    from workbench.jobs.sae_training import train_sae  # deferred: torch, SAELens
+
+    k = args.k
+    if k is not None and k == int(k) and args.architecture == "topk":
+        k = int(k)  # TopK's k is an integer; BatchTopK's a mean
+    try:
+        result = train_sae(args.shards, args.site, args.architecture, args.d_sae, k, args.out,
+                           sparsity_coefficient=args.sparsity_coefficient,
+                           training_tokens=args.tokens, batch_size=args.batch_size,
+                           lr=args.lr, seed=args.seed, eval_documents=args.eval_documents,
+                           eval_loss=not args.no_eval_loss,
+                           loss_documents=args.loss_documents, model=args.model)
+    except ImportError as exc:
+        parser.exit(2, f"workbench train-sae: error: {exc}\n")
+    except ValidationError as exc:
+        name = exc.parameter or ""
+        flag = _TRAIN_FLAGS.get(name, "--" + name.replace("_", "-"))
+        parser.exit(2, f"workbench train-sae: error: {exc.message} ({flag})\n")
+    print(repr(result))
+    print(json.dumps(result.metrics(), indent=2))
     return 0

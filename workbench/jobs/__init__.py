@@ -5,7 +5,8 @@ cluster, resumable and exact.
 routes), `dataset` (documents from JSONL, Parquet, a list or a `datasets.Dataset`), `capture`
 (`CaptureJob`: activations and per-token scores of every document into shards), `shards`
 (safetensors shards, their manifests, the job file and the index), `ray_pool` (Ray Data's actor
-pool of engine replicas; Ray is optional) and `reader` (`CaptureReader`: the shards read back).
+pool of engine replicas; Ray is optional), `reader` (`CaptureReader`: the shards read back) and
+`sae_training` (`train_sae`: an SAE trained with SAELens on a capture's rows, and measured).
 Names load lazily.
 """
 
@@ -19,6 +20,8 @@ _NAMES = {
     "CaptureJob": "workbench.jobs.capture",
     "CaptureReader": "workbench.jobs.reader",
     "open_capture": "workbench.jobs.reader",
+    "train_sae": "workbench.jobs.sae_training",
+    "TrainedSAE": "workbench.jobs.sae_training",
 }
 
 

@@ -1,0 +1,230 @@
+"""Training SAEs with SAELens (`workbench/features/train.py`, `workbench/jobs/sae_training.py`,
+`workbench train-sae`): on a capture job of the tiny llama, the saved folder read the same by
+SAELens's `SAE.load_from_disk` and workbench's `SparseAutoencoder.load`, the reported figures
+against a recomputation in plain torch from the saved weights, refusals naming the parameter,
+planted features recovered, the same weights from the same seed, and the next-token loss with
+the SAE spliced in against patching its reconstruction in by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from sae_lens import SAE
+from safetensors.torch import load_file
+
+from workbench.errors import ValidationError
+from workbench.features import train as training
+from workbench.features.sae import SparseAutoencoder
+from workbench.jobs.capture import CaptureJob
+from workbench.jobs.reader import CaptureReader
+from workbench.jobs.sae_training import (
+    SAE_NAME,
+    check_splice_op,
+    next_token_loss,
+    splice,
+    train_sae,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SITE = "blocks.1.hook_resid_post"
+FAST = {"d_sae": 128, "k": 8, "training_tokens": 256 * 300, "batch_size": 256, "lr": 3e-3,
+        "eval_documents": 20}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    from workbench import LLM
+
+    return LLM(model=str(tiny_llama_dir), dtype="float32", batch_invariant=True)
+
+
+@pytest.fixture(scope="module")
+def capture(llm, tmp_path_factory):
+    """data/sentences.jsonl's first 160 sentences through the tiny llama: layer 1's residual
+    stream and per-token scores."""
+    out = tmp_path_factory.mktemp("capture")
+    with open(os.path.join(ROOT, "data", "sentences.jsonl")) as f:
+        docs = [json.loads(line) for line in f][:160]
+    CaptureJob(llm.config.model, docs, {"sites": ["resid_post"], "layers": [1]}, str(out),
+               llm=llm, scores=True, id_column="id", progress=False).run()
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def trained(capture, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sae") / "topk")
+    return train_sae(capture, SITE, out=out, eval_loss=False, **FAST)
+
+
+def held_out(trained, capture):
+    return CaptureReader(capture).site(SITE)[trained.split["training_rows"]:].float()
+
+
+def test_both_loaders_read_the_folder_and_encode_the_same(trained, capture):
+    x = held_out(trained, capture)
+    theirs = SAE.load_from_disk(trained.path)
+    ours = SparseAutoencoder.load("mine", trained.path)
+    assert ours.hook_name == SITE == theirs.cfg.metadata.hook_name
+    assert (ours.architecture, ours.d_sae, ours.k) == ("topk", 128, 8)
+    with torch.no_grad():
+        acts = theirs.encode(x)
+        torch.testing.assert_close(ours.encode(x), acts, atol=1e-6, rtol=0)
+        torch.testing.assert_close(ours.decode(acts), theirs.decode(acts), atol=1e-6, rtol=0)
+
+
+def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capture):
+    x = held_out(trained, capture).double()
+    w = {k: v.double() for k, v in load_file(os.path.join(trained.path,
+                                                          "sae_weights.safetensors")).items()}
+    cfg = json.load(open(os.path.join(trained.path, "cfg.json")))
+    assert cfg["normalize_activations"] == "none" and cfg["apply_b_dec_to_input"]
+    norms = w["W_dec"].norm(dim=-1) if cfg["rescale_acts_by_decoder_norm"] else 1.0
+    pre = ((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]) * norms
+    top = pre.topk(cfg["k"], dim=-1)
+    acts = torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+    recon = (acts / norms) @ w["W_dec"] + w["b_dec"]
+    fvu = float((recon - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+    measured = trained.reconstruction
+    assert measured.rows == len(x) == trained.split["held_out_rows"]
+    assert measured.l0 == pytest.approx(float((acts != 0).sum(-1).double().mean()), abs=1e-9)
+    assert measured.fvu == pytest.approx(fvu, rel=1e-5)
+    assert measured.dead_features == int(((acts != 0).sum(0) == 0).sum())
+    assert measured.dead_share == measured.dead_features / 128
+    assert trained.training.tokens == 256 * 300 and trained.training.steps == 300
+    written = json.load(open(os.path.join(trained.path, "training.json")))
+    assert written == json.loads(json.dumps(trained.to_dict()))
+    assert written["reconstruction"]["fvu"] == measured.fvu and written["loss"] is None
+    assert "FVU" in repr(trained) and "<table" in trained._repr_html_()
+
+
+@pytest.mark.parametrize(("change", "parameter"), [
+    ({"site": "blocks.0.hook_resid_post"}, "site"),  # not captured
+    ({"architecture": "gated"}, "architecture"),
+    ({"architecture": "standard"}, "k"),  # k given to an L1 SAE
+    ({"k": 8.5}, "k"),
+    ({"k": 129}, "k"),
+    ({"sparsity_coefficient": 0.1}, "sparsity_coefficient"),  # to a TopK SAE
+    ({"batch_size": 0}, "batch_size"),
+    ({"lr": -1.0}, "lr"),
+    ({"eval_documents": 160}, "eval_documents"),
+    ({"training_tokens": 10}, "training_tokens"),
+])
+def test_refused_before_training_naming_the_parameter(capture, tmp_path, change, parameter):
+    kwargs = {"site": SITE, "out": str(tmp_path / "sae"), "eval_loss": False, **FAST, **change}
+    with pytest.raises(ValidationError) as info:
+        train_sae(capture, **kwargs)
+    assert info.value.parameter == parameter
+    assert not os.path.exists(tmp_path / "sae")
+
+
+def test_a_folder_in_use_is_refused(capture, trained):
+    with pytest.raises(ValidationError) as info:
+        train_sae(capture, SITE, out=trained.path, eval_loss=False, **FAST)
+    assert info.value.parameter == "out"
+
+
+def test_without_sae_lens_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sae_lens", None)
+    with pytest.raises(ImportError, match=r"workbench\[train\]"):
+        training.sae_lens()
+
+
+def planted(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that are sparse sums of 48 planted unit directions in 32 dimensions (about 3 a row,
+    magnitudes 0.5 to 2.5), and the directions."""
+    g = torch.Generator().manual_seed(seed)
+    directions = torch.nn.functional.normalize(torch.randn(48, 32, generator=g), dim=-1)
+    active = torch.rand(n, 48, generator=g) < 3 / 48
+    return (active * (torch.rand(n, 48, generator=g) * 2 + 0.5)) @ directions, directions
+
+
+def test_planted_features_are_found(tmp_path):
+    rows, directions = planted(40_000)
+    config = training.TrainingConfig("topk", 64, 4, training_tokens=36_000 * 8, batch_size=256,
+                                     lr=3e-3)
+    training.train(rows[:36_000], SITE, str(tmp_path / "sae"), config)
+    sae = SparseAutoencoder.load("planted", str(tmp_path / "sae"))
+    measured = training.reconstruction(sae, rows[36_000:])
+    assert measured.fvu < 0.12 and measured.l0 <= 4  # rows of more than 4 features: not 0
+    cosines = torch.nn.functional.normalize(sae.weights["W_dec"], dim=-1) @ directions.T
+    assert cosines.max(0).values.min() > 0.95  # every planted direction is a feature's
+
+
+def test_the_same_seed_gives_the_same_weights(tmp_path):
+    rows, _ = planted(4096, seed=1)
+    config = training.TrainingConfig("batchtopk", 64, 4, batch_size=256, seed=3)
+    for name in ("a", "b"):
+        training.train(rows, SITE, str(tmp_path / name), config)
+    a, b = (load_file(str(tmp_path / name / "sae_weights.safetensors")) for name in "ab")
+    assert sorted(a) == ["W_dec", "W_enc", "b_dec", "b_enc", "threshold"]  # as jumprelu
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert SparseAutoencoder.load("b", str(tmp_path / "b")).architecture == "jumprelu"
+
+
+def splice_available() -> str | None:
+    try:
+        check_splice_op()
+    except ValidationError as exc:
+        return exc.message
+    return None
+
+
+@pytest.mark.skipif(splice_available() is None, reason="the engine splices SAEs")
+def test_eval_loss_is_refused_before_training_where_the_engine_cannot_splice(capture, tmp_path):
+    with pytest.raises(ValidationError) as info:
+        train_sae(capture, SITE, out=str(tmp_path / "sae"), **FAST)
+    assert info.value.parameter == "eval_loss" and "--no-eval-loss" in info.value.message
+    assert not os.path.exists(tmp_path / "sae")
+
+
+@pytest.mark.skipif(splice_available() is not None,
+                    reason=f"the engine refuses the splice op: {splice_available()}")
+def test_spliced_loss_equals_patching_the_reconstruction_in(llm, capture, trained):
+    """The loss with the SAE spliced in equals the loss with its reconstruction of the
+    captured rows set at the hook by hand; the clean loss equals the capture's scores."""
+    reader = CaptureReader(capture)
+    docs = [str(d) for d in reader.index["doc_id"].tolist()[-3:]]
+    ids = [reader.token_ids(d) for d in docs]
+    recorded = [reader.scores(d)["logprob"].tolist() for d in docs]
+    llm.load_sae(SAE_NAME, trained.path)
+    try:
+        loss = next_token_loss(llm, SAE_NAME, SITE, ids, recorded)
+    finally:
+        llm.unload_sae(SAE_NAME)
+    assert loss.capture_max_abs_diff == 0.0
+    sae = SparseAutoencoder.load("by-hand", trained.path)
+    from workbench.sampling_params import SamplingParams
+
+    total, count = 0.0, 0
+    for d, tokens in zip(docs, ids):
+        x = reader.doc(d)[SITE]
+        patch = {"site": SITE, "op": "set", "vector": sae.decode(sae.encode(x)).tolist(),
+                 "positions": list(range(len(tokens)))}
+        out = llm.generate({"prompt_token_ids": tokens}, SamplingParams(
+            max_tokens=1, temperature=0, prompt_logprobs=0, interventions=[patch]))[0]
+        total -= sum(out.prompt_logprobs[p][tokens[p]].logprob for p in range(1, len(tokens)))
+        count += len(tokens) - 1
+    assert loss.tokens == count and loss.spliced == total / count
+    assert loss.zero > loss.clean and splice(SAE_NAME)["op"] == "splice"
+
+
+def test_the_command_line_trains_and_prints_the_figures(capture, tmp_path, capsys):
+    from workbench.apps.cli import main
+
+    out = str(tmp_path / "sae")
+    argv = ["train-sae", "--shards", capture, "--site", SITE, "--out", out, "--d-sae", "64",
+            "--k", "4", "--tokens", "25600", "--batch-size", "256", "--eval-documents", "16",
+            "--no-eval-loss"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    figures = json.loads(printed[printed.index("{"):])
+    assert figures["training_tokens"] == 25600 and 0 < figures["l0"] <= 4
+    assert SparseAutoencoder.load("cli", out).d_sae == 64
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv[:6], str(tmp_path / "other"), "--architecture", "gated", "--no-eval-loss"])
+    assert exit_info.value.code == 2
+    assert "--architecture" in capsys.readouterr().err
