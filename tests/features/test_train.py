@@ -95,6 +95,7 @@ def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capt
     assert measured.dead_features == int(((acts != 0).sum(0) == 0).sum())
     assert measured.dead_share == measured.dead_features / 128
     assert trained.training.tokens == 256 * 300 and trained.training.steps == 300
+    assert trained.config.dead_feature_window == 30  # a tenth of the run: under SAELens's 1000
     written = json.load(open(os.path.join(trained.path, "training.json")))
     assert written == json.loads(json.dumps(trained.to_dict()))
     assert written["reconstruction"]["fvu"] == measured.fvu and written["loss"] is None
@@ -112,6 +113,7 @@ def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capt
     ({"lr": -1.0}, "lr"),
     ({"eval_documents": 160}, "eval_documents"),
     ({"training_tokens": 10}, "training_tokens"),
+    ({"dead_feature_window": 0}, "dead_feature_window"),
 ])
 def test_refused_before_training_naming_the_parameter(capture, tmp_path, change, parameter):
     kwargs = {"site": SITE, "out": str(tmp_path / "sae"), "eval_loss": False, **FAST, **change}

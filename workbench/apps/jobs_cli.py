@@ -118,6 +118,9 @@ def train_sae_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dead-feature-window", type=int, default=None, metavar="STEPS",
+                   help="steps without firing after which a feature counts as dead (default "
+                   "SAELens's 1000, or a tenth of the run where shorter)")
     p.add_argument("--eval-documents", type=int, default=None, metavar="N",
                    help="the last N documents are held out (default 5 %%, at least one)")
     p.add_argument("--loss-documents", type=int, default=32, metavar="N",
@@ -214,7 +217,9 @@ def _train_sae(argv: list[str]) -> int:
         result = train_sae(args.shards, args.site, args.architecture, args.d_sae, k, args.out,
                            sparsity_coefficient=args.sparsity_coefficient,
                            training_tokens=args.tokens, batch_size=args.batch_size,
-                           lr=args.lr, seed=args.seed, eval_documents=args.eval_documents,
+                           lr=args.lr, seed=args.seed,
+                           dead_feature_window=args.dead_feature_window,
+                           eval_documents=args.eval_documents,
                            eval_loss=not args.no_eval_loss,
                            loss_documents=args.loss_documents, model=args.model)
     except ImportError as exc:

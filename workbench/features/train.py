@@ -46,6 +46,7 @@ ARCHITECTURES = {
 }
 NORMALIZATIONS = ("expected_average_only_in", "none")
 DEFAULT_K = 32
+SAELENS_DEAD_WINDOW = 1000  # SAETrainerConfig's dead_feature_window, in steps
 NORM_ESTIMATE_ROWS = 1 << 20  # rows the scaling factor is estimated on, at most
 INSTALL_HINT = "pip install 'workbench[train]'"
 
@@ -56,8 +57,12 @@ class TrainingConfig:
     active features per row; BatchTopK: their mean over a batch; default 32) or
     `sparsity_coefficient` (standard: SAELens's `l1_coefficient`; JumpReLU: its
     `l0_coefficient`; default SAELens's 1.0), on `training_tokens` rows (None: one epoch),
-    in batches of `batch_size`, Adam at `lr` (SAELens's constant schedule), `seed`.
-    `check()` refuses, naming the parameter, what SAELens would not train as asked."""
+    in batches of `batch_size`, Adam at `lr` (SAELens's constant schedule), `seed`;
+    `dead_feature_window`: the steps after which a feature that has not fired counts as dead
+    (what TopK's auxiliary loss revives; default SAELens's 1000, or a tenth of the run where
+    that is shorter: at 1000 a run of fewer steps would never revive any). `check(rows)`
+    fills the defaults and refuses, naming the parameter, what SAELens would not train as
+    asked."""
 
     architecture: str = "topk"
     d_sae: int = 4608
@@ -68,9 +73,11 @@ class TrainingConfig:
     lr: float = 3e-4
     seed: int = 0
     normalize_activations: str = "expected_average_only_in"
+    dead_feature_window: int | None = None
 
-    def check(self) -> TrainingConfig:
-        """This config with its defaults filled in; refused, naming the parameter, where a
+    def check(self, rows: int | None = None) -> TrainingConfig:
+        """This config with its defaults filled in (those that depend on the run's length
+        where `rows`, the training rows, is given); refused, naming the parameter, where a
         value is out of range or does not apply to the architecture."""
         if self.architecture not in ARCHITECTURES:
             refuse(f"architecture {self.architecture!r} is not one workbench trains and serves; "
@@ -114,9 +121,17 @@ class TrainingConfig:
                     not math.isfinite(coefficient) or coefficient < 0:
                 refuse(f"sparsity_coefficient must be a finite number >= 0, got "
                        f"{coefficient!r}.", "sparsity_coefficient", coefficient)
-        return TrainingConfig(self.architecture, self.d_sae, k, coefficient,
-                              self.training_tokens, self.batch_size, float(self.lr), self.seed,
-                              self.normalize_activations)
+        window = self.dead_feature_window
+        if window is not None:
+            _positive_int(window, "dead_feature_window")
+        tokens = self.training_tokens
+        if rows is not None:
+            tokens = tokens or rows
+            window = window or min(SAELENS_DEAD_WINDOW,
+                                   max(1, math.ceil(tokens / self.batch_size) // 10))
+        return TrainingConfig(self.architecture, self.d_sae, k, coefficient, tokens,
+                              self.batch_size, float(self.lr), self.seed,
+                              self.normalize_activations, window)
 
 
 def _is_int(value: Any) -> bool:
@@ -189,7 +204,7 @@ def train(rows: torch.Tensor, hook_name: str, out: str, config: TrainingConfig,
         refuse(f"rows must be [rows, d_in] with at least one row, got {list(rows.shape)}.",
                "rows", list(rows.shape))
     n, d_in = rows.shape
-    config = config.check()
+    config = config.check(n)
     check_out(out)
     lens = sae_lens()
     from sae_lens.config import SAETrainerConfig
@@ -203,12 +218,14 @@ def train(rows: torch.Tensor, hook_name: str, out: str, config: TrainingConfig,
         metadata=SAEMetadata(hook_name=hook_name, **(metadata or {})))
     torch.manual_seed(config.seed)  # SAELens initialises the weights from torch's generator
     sae = getattr(lens, name)(sae_config)
-    tokens = config.training_tokens or n
+    assert config.training_tokens is not None and config.dead_feature_window is not None
+    tokens = config.training_tokens
     steps = math.ceil(tokens / config.batch_size)
     trainer = lens.SAETrainer(
         cfg=SAETrainerConfig(total_training_samples=tokens,
                              train_batch_size_samples=config.batch_size, lr=config.lr,
-                             lr_end=config.lr, device="cpu"),
+                             lr_end=config.lr, device="cpu",
+                             dead_feature_window=config.dead_feature_window),
         sae=sae, data_provider=ShuffledBatches(rows, config.batch_size, config.seed))
     scaling = None
     if config.normalize_activations == "expected_average_only_in":

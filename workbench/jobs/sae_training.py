@@ -138,13 +138,14 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
               k: float | None = None, out: str | None = None, *,
               sparsity_coefficient: float | None = None, training_tokens: int | None = None,
               batch_size: int = 4096, lr: float = 3e-4, seed: int = 0,
-              eval_documents: int | None = None, eval_loss: bool = True,
+              dead_feature_window: int | None = None, eval_documents: int | None = None, eval_loss: bool = True,
               loss_documents: int = 32, model: str | None = None, llm: Any = None
               ) -> TrainedSAE:
     """Trains an SAE on the capture folder `shards`' rows of `site` (a full hook name such as
     `blocks.15.hook_resid_post`), saves it into `out` and measures it (module docstring).
     `d_sae`: default 8 x the hook's width; `k`, `sparsity_coefficient`, `training_tokens`
-    (default: one epoch of the training rows), `batch_size`, `lr`, `seed`: `TrainingConfig`.
+    (default: one epoch of the training rows), `batch_size`, `lr`, `seed`,
+    `dead_feature_window`: `TrainingConfig`.
     `eval_documents`: documents held out (default 5 %, at least one); `eval_loss`: the
     next-token loss through the engine on `loss_documents` of them, on `llm` (default: an
     `LLM` of `model`, default the job's model). Refused, naming the parameter, before any
@@ -158,25 +159,25 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
     except (FileNotFoundError, OSError) as exc:
         refuse(f"shards: {exc}", "shards", shards)
     check_site(reader, site)
-    rows = reader.site(site)
-    width = int(rows.shape[1])
-    config = TrainingConfig(architecture, 8 * width if d_sae is None else d_sae, k,
-                                     sparsity_coefficient, training_tokens, batch_size, lr,
-                                     seed).check()
-    check_out(out)
     documents = document_rows(reader, site)
     held = _held_out(eval_documents, len(documents))
     split = documents[-held][1]
     if split == 0:
         refuse(f"eval_documents: holding out {held} of {len(documents)} documents leaves no "
                "rows to train on.", "eval_documents", eval_documents)
+    rows = reader.site(site)
+    width = int(rows.shape[1])
+    config = TrainingConfig(architecture, 8 * width if d_sae is None else d_sae, k,
+                            sparsity_coefficient, training_tokens, batch_size, lr, seed,
+                            dead_feature_window=dead_feature_window).check(split)
+    check_out(out)
     if eval_loss:
         check_splice_op()
         _positive(loss_documents, "loss_documents")
     job = reader.job
     run = train(rows[:split], site, out, config,
-                         metadata={"model_name": model or job["model"],
-                                   "dataset_path": os.path.abspath(shards)})
+                metadata={"model_name": model or job["model"],
+                          "dataset_path": os.path.abspath(shards)})
     from workbench.features.sae import SparseAutoencoder
 
     sae = SparseAutoencoder.load(SAE_NAME, out, parameter="out")
