@@ -23,9 +23,7 @@ from workbench.jobs.capture import CaptureJob
 from workbench.jobs.reader import CaptureReader
 from workbench.jobs.sae_training import (
     SAE_NAME,
-    check_splice_op,
     next_token_loss,
-    splice,
     train_sae,
 )
 
@@ -167,24 +165,18 @@ def test_the_same_seed_gives_the_same_weights(tmp_path):
     assert SparseAutoencoder.load("b", str(tmp_path / "b")).architecture == "jumprelu"
 
 
-def splice_available() -> str | None:
-    try:
-        check_splice_op()
-    except ValidationError as exc:
-        return exc.message
-    return None
+def test_the_loss_is_measured_through_the_engine(llm, capture, tmp_path):
+    result = train_sae(capture, SITE, out=str(tmp_path / "sae"), llm=llm, loss_documents=4,
+                       **FAST)
+    loss = result.loss
+    assert loss is not None and loss.documents == 4 and loss.tokens > 0
+    assert loss.capture_max_abs_diff == 0.0  # the capture's engine: its scores, exactly
+    assert loss.delta == loss.spliced - loss.clean and SAE_NAME not in llm.saes
+    written = json.load(open(tmp_path / "sae" / "training.json"))
+    assert written["loss"]["spliced"] == loss.spliced and "loss_delta" in result.metrics()
+    assert "spliced" in repr(result)
 
 
-@pytest.mark.skipif(splice_available() is None, reason="the engine splices SAEs")
-def test_eval_loss_is_refused_before_training_where_the_engine_cannot_splice(capture, tmp_path):
-    with pytest.raises(ValidationError) as info:
-        train_sae(capture, SITE, out=str(tmp_path / "sae"), **FAST)
-    assert info.value.parameter == "eval_loss" and "--no-eval-loss" in info.value.message
-    assert not os.path.exists(tmp_path / "sae")
-
-
-@pytest.mark.skipif(splice_available() is not None,
-                    reason=f"the engine refuses the splice op: {splice_available()}")
 def test_spliced_loss_equals_patching_the_reconstruction_in(llm, capture, trained):
     """The loss with the SAE spliced in equals the loss with its reconstruction of the
     captured rows set at the hook by hand; the clean loss equals the capture's scores."""
@@ -211,7 +203,7 @@ def test_spliced_loss_equals_patching_the_reconstruction_in(llm, capture, traine
         total -= sum(out.prompt_logprobs[p][tokens[p]].logprob for p in range(1, len(tokens)))
         count += len(tokens) - 1
     assert loss.tokens == count and loss.spliced == total / count
-    assert loss.zero > loss.clean and splice(SAE_NAME)["op"] == "splice"
+    assert loss.recovered == (loss.zero - loss.spliced) / (loss.zero - loss.clean)
 
 
 def test_the_command_line_trains_and_prints_the_figures(capture, tmp_path, capsys):

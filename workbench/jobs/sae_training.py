@@ -18,7 +18,8 @@ everything written to `out/training.json` and returned as a `TrainedSAE`.
 The loss runs on an `LLM` of the capture's model, dtype, kernel and batch invariance (job.json;
 `model` names another), so where the job recorded scores the clean losses are the capture's
 own: the largest difference between the two is reported (`capture_max_abs_diff`, 0 for the
-same engine).
+same engine). A job run on an `LLM` handed to `CaptureJob(llm=...)` records the dtype it was
+asked for, not that engine's: pass the same `llm` here.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class TrainedSAE:
                 f"{r.dead_share:.1%}")
         if self.loss is not None:
             text += (f"; loss clean {self.loss.clean:.4f}, spliced {self.loss.spliced:.4f} "
-                     f"(+{self.loss.delta:.4f}), zero-ablated {self.loss.zero:.4f}")
+                     f"({self.loss.delta:+.4f}), zero-ablated {self.loss.zero:.4f}")
         return text + ")"
 
     def _repr_html_(self) -> str:
@@ -172,7 +173,6 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
                             dead_feature_window=dead_feature_window).check(split)
     check_out(out)
     if eval_loss:
-        check_splice_op()
         _positive(loss_documents, "loss_documents")
     job = reader.job
     run = train(rows[:split], site, out, config,
@@ -253,24 +253,6 @@ def _positive(value: Any, parameter: str) -> None:
         refuse(f"{parameter} must be a positive integer, got {value!r}.", parameter, value)
 
 
-def splice(sae_name: str) -> dict[str, Any]:
-    """The intervention that replaces the SAE's hook activations by its reconstruction."""
-    return {"sae": sae_name, "op": "splice"}
-
-
-def check_splice_op() -> None:
-    """Refuses `eval_loss` where this engine has no splice intervention (before training)."""
-    from workbench.errors import ValidationError
-    from workbench.inside.spec import Intervention
-
-    try:
-        Intervention.parse(splice(SAE_NAME), 0)
-    except ValidationError as exc:
-        refuse(f"eval_loss: this engine cannot splice an SAE's reconstruction in "
-               f"({exc.message}); train with eval_loss=False (--no-eval-loss).", "eval_loss",
-               True)
-
-
 def loss_llm(job: dict[str, Any], model: str | None) -> Any:
     """An `LLM` as the capture's engine was: its model (or `model`), dtype, kernel, batch
     invariance and context length."""
@@ -287,13 +269,14 @@ def loss_llm(job: dict[str, Any], model: str | None) -> Any:
 def next_token_loss(llm: Any, sae_name: str, site: str, documents: list[list[int]],
                     capture_logprobs: list[list[float] | None] | None = None) -> NextTokenLoss:
     """Each document's tokens (ids) through `llm` three times in one batch: as they are, with
-    the SAE `sae_name` spliced in (`splice`), and with `site` zeroed; the mean of -logprob of
-    every token after the first. `capture_logprobs`: each document's recorded logprobs (NaN at
-    its first token), compared with the clean ones."""
+    the SAE `sae_name` spliced in (`{"sae": sae_name, "op": "splice"}`), and with `site`
+    zeroed; the mean of -logprob of every token after the first. `capture_logprobs`: each
+    document's recorded logprobs (NaN at its first token), compared with the clean ones."""
     from workbench.sampling_params import SamplingParams
 
     # as a request gives them: SamplingParams parses each into an `Intervention`
-    variants: list[Any] = [None, [splice(sae_name)], [{"site": site, "op": "zero"}]]
+    variants: list[Any] = [None, [{"sae": sae_name, "op": "splice"}],
+                           [{"site": site, "op": "zero"}]]
     params = [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False,
                              interventions=v) for v in variants for _ in documents]
     prompts = [{"prompt_token_ids": ids} for _ in variants for ids in documents]
