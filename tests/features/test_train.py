@@ -58,12 +58,16 @@ def trained(capture, tmp_path_factory):
     return train_sae(capture, SITE, out=out, eval_loss=False, **FAST)
 
 
-def held_out(trained, capture):
-    return CaptureReader(capture).site(SITE)[trained.split["training_rows"]:].float()
+def held_out(capture, documents=20, skip=1):
+    """The rows of the last `documents` documents, each from position `skip` on, read one
+    document at a time."""
+    reader = CaptureReader(capture)
+    return torch.cat([reader.doc(d)[SITE][skip:]
+                      for d in reader.index["doc_id"].tolist()[-documents:]])
 
 
 def test_both_loaders_read_the_folder_and_encode_the_same(trained, capture):
-    x = held_out(trained, capture)
+    x = held_out(capture)
     theirs = SAE.load_from_disk(trained.path)
     ours = SparseAutoencoder.load("mine", trained.path)
     assert ours.hook_name == SITE == theirs.cfg.metadata.hook_name
@@ -75,7 +79,7 @@ def test_both_loaders_read_the_folder_and_encode_the_same(trained, capture):
 
 
 def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capture):
-    x = held_out(trained, capture).double()
+    x = held_out(capture).double()
     w = {k: v.double() for k, v in load_file(os.path.join(trained.path,
                                                           "sae_weights.safetensors")).items()}
     cfg = json.load(open(os.path.join(trained.path, "cfg.json")))
@@ -88,6 +92,9 @@ def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capt
     fvu = float((recon - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
     measured = trained.reconstruction
     assert measured.rows == len(x) == trained.split["held_out_rows"]
+    reader = CaptureReader(capture)
+    assert trained.split["training_rows"] == int(reader.index["tokens"][:-20].sum()) - 140
+    assert trained.split["skipped_rows"] == 160  # each document's first position
     assert measured.l0 == pytest.approx(float((acts != 0).sum(-1).double().mean()), abs=1e-9)
     assert measured.fvu == pytest.approx(fvu, rel=1e-5)
     assert measured.dead_features == int(((acts != 0).sum(0) == 0).sum())
@@ -112,6 +119,8 @@ def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capt
     ({"eval_documents": 160}, "eval_documents"),
     ({"training_tokens": 10}, "training_tokens"),
     ({"dead_feature_window": 0}, "dead_feature_window"),
+    ({"skip_positions": -1}, "skip_positions"),
+    ({"skip_positions": 100}, "eval_documents"),  # no rows left
 ])
 def test_refused_before_training_naming_the_parameter(capture, tmp_path, change, parameter):
     kwargs = {"site": SITE, "out": str(tmp_path / "sae"), "eval_loss": False, **FAST, **change}
@@ -178,15 +187,16 @@ def test_the_loss_is_measured_through_the_engine(llm, capture, tmp_path):
 
 
 def test_spliced_loss_equals_patching_the_reconstruction_in(llm, capture, trained):
-    """The loss with the SAE spliced in equals the loss with its reconstruction of the
-    captured rows set at the hook by hand; the clean loss equals the capture's scores."""
+    """The loss with the SAE spliced in (from position 1) equals the loss with its
+    reconstruction of the captured rows set there by hand; the clean loss equals the capture's
+    scores."""
     reader = CaptureReader(capture)
     docs = [str(d) for d in reader.index["doc_id"].tolist()[-3:]]
     ids = [reader.token_ids(d) for d in docs]
     recorded = [reader.scores(d)["logprob"].tolist() for d in docs]
     llm.load_sae(SAE_NAME, trained.path)
     try:
-        loss = next_token_loss(llm, SAE_NAME, SITE, ids, recorded)
+        loss = next_token_loss(llm, SAE_NAME, SITE, ids, recorded, skip_positions=1)
     finally:
         llm.unload_sae(SAE_NAME)
     assert loss.capture_max_abs_diff == 0.0
@@ -195,9 +205,9 @@ def test_spliced_loss_equals_patching_the_reconstruction_in(llm, capture, traine
 
     total, count = 0.0, 0
     for d, tokens in zip(docs, ids):
-        x = reader.doc(d)[SITE]
+        x = reader.doc(d)[SITE][1:]
         patch = {"site": SITE, "op": "set", "vector": sae.decode(sae.encode(x)).tolist(),
-                 "positions": list(range(len(tokens)))}
+                 "positions": list(range(1, len(tokens)))}
         out = llm.generate({"prompt_token_ids": tokens}, SamplingParams(
             max_tokens=1, temperature=0, prompt_logprobs=0, interventions=[patch]))[0]
         total -= sum(out.prompt_logprobs[p][tokens[p]].logprob for p in range(1, len(tokens)))

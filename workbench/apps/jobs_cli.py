@@ -121,6 +121,9 @@ def train_sae_parser() -> argparse.ArgumentParser:
     p.add_argument("--dead-feature-window", type=int, default=None, metavar="STEPS",
                    help="steps without firing after which a feature counts as dead (default "
                    "SAELens's 1000, or a tenth of the run where shorter)")
+    p.add_argument("--skip-positions", type=int, default=1, metavar="N",
+                   help="leave each document's first N positions out (default 1: the attention "
+                   "sink, as SAELens leaves BOS tokens out)")
     p.add_argument("--eval-documents", type=int, default=None, metavar="N",
                    help="the last N documents are held out (default 5 %%, at least one)")
     p.add_argument("--loss-documents", type=int, default=32, metavar="N",
@@ -219,6 +222,7 @@ def _train_sae(argv: list[str]) -> int:
                            training_tokens=args.tokens, batch_size=args.batch_size,
                            lr=args.lr, seed=args.seed,
                            dead_feature_window=args.dead_feature_window,
+                           skip_positions=args.skip_positions,
                            eval_documents=args.eval_documents,
                            eval_loss=not args.no_eval_loss,
                            loss_documents=args.loss_documents, model=args.model)

@@ -7,13 +7,22 @@ as the field measures one (`workbench train-sae`).
 
 Data flow: the capture folder (`CaptureReader`) -> the site's rows, in document order, split by
 documents: the last `eval_documents` documents (by the index) are held out, the rows before
-them train -> `workbench.features.train.train` (SAELens's trainer, the folder saved in its
-format) -> the saved folder loaded as workbench serves it (`SparseAutoencoder.load`) ->
-`reconstruction` on the held-out rows (L0, fraction of variance unexplained, dead features)
--> with `eval_loss`, the next-token loss of the first `loss_documents` held-out documents
-through the engine (`next_token_loss`): clean, with the SAE's reconstruction spliced in at its
-hook (the `{"sae": name, "op": "splice"}` intervention), and with the hook zero-ablated ->
-everything written to `out/training.json` and returned as a `TrainedSAE`.
+them train; each document's first `skip_positions` rows are left out of both ->
+`workbench.features.train.train` (SAELens's trainer, the folder saved in its format) -> the
+saved folder loaded as workbench serves it (`SparseAutoencoder.load`) -> `reconstruction` on
+the held-out rows (L0, fraction of variance unexplained, dead features) -> with `eval_loss`,
+the next-token loss of the first `loss_documents` held-out documents through the engine
+(`next_token_loss`): clean, with the SAE's reconstruction spliced in at its hook (the
+`{"sae": name, "op": "splice"}` intervention, from position `skip_positions` on), and with the
+hook zero-ablated (every position, as SAELens's evals do) -> everything written to
+`out/training.json` and returned as a `TrainedSAE`.
+
+`skip_positions` (default 1) is SAELens's `exclude_special_tokens` for documents without a BOS
+token: a document's first position is the attention sink, whose residual stream in SmolLM2 is
+about 130 times as long as the others' (their median 171, its 23,000 at layer 15), so it
+would hold 98 % of the variance of the rows it is among and most of the squared error an SAE
+is trained on. SAELens leaves BOS rows out of training, out of its variance figures and out
+of its splice (there the model's own activation stays); so does this, by position.
 
 The loss runs on an `LLM` of the capture's model, dtype, kernel and batch invariance (job.json;
 `model` names another), so where the job recorded scores the clean losses are the capture's
@@ -139,15 +148,16 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
               k: float | None = None, out: str | None = None, *,
               sparsity_coefficient: float | None = None, training_tokens: int | None = None,
               batch_size: int = 4096, lr: float = 3e-4, seed: int = 0,
-              dead_feature_window: int | None = None, eval_documents: int | None = None, eval_loss: bool = True,
-              loss_documents: int = 32, model: str | None = None, llm: Any = None
+              dead_feature_window: int | None = None, skip_positions: int = 1,
+              eval_documents: int | None = None, eval_loss: bool = True, loss_documents: int = 32, model: str | None = None, llm: Any = None
               ) -> TrainedSAE:
     """Trains an SAE on the capture folder `shards`' rows of `site` (a full hook name such as
     `blocks.15.hook_resid_post`), saves it into `out` and measures it (module docstring).
     `d_sae`: default 8 x the hook's width; `k`, `sparsity_coefficient`, `training_tokens`
     (default: one epoch of the training rows), `batch_size`, `lr`, `seed`,
-    `dead_feature_window`: `TrainingConfig`.
-    `eval_documents`: documents held out (default 5 %, at least one); `eval_loss`: the
+    `dead_feature_window`: `TrainingConfig`; `skip_positions`: each document's first rows
+    left out (module docstring). `eval_documents`: documents held out (default 5 %, at least
+    one); `eval_loss`: the
     next-token loss through the engine on `loss_documents` of them, on `llm` (default: an
     `LLM` of `model`, default the job's model). Refused, naming the parameter, before any
     training where something cannot be done as asked."""
@@ -160,28 +170,35 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
     except (FileNotFoundError, OSError) as exc:
         refuse(f"shards: {exc}", "shards", shards)
     check_site(reader, site)
+    if isinstance(skip_positions, bool) or not isinstance(skip_positions, int) or \
+            skip_positions < 0:
+        refuse(f"skip_positions must be an integer >= 0, got {skip_positions!r}.",
+               "skip_positions", skip_positions)
     documents = document_rows(reader, site)
     held = _held_out(eval_documents, len(documents))
-    split = documents[-held][1]
-    if split == 0:
-        refuse(f"eval_documents: holding out {held} of {len(documents)} documents leaves no "
-               "rows to train on.", "eval_documents", eval_documents)
-    rows = reader.site(site)
-    width = int(rows.shape[1])
+    train_rows, eval_rows, skipped = split_rows(reader, site, documents[-held][1],
+                                                skip_positions)
+    for name, part in (("training", train_rows), ("held-out", eval_rows)):
+        if len(part) == 0:
+            refuse(f"eval_documents: holding out {held} of {len(documents)} documents and "
+                   f"skipping each one's first {skip_positions} positions leaves no {name} "
+                   "rows.", "eval_documents", eval_documents)
+    width = int(train_rows.shape[1])
     config = TrainingConfig(architecture, 8 * width if d_sae is None else d_sae, k,
                             sparsity_coefficient, training_tokens, batch_size, lr, seed,
-                            dead_feature_window=dead_feature_window).check(split)
+                            dead_feature_window=dead_feature_window).check(len(train_rows))
     check_out(out)
     if eval_loss:
         _positive(loss_documents, "loss_documents")
     job = reader.job
-    run = train(rows[:split], site, out, config,
+    run = train(train_rows, site, out, config,
                 metadata={"model_name": model or job["model"],
                           "dataset_path": os.path.abspath(shards)})
+    del train_rows
     from workbench.features.sae import SparseAutoencoder
 
     sae = SparseAutoencoder.load(SAE_NAME, out, parameter="out")
-    measured = reconstruction(sae, rows[split:], config.batch_size)
+    measured = reconstruction(sae, eval_rows, config.batch_size)
     loss = None
     if eval_loss:
         ids = reader.index["doc_id"]
@@ -190,12 +207,14 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
         llm.load_sae(SAE_NAME, out)
         try:
             loss = next_token_loss(llm, SAE_NAME, site, [reader.token_ids(d) for d in scored],
-                                   [_capture_logprobs(reader, d) for d in scored])
+                                   [_capture_logprobs(reader, d) for d in scored],
+                                   skip_positions)
         finally:
             llm.unload_sae(SAE_NAME)
     result = TrainedSAE(out, site, config, run, measured, loss,
                         {"documents": len(documents), "held_out_documents": held,
-                         "training_rows": split, "held_out_rows": int(rows.shape[0]) - split})
+                         "skip_positions": skip_positions, "skipped_rows": skipped,
+                         "training_rows": run.rows, "held_out_rows": measured.rows})
     with open(os.path.join(out, METRICS_FILE), "w") as f:
         json.dump(result.to_dict(), f, indent=2)
     return result
@@ -235,6 +254,19 @@ def document_rows(reader: Any, site: str) -> list[tuple[int, int, int]]:
     return result
 
 
+def split_rows(reader: Any, site: str, split: int, skip_positions: int
+               ) -> tuple[Any, Any, int]:
+    """`site`'s rows before row `split` and from it on, each without the rows at positions
+    below `skip_positions` in their document (copies, in the shards' dtype); and how many
+    rows were skipped."""
+    import torch
+
+    rows = reader.site(site)
+    keep = torch.cat([reader.shard(k).get_tensor("positions") for k in reader.shards]) \
+        >= skip_positions
+    return rows[:split][keep[:split]], rows[split:][keep[split:]], int((~keep).sum())
+
+
 def _held_out(eval_documents: int | None, documents: int) -> int:
     if documents < 2:
         refuse(f"shards: {documents} document(s) with rows; training and a held-out "
@@ -267,16 +299,20 @@ def loss_llm(job: dict[str, Any], model: str | None) -> Any:
 
 
 def next_token_loss(llm: Any, sae_name: str, site: str, documents: list[list[int]],
-                    capture_logprobs: list[list[float] | None] | None = None) -> NextTokenLoss:
+                    capture_logprobs: list[list[float] | None] | None = None,
+                    skip_positions: int = 0) -> NextTokenLoss:
     """Each document's tokens (ids) through `llm` three times in one batch: as they are, with
-    the SAE `sae_name` spliced in (`{"sae": sae_name, "op": "splice"}`), and with `site`
-    zeroed; the mean of -logprob of every token after the first. `capture_logprobs`: each
-    document's recorded logprobs (NaN at its first token), compared with the clean ones."""
+    the SAE `sae_name` spliced in (`{"sae": sae_name, "op": "splice"}`, from position
+    `skip_positions` on), and with `site` zeroed at every position; the mean of -logprob of
+    every token after the first. `capture_logprobs`: each document's recorded logprobs (NaN at
+    its first token), compared with the clean ones."""
     from workbench.sampling_params import SamplingParams
 
     # as a request gives them: SamplingParams parses each into an `Intervention`
-    variants: list[Any] = [None, [{"sae": sae_name, "op": "splice"}],
-                           [{"site": site, "op": "zero"}]]
+    splice: dict[str, Any] = {"sae": sae_name, "op": "splice"}
+    if skip_positions:
+        splice["positions"] = {"start": skip_positions}
+    variants: list[Any] = [None, [splice], [{"site": site, "op": "zero"}]]
     params = [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False,
                              interventions=v) for v in variants for _ in documents]
     prompts = [{"prompt_token_ids": ids} for _ in variants for ids in documents]
