@@ -120,6 +120,8 @@ def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capt
     ({"training_tokens": 10}, "training_tokens"),
     ({"dead_feature_window": 0}, "dead_feature_window"),
     ({"skip_positions": -1}, "skip_positions"),
+    ({"b_dec_init": "median"}, "b_dec_init"),
+    ({"lr_decay_steps": -1}, "lr_decay_steps"),
     ({"skip_positions": 100}, "eval_documents"),  # no rows left
 ])
 def test_refused_before_training_naming_the_parameter(capture, tmp_path, change, parameter):
@@ -161,6 +163,17 @@ def test_planted_features_are_found(tmp_path):
     assert measured.fvu < 0.12 and measured.l0 <= 4  # rows of more than 4 features: not 0
     cosines = torch.nn.functional.normalize(sae.weights["W_dec"], dim=-1) @ directions.T
     assert cosines.max(0).values.min() > 0.95  # every planted direction is a feature's
+
+
+@pytest.mark.parametrize("b_dec_init", ["mean", "zeros"])
+def test_the_decoder_bias_starts_at_the_rows_mean_or_zeros(tmp_path, b_dec_init):
+    rows = planted(2048, seed=2)[0] + 3.0
+    config = training.TrainingConfig("topk", 64, 4, batch_size=2048, lr=1e-12,
+                                     b_dec_init=b_dec_init)  # one step that barely moves
+    training.train(rows, SITE, str(tmp_path / "sae"), config)
+    b_dec = load_file(str(tmp_path / "sae" / "sae_weights.safetensors"))["b_dec"]
+    start = rows.double().mean(0).float() if b_dec_init == "mean" else torch.zeros(32)
+    torch.testing.assert_close(b_dec, start, atol=1e-5, rtol=1e-5)
 
 
 def test_the_same_seed_gives_the_same_weights(tmp_path):

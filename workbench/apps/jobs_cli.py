@@ -115,8 +115,12 @@ def train_sae_parser() -> argparse.ArgumentParser:
                    "(default 1.0)")
     p.add_argument("--tokens", type=int, default=None, metavar="N",
                    help="training tokens (default: one epoch of the training rows)")
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr-decay-steps", type=int, default=0, metavar="STEPS",
+                   help="SAELens's linear decay of the rate to zero over the last STEPS")
+    p.add_argument("--b-dec-init", default="mean", choices=["mean", "zeros"],
+                   help="the decoder bias's start: the training rows' mean (default) or zeros")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dead-feature-window", type=int, default=None, metavar="STEPS",
                    help="steps without firing after which a feature counts as dead (default "
@@ -222,6 +226,7 @@ def _train_sae(argv: list[str]) -> int:
                            training_tokens=args.tokens, batch_size=args.batch_size,
                            lr=args.lr, seed=args.seed,
                            dead_feature_window=args.dead_feature_window,
+                           b_dec_init=args.b_dec_init, lr_decay_steps=args.lr_decay_steps,
                            skip_positions=args.skip_positions,
                            eval_documents=args.eval_documents,
                            eval_loss=not args.no_eval_loss,

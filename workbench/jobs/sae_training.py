@@ -147,15 +147,16 @@ class TrainedSAE:
 def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | None = None,
               k: float | None = None, out: str | None = None, *,
               sparsity_coefficient: float | None = None, training_tokens: int | None = None,
-              batch_size: int = 4096, lr: float = 3e-4, seed: int = 0,
-              dead_feature_window: int | None = None, skip_positions: int = 1,
+              batch_size: int = 1024, lr: float = 3e-3, seed: int = 0,
+              dead_feature_window: int | None = None, b_dec_init: str = "mean",
+              lr_decay_steps: int = 0, skip_positions: int = 1,
               eval_documents: int | None = None, eval_loss: bool = True, loss_documents: int = 32, model: str | None = None, llm: Any = None
               ) -> TrainedSAE:
     """Trains an SAE on the capture folder `shards`' rows of `site` (a full hook name such as
     `blocks.15.hook_resid_post`), saves it into `out` and measures it (module docstring).
     `d_sae`: default 8 x the hook's width; `k`, `sparsity_coefficient`, `training_tokens`
     (default: one epoch of the training rows), `batch_size`, `lr`, `seed`,
-    `dead_feature_window`: `TrainingConfig`; `skip_positions`: each document's first rows
+    `dead_feature_window`, `b_dec_init`, `lr_decay_steps`: `TrainingConfig`; `skip_positions`: each document's first rows
     left out (module docstring). `eval_documents`: documents held out (default 5 %, at least
     one); `eval_loss`: the
     next-token loss through the engine on `loss_documents` of them, on `llm` (default: an
@@ -186,7 +187,8 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
     width = int(train_rows.shape[1])
     config = TrainingConfig(architecture, 8 * width if d_sae is None else d_sae, k,
                             sparsity_coefficient, training_tokens, batch_size, lr, seed,
-                            dead_feature_window=dead_feature_window).check(len(train_rows))
+                            dead_feature_window=dead_feature_window, b_dec_init=b_dec_init,
+                            lr_decay_steps=lr_decay_steps).check(len(train_rows))
     check_out(out)
     if eval_loss:
         _positive(loss_documents, "loss_documents")
