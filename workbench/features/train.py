@@ -39,13 +39,14 @@ import torch
 
 from workbench.errors import refuse
 
-# what each architecture's training SAE is called in SAELens, what it saves as (what
-# `SparseAutoencoder.load` reads), and which of `k` / `sparsity_coefficient` it takes
+# what each architecture's training SAE is called in SAELens, and which of its config's fields
+# `k` / `sparsity_coefficient` sets (BatchTopK saves itself as JumpReLU: `SparseAutoencoder`
+# serves all four)
 ARCHITECTURES = {
-    "topk": ("TopKTrainingSAE", "topk", "k"),
-    "batchtopk": ("BatchTopKTrainingSAE", "jumprelu", "k"),
-    "standard": ("StandardTrainingSAE", "standard", "l1_coefficient"),
-    "jumprelu": ("JumpReLUTrainingSAE", "jumprelu", "l0_coefficient"),
+    "topk": ("TopKTrainingSAE", "k"),
+    "batchtopk": ("BatchTopKTrainingSAE", "k"),
+    "standard": ("StandardTrainingSAE", "l1_coefficient"),
+    "jumprelu": ("JumpReLUTrainingSAE", "l0_coefficient"),
 }
 NORMALIZATIONS = ("expected_average_only_in", "none")
 B_DEC_INITS = ("mean", "zeros")
@@ -70,9 +71,8 @@ class TrainingConfig:
     that is shorter: at 1000 a run of fewer steps would never revive any); `b_dec_init`:
     the decoder bias's start, the training rows' mean (default) or SAELens 6's zeros;
     `lr_decay_steps`: SAELens's linear decay of the rate to zero over the last steps
-    (default none). `check(rows)`
-    fills the defaults and refuses, naming the parameter, what SAELens would not train as
-    asked."""
+    (default none). `check(rows)` fills the defaults and refuses, naming the parameter, what
+    SAELens would not train as asked."""
 
     architecture: str = "topk"
     d_sae: int = 4608
@@ -112,7 +112,7 @@ class TrainingConfig:
             refuse(f"normalize_activations must be one of {list(NORMALIZATIONS)}, got "
                    f"{self.normalize_activations!r}.", "normalize_activations",
                    self.normalize_activations)
-        takes = ARCHITECTURES[self.architecture][2]
+        takes = ARCHITECTURES[self.architecture][1]
         k, coefficient = self.k, self.sparsity_coefficient
         if takes == "k":
             if coefficient is not None:
@@ -122,8 +122,8 @@ class TrainingConfig:
             integral = _is_int(k) if self.architecture == "topk" else (
                 isinstance(k, (int, float)) and not isinstance(k, bool) and math.isfinite(k))
             if not integral or not 0 < k <= self.d_sae:
-                kind = "an integer" if self.architecture == "topk" else "a number"
-                refuse(f"k must be {kind} in [1, d_sae={self.d_sae}], got {k!r}.", "k", k)
+                kind = "an integer in [1" if self.architecture == "topk" else "a number in (0"
+                refuse(f"k must be {kind}, d_sae={self.d_sae}], got {k!r}.", "k", k)
         else:
             if k is not None:
                 refuse(f"k: a {self.architecture} SAE takes a sparsity_coefficient (SAELens's "
@@ -145,8 +145,11 @@ class TrainingConfig:
         tokens = self.training_tokens
         if rows is not None:
             tokens = tokens or rows
-            window = window or min(SAELENS_DEAD_WINDOW,
-                                   max(1, math.ceil(tokens / self.batch_size) // 10))
+            steps = math.ceil(tokens / self.batch_size)
+            window = window or min(SAELENS_DEAD_WINDOW, max(1, steps // 10))
+            if self.lr_decay_steps > steps:
+                refuse(f"lr_decay_steps {self.lr_decay_steps} is more than the run's {steps} "
+                       "steps.", "lr_decay_steps", self.lr_decay_steps)
         return TrainingConfig(self.architecture, self.d_sae, k, coefficient, tokens,
                               self.batch_size, float(self.lr), self.seed,
                               self.normalize_activations, window, self.b_dec_init,
@@ -172,7 +175,6 @@ class ShuffledBatches:
         self.rows, self.batch_size = rows, batch_size
         self.generator = torch.Generator().manual_seed(seed)
         self.order = torch.empty(0, dtype=torch.long)
-        self.epochs = 0
 
     def __iter__(self) -> ShuffledBatches:
         return self
@@ -181,7 +183,6 @@ class ShuffledBatches:
         while self.order.numel() < self.batch_size:
             self.order = torch.cat([self.order, torch.randperm(len(self.rows),
                                                                generator=self.generator)])
-            self.epochs += 1
         take, self.order = self.order[:self.batch_size], self.order[self.batch_size:]
         return self.rows[take].to(torch.float32)
 
@@ -229,7 +230,7 @@ def train(rows: torch.Tensor, hook_name: str, out: str, config: TrainingConfig,
     from sae_lens.config import SAETrainerConfig
     from sae_lens.saes.sae import SAEMetadata
 
-    name, _, takes = ARCHITECTURES[config.architecture]
+    name, takes = ARCHITECTURES[config.architecture]
     sparsity: dict[str, Any] = {takes: config.k if takes == "k" else config.sparsity_coefficient}
     sae_config = getattr(lens, f"{name}Config")(
         d_in=d_in, d_sae=config.d_sae, dtype="float32", device="cpu",
@@ -238,8 +239,8 @@ def train(rows: torch.Tensor, hook_name: str, out: str, config: TrainingConfig,
     torch.manual_seed(config.seed)  # SAELens initialises the weights from torch's generator
     sae = getattr(lens, name)(sae_config)
     assert config.training_tokens is not None and config.dead_feature_window is not None
-    tokens = config.training_tokens
-    steps = math.ceil(tokens / config.batch_size)
+    steps = math.ceil(config.training_tokens / config.batch_size)
+    tokens = steps * config.batch_size  # whole batches, as SAELens's trainer counts them
     trainer = lens.SAETrainer(
         cfg=SAETrainerConfig(total_training_samples=tokens,
                              train_batch_size_samples=config.batch_size, lr=config.lr,
@@ -260,8 +261,7 @@ def train(rows: torch.Tensor, hook_name: str, out: str, config: TrainingConfig,
     trained = trainer.fit()
     seconds = time.perf_counter() - began
     trained.save_inference_model(out)
-    return TrainingRun(out, n, steps * config.batch_size, steps,
-                       steps * config.batch_size / n, seconds, scaling, lens.__version__)
+    return TrainingRun(out, n, tokens, steps, tokens / n, seconds, scaling, lens.__version__)
 
 
 def mean_row(rows: torch.Tensor, chunk: int = 65536) -> torch.Tensor:

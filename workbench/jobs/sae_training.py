@@ -150,15 +150,16 @@ def train_sae(shards: str, site: str, architecture: str = "topk", d_sae: int | N
               batch_size: int = 1024, lr: float = 3e-3, seed: int = 0,
               dead_feature_window: int | None = None, b_dec_init: str = "mean",
               lr_decay_steps: int = 0, skip_positions: int = 1,
-              eval_documents: int | None = None, eval_loss: bool = True, loss_documents: int = 32, model: str | None = None, llm: Any = None
+              eval_documents: int | None = None, eval_loss: bool = True,
+              loss_documents: int = 32, model: str | None = None, llm: Any = None
               ) -> TrainedSAE:
     """Trains an SAE on the capture folder `shards`' rows of `site` (a full hook name such as
     `blocks.15.hook_resid_post`), saves it into `out` and measures it (module docstring).
     `d_sae`: default 8 x the hook's width; `k`, `sparsity_coefficient`, `training_tokens`
     (default: one epoch of the training rows), `batch_size`, `lr`, `seed`,
-    `dead_feature_window`, `b_dec_init`, `lr_decay_steps`: `TrainingConfig`; `skip_positions`: each document's first rows
-    left out (module docstring). `eval_documents`: documents held out (default 5 %, at least
-    one); `eval_loss`: the
+    `dead_feature_window`, `b_dec_init`, `lr_decay_steps`: `TrainingConfig`;
+    `skip_positions`: each document's first rows left out (module docstring).
+    `eval_documents`: documents held out (default 5 %, at least one); `eval_loss`: the
     next-token loss through the engine on `loss_documents` of them, on `llm` (default: an
     `LLM` of `model`, default the job's model). Refused, naming the parameter, before any
     training where something cannot be done as asked."""
