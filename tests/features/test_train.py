@@ -122,6 +122,7 @@ def test_reported_figures_equal_plain_torch_from_the_saved_weights(trained, capt
     ({"skip_positions": -1}, "skip_positions"),
     ({"b_dec_init": "median"}, "b_dec_init"),
     ({"lr_decay_steps": -1}, "lr_decay_steps"),
+    ({"lr_decay_steps": 301}, "lr_decay_steps"),  # more than the run's 300 steps
     ({"skip_positions": 100}, "eval_documents"),  # no rows left
 ])
 def test_refused_before_training_naming_the_parameter(capture, tmp_path, change, parameter):
