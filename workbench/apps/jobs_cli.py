@@ -218,7 +218,7 @@ def _train_sae(argv: list[str]) -> int:
     from workbench.jobs.sae_training import train_sae  # deferred: torch, SAELens
 
     k = args.k
-    if k is not None and k == int(k) and args.architecture == "topk":
+    if k is not None and k.is_integer() and args.architecture == "topk":
         k = int(k)  # TopK's k is an integer; BatchTopK's a mean
     try:
         result = train_sae(args.shards, args.site, args.architecture, args.d_sae, k, args.out,
