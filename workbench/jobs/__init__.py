@@ -5,8 +5,9 @@ cluster, resumable and exact.
 routes), `dataset` (documents from JSONL, Parquet, a list or a `datasets.Dataset`), `capture`
 (`CaptureJob`: activations and per-token scores of every document into shards), `shards`
 (safetensors shards, their manifests, the job file and the index), `ray_pool` (Ray Data's actor
-pool of engine replicas; Ray is optional), `reader` (`CaptureReader`: the shards read back) and
-`sae_training` (`train_sae`: an SAE trained with SAELens on a capture's rows, and measured).
+pool of engine replicas; Ray is optional), `reader` (`CaptureReader`: the shards read back),
+`sae_training` (`train_sae`: an SAE trained with SAELens on a capture's rows, and measured) and
+`dashboards` (`DashboardJob`: every feature's dashboard over a dataset, as Parquet).
 Names load lazily.
 """
 
@@ -22,6 +23,7 @@ _NAMES = {
     "open_capture": "workbench.jobs.reader",
     "train_sae": "workbench.jobs.sae_training",
     "TrainedSAE": "workbench.jobs.sae_training",
+    "DashboardJob": "workbench.jobs.dashboards",
 }
 
 
