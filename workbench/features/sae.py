@@ -309,10 +309,11 @@ class SparseAutoencoder:
             out = out * scale + shift
         return out
 
-    def output(self, x: torch.Tensor) -> torch.Tensor:
+    def output(self, x: torch.Tensor, acts: torch.Tensor | None = None) -> torch.Tensor:
         """What it writes in place of its output hook's rows, from its input hook's rows x
-        [..., d_in]: decode(encode(x)) (a skip transcoder's `forward` adds x W_skip^T)."""
-        out = self.decode(self.encode(x), x)
+        [..., d_in]: decode(encode(x)) (a skip transcoder's `forward` adds x W_skip^T);
+        `acts`: encode(x) where the caller has it already."""
+        out = self.decode(self.encode(x) if acts is None else acts, x)
         if "W_skip" in self.weights:
             out = out + x.to(torch.float32) @ self.weights["W_skip"].T
         return out

@@ -368,9 +368,6 @@ def _read_features(sae: Any, x: torch.Tensor, k: int, out: torch.Tensor) -> _Rea
                          values[a:b, :, None], 0.0).sum(dim=1))
     acts = sae.encode(x, linear)  # [n, d_sae]
     top = acts.topk(k, dim=-1)  # once for all: each request takes its first top_k
-    recons = sae.decode(acts, x)
-    if "W_skip" in sae.weights:  # a skip transcoder's output
-        recons = recons + x @ sae.weights["W_skip"].T
     return _Read(top.indices, top.values, torch.count_nonzero(acts, dim=-1).tolist(),
-                 (out - recons).norm(dim=-1).tolist(),
+                 (out - sae.output(x, acts)).norm(dim=-1).tolist(),
                  lambda a, b, features: acts[a:b, features])
