@@ -280,3 +280,26 @@ def test_a_splice_in_a_batch_leaves_the_other_requests_as_they_were(llm):
     both = llm.generate([{"prompt_token_ids": p} for p in prompts], [
         greedy(6, interventions=[{"sae": "t", "op": "splice"}]), greedy(6, logprobs=2)])
     assert list(both[1].outputs[0].logprobs) == list(alone.outputs[0].logprobs)
+
+
+@pytest.mark.parametrize("name", ["Transcoder", "SkipTranscoder", "JumpReLUTranscoder",
+                                  "JumpReLUSkipTranscoder"])
+def test_a_transcoder_saelens_saved_loads_and_computes_as_saelens(tmp_path, name):
+    """SAELens's own class, saved by SAELens (`save_model`), read by our loader: its `encode`
+    and `forward` (`output`), within float32 rounding of the scale."""
+    sae_lens = pytest.importorskip("sae_lens")
+    cls, config = getattr(sae_lens, name), getattr(sae_lens, f"{name}Config")
+    cfg = config(d_in=D, d_sae=D_SAE, d_out=D, apply_b_dec_to_input=False)
+    cfg.metadata.hook_name, cfg.metadata.hook_name_out = IN, OUT
+    theirs = cls(cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    theirs.save_model(str(tmp_path))
+    ours = SparseAutoencoder.load("t", str(tmp_path))
+    x = torch.randn(9, D, generator=torch.Generator().manual_seed(1)) * 3
+    acts, out = theirs.encode(x).detach(), theirs(x).detach()
+    assert ours.writes == ("mlp_out", 1)
+    assert (ours.encode(x) - acts).abs().max() <= 1e-6 * acts.abs().max()
+    assert (ours.output(x) - out).abs().max() <= 1e-6 * out.abs().max()
