@@ -196,10 +196,20 @@ class DashboardComputer(ShardComputer):
         model's LM head (on the model thread: the engine's own weights and arithmetic)."""
         import torch
 
+        from workbench.engine.kernels import c_layer_ops
         from workbench.engine.model_thread import on_model_thread
 
         engine = self.llm.llm_engine
         w_dec = self.sae.weights["W_dec"]
+
+        def top(logits: Any) -> tuple[Any, Any]:
+            """The `LOGITS` largest of each row (ids, values), an equal value after those of
+            lower id: one C pass (`ranks_and_top_k`), torch's `topk` where it cannot run."""
+            found = c_layer_ops.ranks_and_top_k(
+                logits, torch.zeros(logits.shape[0], dtype=torch.int64), LOGITS)
+            if found is None:
+                return logits.topk(LOGITS, dim=-1)
+            return found[1], found[2]
 
         def table() -> dict[str, Any]:
             head, dtype = engine.runner.model.lm_head, engine.loaded.dtype
@@ -207,11 +217,11 @@ class DashboardComputer(ShardComputer):
             with torch.inference_mode():
                 for at in range(0, w_dec.shape[0], _LOGIT_CHUNK):
                     logits = head(w_dec[at:at + _LOGIT_CHUNK].to(dtype)).float()
-                    up, down = logits.topk(LOGITS, dim=-1), (-logits).topk(LOGITS, dim=-1)
-                    parts["up_ids"].append(up.indices)
-                    parts["up"].append(up.values)
-                    parts["down_ids"].append(down.indices)
-                    parts["down"].append(-down.values)
+                    (up_ids, up), (down_ids, down) = top(logits), top(logits.neg_())
+                    parts["up_ids"].append(up_ids)
+                    parts["up"].append(up)
+                    parts["down_ids"].append(down_ids)
+                    parts["down"].append(-down)
             return {f"logits_{n}": torch.cat(t) for n, t in parts.items()}
 
         return on_model_thread(table)
