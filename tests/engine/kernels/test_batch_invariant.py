@@ -134,6 +134,24 @@ def test_the_invariant_products_are_the_broadcast_tiles_bits(kernel, dtype, name
     assert torch.equal(_call(fn, x, weight, bias), _call(tiles, x, weight, bias))
 
 
+@pytest.mark.parametrize("k", [576, 45])
+def test_avx2s_few_row_products_are_the_invariant_bits_for_one_to_four_rows(k):
+    """`wb_linear_f32` (AVX2's default products) takes one to four rows through the invariant
+    products' blocks of weight rows in the lanes: a lone stream's step is the same bits in
+    either engine; from five rows its own dot products (other bits)."""
+    fn = _invariant_function("avx2", torch.float32, "wb_linear_f32_invariant")
+    from workbench.engine.kernels import c_library
+
+    few = c_library.library().wb_linear_f32
+    gen = torch.Generator().manual_seed(k)
+    weight, bias = torch.randn(203, k, generator=gen), torch.randn(203, generator=gen)
+    x = torch.randn(300, k, generator=gen)
+    full = _call(fn, x, weight, bias)
+    for rows in (1, 2, 3, 4):
+        assert torch.equal(_call(few, x[:rows].contiguous(), weight, bias), full[:rows]), rows
+    assert not torch.equal(_call(few, x[:5].contiguous(), weight, bias), full[:5])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_kernel_with_invariant_products_takes_every_row_in_one_call(dtype, monkeypatch):
     """`FastLinear` with `tile_rows` on "avx2" / "avx512bf16": 300 rows in one C call, and
