@@ -67,7 +67,7 @@ def linear_function():
 @functools.cache
 def linear_invariant_function():
     """The batch-invariant float32 products (`csrc/linear_f32.c`'s broadcast tiles for any row
-    count; AVX2's takes one to four rows with eight weight rows in the lanes, the same sums): the
+    count; AVX2's takes one to six rows with eight weight rows in the lanes, the same sums): the
     AVX-512F function where the CPU has it, else AVX2's, the same bits."""
     lib = c_library.library()
     return lib.wb_linear_f32_invariant_avx512 if available_avx512() else \

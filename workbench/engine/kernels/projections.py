@@ -34,7 +34,7 @@ computes `x W^T + b`.
 A batch-invariant engine (`fusion.make_batch_invariant`) runs the projections of "avx2" and
 "avx512bf16" through their invariant products (`invariant_function`: `csrc/linear_f32.c`'s
 broadcast tiles for every row count, or its blocks of eight weight rows in the lanes for one to
-four, the same sums; `csrc/linear_bf16.c`'s one function, the default engine's
+six, the same sums; `csrc/linear_bf16.c`'s one function, the default engine's
 too; one call per projection, prefill and decode alike), those of the other kernels in fixed
 tiles (`FastLinear.tile_rows`).
 

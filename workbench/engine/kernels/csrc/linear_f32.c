@@ -3,85 +3,29 @@
  * y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]), row-major, for the few rows of a decode step
  * (one sequence, a beam search, a small batch). BLAS libraries tune their GEMM for many rows and
  * take slow paths for a handful on some CPUs; here the weight matrix is read from memory exactly
- * once per call. One to four rows: the batch-invariant products' blocks of eight weight rows
- * in the lanes (`invariant_transposed`, below; on an AVX2-only EPYC a lone stream 44-47 ->
- * 51-53 tokens/s against the dot products). Five and six rows: dot products, four weight rows
- * at a time, those four rows staying in L1 while every row of x reads them, two x rows per
- * pass (8 accumulators + 4 weight + 2 input registers of the 16 AVX2 has); the first pass
- * prefetches the next four rows. Seven rows or more: broadcast tiles (below).
+ * once per call. Every output is summed over k in order, one fused multiply-add a step,
+ * restarted every BC_SPAN steps and added to a running total, however the lanes are laid: one
+ * to six rows with eight weight rows in a vector's lanes (`invariant_transposed`, below), seven
+ * or more with eight input rows in them (broadcast tiles). So a row's bits depend on its own
+ * values only, for any row count and thread count: AVX2's products are the batch-invariant
+ * engine's too (`wb_linear_f32_invariant`, the same bits). The AVX-512F functions further down
+ * are dot products up to twelve rows (other bits) and their own invariant tiles.
  * Each thread takes a contiguous range of weight rows (OpenMP, the runtime torch itself loaded).
- * Sums are accumulated in float32 in a fixed order: the same inputs give the same bits for any
- * thread count.
  */
 #include "wb.h"
 
-/* The next block of four weight rows, fetched into L1 while this one is computed (on the
- * first pass over a block only: later passes read it from L1). */
-static inline void prefetch_next(const float *w, int64_t K, int64_t k) {
-    for (int r = 4; r < 8; ++r) _mm_prefetch((const char *)(w + r * K + k), _MM_HINT_T0);
-}
-
-/* Dot products of weight rows w[0..R) with input rows x0 (and x1 when two), R <= 4. */
-static inline void tile(const float *w, int64_t R, const float *x0, const float *x1, int64_t K,
-                        int first, float out0[4], float out1[4]) {
-    const int64_t K8 = K & ~(int64_t)7;
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-    if (R == 4 && x1) {
-        for (int64_t k = 0; k < K8; k += 8) {
-            if (first) prefetch_next(w, K, k);
-            __m256 u = _mm256_loadu_ps(x0 + k), v = _mm256_loadu_ps(x1 + k);
-            __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + K + k);
-            __m256 w2 = _mm256_loadu_ps(w + 2 * K + k), w3 = _mm256_loadu_ps(w + 3 * K + k);
-            a[0] = _mm256_fmadd_ps(w0, u, a[0]); c[0] = _mm256_fmadd_ps(w0, v, c[0]);
-            a[1] = _mm256_fmadd_ps(w1, u, a[1]); c[1] = _mm256_fmadd_ps(w1, v, c[1]);
-            a[2] = _mm256_fmadd_ps(w2, u, a[2]); c[2] = _mm256_fmadd_ps(w2, v, c[2]);
-            a[3] = _mm256_fmadd_ps(w3, u, a[3]); c[3] = _mm256_fmadd_ps(w3, v, c[3]);
-        }
-    } else if (R == 4) {
-        for (int64_t k = 0; k < K8; k += 8) {
-            if (first) prefetch_next(w, K, k);
-            __m256 u = _mm256_loadu_ps(x0 + k);
-            a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), u, a[0]);
-            a[1] = _mm256_fmadd_ps(_mm256_loadu_ps(w + K + k), u, a[1]);
-            a[2] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 2 * K + k), u, a[2]);
-            a[3] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 3 * K + k), u, a[3]);
-        }
-    } else {  /* the last, partial block of weight rows */
-        for (int64_t r = 0; r < R; ++r)
-            for (int64_t k = 0; k < K8; k += 8) {
-                __m256 wr = _mm256_loadu_ps(w + r * K + k);
-                a[r] = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x0 + k), a[r]);
-                if (x1) c[r] = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x1 + k), c[r]);
-            }
-    }
-    for (int64_t r = 0; r < R; ++r) {
-        float s = hsum(a[r]), t = x1 ? hsum(c[r]) : 0.0f;
-        for (int64_t k = K8; k < K; ++k) {
-            s += w[r * K + k] * x0[k];
-            if (x1) t += w[r * K + k] * x1[k];
-        }
-        out0[r] = s;
-        out1[r] = t;
-    }
-}
-
-/* Products of seven rows or more (a batch decoding, a wide beam search): the dot products above
- * are held to about half of what the FMA units do by their horizontal sums and eight
- * accumulators. Here the input is transposed into columns of rows (xt[k][m], zero padded) and
+/* Products of seven rows or more (a batch decoding, a wide beam search): dot products are held
+ * to about half of what the FMA units do by their horizontal sums and eight accumulators. Here the input is transposed into columns of rows (xt[k][m], zero padded) and
  * each weight element is broadcast and multiplied into whole vectors of them: a tile of R
  * weight rows x V vectors keeps R * V sums in registers (AVX2, 6 x 2: 12 of the 16 registers,
  * 2 + 6 loads a step for 12 multiply-adds, no horizontal sums). Each sum runs over k in order,
  * restarted every BC_SPAN steps and added to a running total (the error grows with
- * BC_SPAN + K / BC_SPAN, not with K): the same bits for any number of rows from BC_MIN_ROWS
- * on, any grouping of them, any thread count, and in AVX2's eight lanes or AVX-512F's
+ * BC_SPAN + K / BC_SPAN, not with K): the same bits for any number of rows, any grouping of
+ * them, any thread count, and in AVX2's eight lanes or AVX-512F's
  * sixteen. The weight rows two tiles ahead are prefetched into L2: sixteen rows need the
  * weights about as fast as memory gives them, and the hardware prefetchers do not follow six
  * rows at once. On an AMX Xeon limited to AVX2, a 16-row decode step's products: 49 ms as dot
  * products, 36 ms this way (6 rows: a tie). */
-#define BC_MIN_ROWS 7
 #define BC_SPAN 64
 #define AVX2  /* no attribute: the library's own flags, -mavx2 -mfma */
 #define AVX512F __attribute__((target("avx512f")))
@@ -252,41 +196,21 @@ BC_LINEAR(avx512, AVX512F, 16, 4, 1, BC512_MAX_ROWS)
 
 static void invariant_transposed(const float *x, const float *w, const float *b, float *y,
                                  int64_t M, int64_t N, int64_t K, int threads);
-#define TR_MAX_ROWS 4   /* rows that take `invariant_transposed` (below) */
+#define TR_MAX_ROWS 6   /* rows that take `invariant_transposed` (below): from seven the
+                         * broadcast tiles are as fast (and from five the dot products were
+                         * slower on an AVX2-only EPYC) */
 
 void wb_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M,
                    int64_t N, int64_t K, int threads) {
-    if (M <= TR_MAX_ROWS) {  /* as the invariant products: faster than the dot products */
-        invariant_transposed(x, w, b, y, M, N, K, threads);
-        return;
-    }
-    if (M >= BC_MIN_ROWS) {
-        linear_broadcast_avx2(x, w, b, y, M, N, K, threads);
-        return;
-    }
-    const int64_t blocks = (N + 3) / 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n0 = blk * 4, R = N - n0 < 4 ? N - n0 : 4;
-        const float *wb = w + n0 * K;
-        for (int64_t m = 0; m < M; m += 2) {
-            const float *x1 = m + 1 < M ? x + (m + 1) * K : 0;
-            float s[4], t[4];
-            tile(wb, R, x + m * K, x1, K, m == 0, s, t);
-            for (int64_t r = 0; r < R; ++r) {
-                float bias = b ? b[n0 + r] : 0.0f;
-                y[m * N + n0 + r] = s[r] + bias;
-                if (x1) y[(m + 1) * N + n0 + r] = t[r] + bias;
-            }
-        }
-    }
+    if (M <= TR_MAX_ROWS) invariant_transposed(x, w, b, y, M, N, K, threads);
+    else linear_broadcast_avx2(x, w, b, y, M, N, K, threads);
 }
 
 /* The same products on CPUs with AVX-512F, as dot products but for 13 to 16 rows:
  * sixteen floats a vector and 32 registers, so four input rows share each block of four weight
  * rows (16 sums in registers; the weights are read from L1 a quarter as often as with AVX2's
  * two rows). K's tail through masked loads. Fixed order: the same bits for any thread count
- * (not the AVX2 dot products' bits: other lanes). 13 to 16 rows: the broadcast tiles above. */
+ * (not the AVX2 products' bits: other sums). 13 to 16 rows: the broadcast tiles above. */
 AVX512F void wb_linear_f32_avx512(const float *x, const float *w, const float *b, float *y,
                                   int64_t M, int64_t N, int64_t K, int threads) {
     if (M >= BC512_MIN_ROWS && M <= BC512_MAX_ROWS) {
@@ -419,7 +343,7 @@ BC_INVARIANT(avx2, AVX2, 8, 8)
 BC_INVARIANT(avx2, AVX2, 8, 16)
 BC_INVARIANT(avx512, AVX512F, 16, 64)
 
-/* The same sums for one to four rows (a lone stream's decode step, a few streams'), the eight
+/* The same sums for one to six rows (a lone stream's decode step, a few streams'), the eight
  * lanes taking eight weight rows instead of eight input rows: a row padded to a panel of
  * eight leaves seven lanes of every multiply-add idle and loads each weight element on its
  * own, which held a lone invariant stream to 0.87x the plain one on an AVX2-only EPYC. Each
@@ -430,7 +354,7 @@ BC_INVARIANT(avx512, AVX512F, 16, 64)
  * broadcast; every step prefetches half the next block's rows (the hardware fetches the rest:
  * all eight, or blocks interleaved for more independent sums, were slower). The 30 layers and
  * LM head of SmolLM2 at one row, on that EPYC: 15-18 ms against the padded tiles' 20-21 and the
- * plain engine's dot products' 18-21. */
+ * dot products' 18-21 (five rows 21 against 26), so `wb_linear_f32` runs them too. */
 #define TR_GROUP 32     /* weight rows a thread takes at once */
 
 /* c[j] = (w[i * K + j])_i: eight rows' eight floats at w, transposed */
@@ -516,7 +440,9 @@ static void invariant_transposed(const float *x, const float *w, const float *b,
             case 1: tr_block(x, wn, bn, y + n, 1, N, K); break;
             case 2: tr_block(x, wn, bn, y + n, 2, N, K); break;
             case 3: tr_block(x, wn, bn, y + n, 3, N, K); break;
-            default: tr_block(x, wn, bn, y + n, 4, N, K); break;
+            case 4: tr_block(x, wn, bn, y + n, 4, N, K); break;
+            case 5: tr_block(x, wn, bn, y + n, 5, N, K); break;
+            default: tr_block(x, wn, bn, y + n, 6, N, K); break;
             }
         }
         for (; n < g1; ++n) tr_row(x, w + n * K, b ? b + n : 0, y + n, M, N, K);
