@@ -15,7 +15,8 @@
 #include "wb.h"
 
 /* Products of seven rows or more (a batch decoding, a wide beam search): dot products are held
- * to about half of what the FMA units do by their horizontal sums and eight accumulators. Here the input is transposed into columns of rows (xt[k][m], zero padded) and
+ * to about half of what the FMA units do by their horizontal sums and eight accumulators.
+ * Here the input is transposed into columns of rows (xt[k][m], zero padded) and
  * each weight element is broadcast and multiplied into whole vectors of them: a tile of R
  * weight rows x V vectors keeps R * V sums in registers (AVX2, 6 x 2: 12 of the 16 registers,
  * 2 + 6 loads a step for 12 multiply-adds, no horizontal sums). Each sum runs over k in order,
