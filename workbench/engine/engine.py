@@ -30,6 +30,7 @@ from workbench.engine.handlers import (
     KindHandler,
     PoolingHandler,
 )
+from workbench.engine.kernels.projections import reads_bf16_weights
 from workbench.engine.model_thread import jobs_waiting, on_model_thread
 from workbench.engine.requests.beam_search import BeamSearchOutput
 from workbench.engine.requests.block_manager import BlockManager
@@ -51,7 +52,7 @@ from workbench.inside.resolve import ModelShape
 from workbench.inside.vectors import load_vector
 from workbench.lora.request import LoRARequest
 from workbench.models import memory
-from workbench.models.loader import load_model
+from workbench.models.loader import compute_dtype, load_model
 from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 
@@ -104,7 +105,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: Any = None):
         self.config = config
         if loaded is None:
-            loaded = load_model(config.model, dtype=config.dtype, device=config.device)
+            loaded = load_model(config.model, dtype=config.dtype, device=config.device,
+                                bf16_weights=reads_bf16_weights(config.kernel))
         self.loaded = loaded
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         hf = self.model.config
@@ -149,7 +151,7 @@ class LLMEngine:
     def _init_decoder(self, hf) -> None:
         """KV cache blocks, scheduler and model runner; LoRA slots with `enable_lora`."""
         config = self.config
-        dtype = next(self.model.parameters()).dtype
+        dtype = compute_dtype(self.model)
         num_blocks = model_limits.num_kv_blocks(hf, dtype, config, self.max_model_len,
                                                 memory.available_beside(self.model))
         self.block_manager = BlockManager(num_blocks, config.block_size,

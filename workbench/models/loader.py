@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.errors import ValidationError
-from workbench.models.architectures import architecture_of
+from workbench.models.architectures import architecture_of, module_at
 from workbench.models.devices import resolve_device, resolve_dtype
 from workbench.models.gguf_blocks import QuantizedWeight
 from workbench.models.registry import ENCODER_TYPES, resolve_model
@@ -73,14 +73,18 @@ class LoadedModel:
 
 def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                kind: str | None = None, served_name: str | None = None,
-               progress: bool = True) -> LoadedModel:
+               progress: bool = True, bf16_weights: bool = False) -> LoadedModel:
     """Load a model by alias, directory, .gguf file or cached hub id.
 
     `dtype` and `device` accept "auto" (see `resolve_dtype`, `resolve_device`); `dtype="gguf"`
     keeps a GGUF model's quantized blocks (`LoadedModel.quantized`) beside its float32
     dequantization, on the CPU. `progress`
     shows the stages (weights, tokenizer, device) as a tqdm bar: a widget in a notebook, a line
-    on the terminal.
+    on the terminal. `bf16_weights` (the engine's, where its float32 kernel reads bfloat16
+    weights): a generative model in float32 on the CPU whose checkpoint is bfloat16 keeps its
+    decoder layers' linear weights, LM head and input embedding in bfloat16 as the checkpoint
+    has them (mapped, not converted: half the bytes, loaded at the disk's speed), everything
+    else widened to float32; it computes in float32 on the same values (`compute_dtype`).
     """
     # deferred: transformers is heavy to import and only loading needs it
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
@@ -93,13 +97,19 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
     if gguf:
         _check_gguf(spec, device)
     torch_dtype = torch.float32 if gguf else resolve_dtype(dtype, device)
+    keep_bf16 = (bf16_weights and not gguf and spec.kind == "generate" and device == "cpu"
+                 and torch_dtype == torch.float32
+                 and checkpoint_dtype(spec.path) == torch.bfloat16)
     auto_class = AutoModelForCausalLM if spec.kind == "generate" else AutoModel
     with tqdm(total=3, desc=f"Loading {spec.served_name}", unit="stage",
               disable=not progress) as stages:
         stages.set_postfix_str("weights")
-        net, info = auto_class.from_pretrained(spec.path, dtype=torch_dtype,
-                                               local_files_only=True, output_loading_info=True)
+        net, info = auto_class.from_pretrained(
+            spec.path, dtype=torch.bfloat16 if keep_bf16 else torch_dtype,
+            local_files_only=True, output_loading_info=True)
         _check_complete(spec.served_name, info)
+        if keep_bf16:
+            _widen_all_but_projections(net)
         stages.update()
         stages.set_postfix_str("tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
@@ -121,6 +131,53 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
                        served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,
                        device=device, max_model_len=max_model_len_of(spec.path, net.config),
                        pooling=pooling, normalize=normalize, quantized=quantized)
+
+
+COMPUTE_DTYPE = "workbench_compute_dtype"  # a model attribute: the dtype it computes in
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype `model` computes in: float32 for one loaded with `bf16_weights` (its
+    projections' weights bfloat16, its activations float32), else its first parameter's."""
+    return getattr(model, COMPUTE_DTYPE, None) or next(model.parameters()).dtype
+
+
+def checkpoint_dtype(path: Path | None) -> torch.dtype | None:
+    """The one floating dtype of every tensor in the directory's safetensors files (None:
+    none there, several dtypes, or a header that does not read)."""
+    names = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+    found: set[str] = set()
+    for file in sorted(Path(path).glob("*.safetensors")) if path else ():
+        try:
+            with open(file, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        except (OSError, ValueError):
+            return None
+        found |= {entry["dtype"] for key, entry in header.items()
+                  if key != "__metadata__" and entry.get("dtype") in names}
+    return names[found.pop()] if len(found) == 1 else None
+
+
+def _widen_all_but_projections(net: torch.nn.Module) -> None:
+    """A bfloat16 model made to compute in float32, widening only what no kernel reads: the
+    decoder layers' `nn.Linear` weights, the LM head's and the input embedding's stay bfloat16
+    (the float32 kernel widens each exactly as it reads it; the embedding's rows are widened
+    as they are looked up), every other parameter and buffer becomes float32 (exact: bf16 is
+    float32's top half). `compute_dtype(net)` then says float32."""
+    layers = module_at(net, architecture_of(net.config).layers)
+    kept = {id(m.weight) for m in layers.modules() if type(m) is torch.nn.Linear}
+    for m in (net.get_output_embeddings(), net.get_input_embeddings()):
+        if m is not None and getattr(m, "weight", None) is not None:
+            kept.add(id(m.weight))
+    for module in net.modules():
+        for param in list(module.parameters(recurse=False)):
+            if id(param) not in kept and param.is_floating_point():
+                param.data = param.data.float()
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_floating_point():
+                setattr(module, name, buffer.float())
+    net.get_input_embeddings().register_forward_hook(lambda _m, _args, out: out.float())
+    setattr(net, COMPUTE_DTYPE, torch.float32)
 
 
 def _check_complete(name: str, info: dict[str, Any]) -> None:

@@ -32,7 +32,8 @@ def available() -> bool:
     """Whether the library built and computes a known product within float32 rounding."""
     lib = c_library.library()
     return lib is not None and all(_known_product_holds(fn) for fn in (
-        lib.wb_linear_f32, lib.wb_linear_f32_invariant))
+        lib.wb_linear_f32, lib.wb_linear_f32_invariant)) and _known_product_holds(
+        lib.wb_linear_f32_w16, pack=lambda w: w.bfloat16(), widened=True)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -74,6 +75,12 @@ def linear_invariant_function():
         lib.wb_linear_f32_invariant
 
 
+def linear_w16_function():
+    """The float32 products on a bfloat16 weight (`csrc/linear_f32.c`'s `wb_linear_f32_w16`,
+    AVX2): every row count, the invariant products' bits on the weight widened."""
+    return c_library.function("wb_linear_f32_w16")
+
+
 def invariant_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None],
                                   torch.Tensor] | None:
     """`linear(x, weight, bias)` through the batch-invariant float32 products, for an SAE's
@@ -104,13 +111,16 @@ def available_avx512() -> bool:
 
 
 def _known_product_holds(fn, dtype: torch.dtype = torch.float32, rows: int = 5,
-                         pack=None) -> bool:
+                         pack=None, widened: bool = False) -> bool:
     """Whether the product function `fn` computes a known product (rows x 45 by 19 x 45, a
-    bias; the weight through `pack` when its layout is another) within one rounding of dtype."""
+    bias; the weight through `pack` when its layout is another, `widened`: a weight whose
+    values are bfloat16's) within one rounding of dtype."""
     gen = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(rows, 45, generator=gen).to(dtype),
                torch.randn(19, 45, generator=gen).to(dtype),
                torch.randn(19, generator=gen).to(dtype))
+    if widened:
+        w = w.bfloat16().to(dtype)
     expected = x.double() @ w.double().T + b.double()
     got = product(fn, x, w if pack is None else pack(w), b, out_features=19)
     tol = (1e-5, 1e-5) if dtype == torch.float32 else (2 ** -7, 1e-2)

@@ -130,7 +130,12 @@ class Avx2(LinearKernel):
     (`csrc/linear_f32.c`, its AVX-512F functions where the CPU has them), reading each weight
     once per call; longer ones (prefill chunks) through `F.linear`. Same weight tensor, no copy;
     float32 sums in another order than BLAS's, so outputs differ from `F.linear` in the last
-    bits."""
+    bits.
+
+    A bfloat16 weight (a float32 model whose checkpoint is bfloat16, `loader.load_model`) is
+    kept as it is, the only copy, and every row count runs through `wb_linear_f32_w16`: each
+    weight widened exactly as it is read, float32 sums in the invariant products' order, so
+    the bits are those of the float32 weight it stands for, at half the bytes."""
 
     name, dtype = "avx2", torch.float32
     MAX_ROWS = 48  # longer products go to BLAS (its GEMM is tuned for many rows)
@@ -147,14 +152,22 @@ class Avx2(LinearKernel):
     def prepare(self, weight, bias):
         weights = super().prepare(weight, bias)
         weights.c_weight = weights.plain
+        if weights.plain is not None and weights.plain.dtype == torch.bfloat16:
+            weights.plain = None  # F.linear cannot read it beside float32 inputs
+            if weights.bias is not None:
+                weights.bias = weights.bias.float()
         return weights
 
     def c_function(self, weights, rows, dtype):
-        if rows <= self.MAX_ROWS and dtype == torch.float32:
-            return c_products.linear_function()
-        return None
+        if dtype != torch.float32:
+            return None
+        if weights.c_weight.dtype == torch.bfloat16:
+            return c_products.linear_w16_function()
+        return c_products.linear_function() if rows <= self.MAX_ROWS else None
 
     def invariant_function(self, weights, dtype):
+        if dtype == torch.float32 and weights.c_weight.dtype == torch.bfloat16:
+            return c_products.linear_w16_function()
         return c_products.linear_invariant_function() if dtype == torch.float32 else None
 
 
@@ -410,6 +423,17 @@ def _choose_gguf(dtype: torch.dtype, device: str, requested: str,
         raise ValidationError(f"dtype 'gguf' cannot run here: its kernel needs {lack}.",
                               parameter="dtype", value="gguf")
     return KernelChoice(kernel, dtype, "cpu", features.summary(), "c")
+
+
+def reads_bf16_weights(requested: str = "auto") -> bool:
+    """Whether a float32 model on the CPU, its kernel `requested` (`--kernel`), multiplies
+    bfloat16 weights as they are ("avx2": a bfloat16 checkpoint's weights then stay bfloat16,
+    `load_model(bf16_weights=True)`); False where that kernel cannot run here (the engine
+    refuses it later, naming it)."""
+    try:
+        return choose(torch.float32, "cpu", requested).kernel == "avx2"
+    except ValidationError:
+        return False
 
 
 def emulated(dtype: torch.dtype, device: str = "cpu", features: CpuFeatures | None = None

@@ -24,6 +24,7 @@ from workbench.engine.kernels import c_products, projections
 from workbench.engine.kernels.projections import LinearKernel
 from workbench.models import memory
 from workbench.models.gguf_blocks import QuantizedWeight
+from workbench.models.loader import compute_dtype
 
 C_KERNELS = frozenset({"avx2", "amx", "avx512bf16", "gguf", "gguf_q8"})  # with C products (c_function)
 
@@ -228,7 +229,7 @@ def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
     their rows in it (SmolLM2: ~44 MB not held twice)."""
     if kernel is None:
         weight = next(model.parameters())
-        kernel = projections.choose(weight.dtype, weight.device.type).kernel
+        kernel = projections.choose(compute_dtype(model), weight.device.type).kernel
     quantized = quantized or {}
     fallback = projections.choose(torch.float32).kernel if kernel in (
         "gguf", "gguf_q8") else kernel

@@ -53,6 +53,7 @@ from workbench.models.architectures import (
     sites_of,
     stray_layout_keys,
 )
+from workbench.models.loader import compute_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -223,21 +224,22 @@ class ModelRunner:
         attention.register()
         model.set_attn_implementation(attention.ATTENTION_NAME)
         weight = next(model.parameters())
+        dtype = compute_dtype(model)
         # `quantized`: GGUF blocks by parameter name (`dtype="gguf"`), multiplied by "gguf"
         # ("gguf_q8": `gguf_activations="q8"`, llama.cpp's int8 activations)
-        self.kernel = projections.choose(weight.dtype, weight.device.type, kernel,
+        self.kernel = projections.choose(dtype, weight.device.type, kernel,
                                      blocks=bool(quantized), activations=gguf_activations)
         logger.info("projections: %s", self.kernel.describe())
-        if projections.emulated(weight.dtype, weight.device.type):
+        if projections.emulated(dtype, weight.device.type):
             logger.warning("%s is emulated on this CPU (no AVX-512 BF16 or AMX): float32 "
-                           "(dtype='auto') runs faster here", weight.dtype)
+                           "(dtype='auto') runs faster here", dtype)
         self.layers = module_at(model, self.arch.layers)
         fuse_projections(model, self.kernel.kernel, self.layers, quantized)
         self.batch_invariant = batch_invariant
         if batch_invariant:
             check_batch_invariant(model, self.kernel, self.layers)
             # the projections without blocks on the float32 kernel, the blocks' own in tiles
-            make_batch_invariant(model, projections.choose(weight.dtype).kernel if quantized
+            make_batch_invariant(model, projections.choose(dtype).kernel if quantized
                                  else self.kernel.kernel)
         if self.arch.attention is not None:  # attention computed in its module: our forward
             attention_modules.install(self.arch.attention, self.layers, model.config,
@@ -249,7 +251,7 @@ class ModelRunner:
         self.config = model.config
         self.block_size = block_size
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = dtype
         cfg = self.config
         self._arange_block = torch.arange(block_size, device=self.device)
         # what each layer's attention asks for (scaling, window, softcap), and whether the

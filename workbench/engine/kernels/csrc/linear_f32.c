@@ -38,6 +38,22 @@
 static inline __m256 bc_broadcast256(const float *p) { return _mm256_broadcast_ss(p); }
 AVX512F static inline __m512 bc_broadcast512(const float *p) { return _mm512_set1_ps(*p); }
 
+/* Row i of a weight of K columns at w, float32 or (w16) bfloat16, as a byte address. */
+#define BC_ROW(w, i, K, w16) ((const char *)(w) + (int64_t)(i) * (K) * ((w16) ? 2 : 4))
+
+/* n bfloat16 weights at w widened into float32 at out (exact: the bf16 bits are a float32's
+ * top half), eight at a time by unpacking them with zeros below. */
+static inline __attribute__((always_inline)) void bc_widen(const uint16_t *w, int64_t n,
+                                                           float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(w + i));
+        _mm_storeu_si128((__m128i *)(out + i), _mm_unpacklo_epi16(_mm_setzero_si128(), v));
+        _mm_storeu_si128((__m128i *)(out + i + 4), _mm_unpackhi_epi16(_mm_setzero_si128(), v));
+    }
+    for (; i < n; ++i) out[i] = wb_bf16_to_f32(w[i]);
+}
+
 /* The tiles, one body for both vector widths (BITS: 256 or 512; BITS / 32 lanes a vector).
  * bc_tile_ISA: the sums of weight rows w[0..R) (R <= 6) with V vectors (V <= 4) of the columns
  * at xt (row k at xt + k * ld) into sums[(r * V + v) * lanes + lane]; only ever called with
@@ -45,19 +61,28 @@ AVX512F static inline __m512 bc_broadcast512(const float *p) { return _mm512_set
  * weight rows (R <= RT) x V vectors (V <= VMAX, a constant: no tiles of more vectors are
  * compiled), a full tile of RT rows at once, prefetching when `first`, fewer a row at a time. */
 #define BC_TILES(ISA, TARGET, BITS, UNROLL)                                                    \
-    TARGET BC_INLINE void bc_tile_##ISA(const float *w, int64_t K, const float *xt,            \
+    TARGET BC_INLINE void bc_tile_##ISA(const void *wv, int64_t K, const float *xt,            \
                                         int64_t ld, const int R, const int V, int prefetch,    \
-                                        float *sums) {                                         \
+                                        const int w16, float *sums) {                          \
         for (int i = 0; i < R * V * (BITS / 32); ++i) sums[i] = 0.0f;                          \
+        float wt[6 * BC_SPAN]; /* bf16 weights: the span's rows widened */                     \
         for (int64_t k0 = 0; k0 < K; k0 += BC_SPAN) {                                          \
             const int64_t k1 = k0 + BC_SPAN < K ? k0 + BC_SPAN : K;                            \
+            const float *w = (const float *)wv;                                                \
+            int64_t wld = K, off = 0;                                                          \
+            if (w16) {                                                                         \
+                for (int r = 0; r < R; ++r)                                                    \
+                    bc_widen((const uint16_t *)wv + r * K + k0, k1 - k0, wt + r * BC_SPAN);    \
+                w = wt, wld = BC_SPAN, off = k0;                                               \
+            }                                                                                  \
             __m##BITS acc[6][4];                                                               \
             for (int r = 0; r < R; ++r)                                                        \
                 for (int v = 0; v < V; ++v) acc[r][v] = _mm##BITS##_setzero_ps();              \
             for (int64_t kk = k0; kk < k1; kk += 16) { /* a cache line of each weight row */   \
                 if (prefetch)                                                                  \
                     for (int r = 0; r < R; ++r)                                                \
-                        _mm_prefetch((const char *)(w + (2 * R + r) * K + kk), _MM_HINT_T1);   \
+                        _mm_prefetch(BC_ROW(wv, 2 * R + r, K, w16) + kk * (w16 ? 2 : 4),       \
+                                     _MM_HINT_T1);                                             \
                 const int64_t ke = kk + 16 < k1 ? kk + 16 : k1;                                \
                 BC_PRAGMA(GCC unroll UNROLL)                                                   \
                 for (int64_t k = kk; k < ke; ++k) {                                            \
@@ -65,7 +90,7 @@ AVX512F static inline __m512 bc_broadcast512(const float *p) { return _mm512_set
                     for (int v = 0; v < V; ++v)                                                \
                         xv[v] = _mm##BITS##_loadu_ps(xt + k * ld + (BITS / 32) * v);           \
                     for (int r = 0; r < R; ++r) {                                              \
-                        const __m##BITS bw = bc_broadcast##BITS(w + r * K + k);                \
+                        const __m##BITS bw = bc_broadcast##BITS(w + r * wld + k - off);        \
                         for (int v = 0; v < V; ++v)                                            \
                             acc[r][v] = _mm##BITS##_fmadd_ps(bw, xv[v], acc[r][v]);            \
                     }                                                                          \
@@ -79,21 +104,22 @@ AVX512F static inline __m512 bc_broadcast512(const float *p) { return _mm512_set
                 }                                                                              \
         }                                                                                      \
     }                                                                                          \
-    TARGET BC_INLINE void bc_rows_##ISA(const float *w, int64_t K, const float *xt,            \
+    TARGET BC_INLINE void bc_rows_##ISA(const void *w, int64_t K, const float *xt,             \
                                         int64_t ld, const int RT, int64_t R, const int V,      \
-                                        int first, float *sums) {                              \
-        if (R == RT) bc_tile_##ISA(w, K, xt, ld, RT, V, first, sums);                          \
+                                        int first, const int w16, float *sums) {               \
+        if (R == RT) bc_tile_##ISA(w, K, xt, ld, RT, V, first, w16, sums);                     \
         else                                                                                   \
             for (int64_t r = 0; r < R; ++r)                                                    \
-                bc_tile_##ISA(w + r * K, K, xt, ld, 1, V, 0, sums + r * V * (BITS / 32));      \
+                bc_tile_##ISA(BC_ROW(w, r, K, w16), K, xt, ld, 1, V, 0, w16,                   \
+                              sums + r * V * (BITS / 32));                                     \
     }                                                                                          \
-    TARGET BC_INLINE void bc_sums_##ISA(const float *w, int64_t K, const float *xt,            \
+    TARGET BC_INLINE void bc_sums_##ISA(const void *w, int64_t K, const float *xt,             \
                                         int64_t ld, const int RT, const int VMAX, int64_t R,   \
-                                        int V, int first, float *sums) {                       \
-        if (VMAX >= 4 && V == 4) bc_rows_##ISA(w, K, xt, ld, RT, R, 4, first, sums);           \
-        else if (VMAX >= 3 && V == 3) bc_rows_##ISA(w, K, xt, ld, RT, R, 3, first, sums);      \
-        else if (VMAX >= 2 && V == 2) bc_rows_##ISA(w, K, xt, ld, RT, R, 2, first, sums);      \
-        else bc_rows_##ISA(w, K, xt, ld, RT, R, 1, first, sums);                               \
+                                        int V, int first, const int w16, float *sums) {        \
+        if (VMAX >= 4 && V == 4) bc_rows_##ISA(w, K, xt, ld, RT, R, 4, first, w16, sums);      \
+        else if (VMAX >= 3 && V == 3) bc_rows_##ISA(w, K, xt, ld, RT, R, 3, first, w16, sums); \
+        else if (VMAX >= 2 && V == 2) bc_rows_##ISA(w, K, xt, ld, RT, R, 2, first, w16, sums); \
+        else bc_rows_##ISA(w, K, xt, ld, RT, R, 1, first, w16, sums);                          \
     }
 
 /* AVX-512F's tiles are up to 6 x 4 (24 sums in registers, 4 + 6 loads a step for 24
@@ -175,7 +201,7 @@ static float *columns(const float *x, int64_t M, int64_t K, int64_t ld) {
             float sums[RT * VMAX * LANES];                                                     \
             for (int64_t m0 = 0; m0 < ld && m0 < MMAX; m0 += VMAX * LANES) {                   \
                 const int V = ld - m0 < VMAX * LANES ? (int)((ld - m0) / LANES) : VMAX;        \
-                bc_sums_##ISA(w + n0 * K, K, cols + m0, ld, RT, VMAX, R, V, m0 == 0, sums);    \
+                bc_sums_##ISA(w + n0 * K, K, cols + m0, ld, RT, VMAX, R, V, m0 == 0, 0, sums); \
                 for (int64_t r = 0; r < R; ++r) {                                              \
                     const float bias = b ? b[n0 + r] : 0.0f;                                   \
                     for (int64_t j = 0; j < V * LANES && m0 + j < M; ++j)                      \
@@ -195,7 +221,7 @@ static float *columns(const float *x, int64_t M, int64_t K, int64_t ld) {
 BC_LINEAR(avx2, AVX2, 8, 6, 2, INT64_MAX)
 BC_LINEAR(avx512, AVX512F, 16, 4, 1, BC512_MAX_ROWS)
 
-static void invariant_transposed(const float *x, const float *w, const float *b, float *y,
+static void invariant_transposed(const float *x, const void *w, const float *b, float *y,
                                  int64_t M, int64_t N, int64_t K, int threads);
 #define TR_MAX_ROWS 6   /* rows that take `invariant_transposed` (below): from seven the
                          * broadcast tiles are as fast (and from five the dot products were
@@ -300,10 +326,9 @@ static int64_t chunk_panels(int64_t K, int64_t P) {
  * the tiles read x with, which GCC then folds into their addresses): a chunk of panels at a
  * time, each thread taking groups of INV_GROUP_ROWS weight rows, tiles of six, over the
  * chunk's panels, a panel's live rows rounded up to whole vectors. */
-#define BC_INVARIANT(ISA, TARGET, LANES, P)                                                    \
-    TARGET static void invariant_##ISA##_##P(const float *x, const float *w, const float *b,   \
-                                             float *y, int64_t M, int64_t N, int64_t K,        \
-                                             int threads) {                                    \
+#define BC_INVARIANT(ISA, TARGET, LANES, P, NAME, W16)                                         \
+    TARGET static void NAME(const float *x, const void *w, const float *b, float *y,           \
+                            int64_t M, int64_t N, int64_t K, int threads) {                    \
         const int64_t count = (M + P - 1) / P, per = chunk_panels(K, P);                       \
         const float *xp = panels(x, M, K, P);                                                  \
         if (!xp) return;                                                                       \
@@ -321,8 +346,8 @@ static int64_t chunk_panels(int64_t K, int64_t P) {
                     const int V = (int)((live + LANES - 1) / LANES);                           \
                     for (int64_t n0 = g0; n0 < g0 + width; n0 += 6) {                          \
                         const int64_t R = g0 + width - n0 < 6 ? g0 + width - n0 : 6;           \
-                        bc_sums_##ISA(w + n0 * K, K, cols, P, 6, P / LANES, R, V, p == c0,     \
-                                      sums);                                                   \
+                        bc_sums_##ISA(BC_ROW(w, n0, K, W16), K, cols, P, 6, P / LANES, R, V,   \
+                                      p == c0, W16, sums);                                     \
                         for (int64_t r = 0; r < R; ++r) {                                      \
                             const float bias = b ? b[n0 + r] : 0.0f;                           \
                             for (int64_t j = 0; j < live; ++j)                                 \
@@ -340,9 +365,12 @@ static int64_t chunk_panels(int64_t K, int64_t P) {
 
 /* Panels of eight rows (one AVX2 vector) for up to eight rows (a decode step), else of
  * sixteen (two); AVX-512F's of 64 (four vectors). */
-BC_INVARIANT(avx2, AVX2, 8, 8)
-BC_INVARIANT(avx2, AVX2, 8, 16)
-BC_INVARIANT(avx512, AVX512F, 16, 64)
+BC_INVARIANT(avx2, AVX2, 8, 8, invariant_avx2_8, 0)
+BC_INVARIANT(avx2, AVX2, 8, 16, invariant_avx2_16, 0)
+BC_INVARIANT(avx512, AVX512F, 16, 64, invariant_avx512_64, 0)
+/* bfloat16 weights (`wb_linear_f32_w16`), AVX2's */
+BC_INVARIANT(avx2, AVX2, 8, 8, invariant_w16_8, 1)
+BC_INVARIANT(avx2, AVX2, 8, 16, invariant_w16_16, 1)
 
 /* The same sums for one to six rows (a lone stream's decode step, a few streams'), the eight
  * lanes taking eight weight rows instead of eight input rows: a row padded to a panel of
@@ -379,82 +407,171 @@ static inline __attribute__((always_inline)) void tr_columns(const float *w, int
     }
 }
 
-/* M input rows (M <= TR_MAX_ROWS, a constant: the sums stay in registers) times the eight
- * weight rows at w: y[m * N + i], i < 8. */
+/* tr_columns of bfloat16 rows: rows i and i + 4's eight in one vector's halves, unpacked with
+ * zeros below (the float32 each stands for) into their first four and last four. */
+static inline __attribute__((always_inline)) void tr_columns_w16(const uint16_t *w, int64_t K,
+                                                                 __m256 c[8]) {
+    __m256 a[8];
+    for (int i = 0; i < 4; ++i) {
+        const __m256i v = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + i * K))),
+            _mm_loadu_si128((const __m128i *)(w + (i + 4) * K)), 1);
+        a[i] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v));
+        a[i + 4] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v));
+    }
+    for (int h = 0; h < 2; ++h) {
+        const __m256 *p = a + 4 * h;
+        const __m256 t0 = _mm256_unpacklo_ps(p[0], p[1]), t1 = _mm256_unpackhi_ps(p[0], p[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(p[2], p[3]), t3 = _mm256_unpackhi_ps(p[2], p[3]);
+        c[4 * h] = _mm256_shuffle_ps(t0, t2, 0x44);
+        c[4 * h + 1] = _mm256_shuffle_ps(t0, t2, 0xee);
+        c[4 * h + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
+        c[4 * h + 3] = _mm256_shuffle_ps(t1, t3, 0xee);
+    }
+}
+
+/* Weight element (n, k) of a float32 or (w16) bfloat16 weight, as float32. */
+static inline __attribute__((always_inline)) float tr_at(const void *w, int64_t n, int64_t K,
+                                                         int64_t k, const int w16) {
+    return w16 ? wb_bf16_to_f32(((const uint16_t *)w)[n * K + k]) : ((const float *)w)[n * K + k];
+}
+
+/* One block's sums over the span [k0, k1) for M rows (a span of BC_SPAN or K's last part),
+ * into acc[m]. */
 static inline __attribute__((always_inline)) void
-tr_block(const float *x, const float *w, const float *b, float *y, const int M, int64_t N,
-         int64_t K) {
-    __m256 total[TR_MAX_ROWS], acc[TR_MAX_ROWS];
-    for (int m = 0; m < M; ++m) total[m] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < K; k0 += BC_SPAN) {
-        const int64_t k1 = k0 + BC_SPAN < K ? k0 + BC_SPAN : K;
-        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-        int64_t k = k0;
-        for (; k + 8 <= k1; k += 8) {
-            __m256 c[8];
-            for (int i = 0; i < 8; i += 2)
-                _mm_prefetch((const char *)(w + (8 + i) * K + k), _MM_HINT_T0);
-            tr_columns(w + k, K, c);
-            for (int j = 0; j < 8; ++j)
-                for (int m = 0; m < M; ++m)
-                    acc[m] = _mm256_fmadd_ps(c[j], _mm256_broadcast_ss(x + m * K + k + j),
-                                             acc[m]);
-        }
-        for (; k < k1; ++k) {  /* K's last few (BC_SPAN is a multiple of eight) */
-            const float *wk = w + k;
-            const __m256 c = _mm256_set_ps(wk[7 * K], wk[6 * K], wk[5 * K], wk[4 * K],
-                                           wk[3 * K], wk[2 * K], wk[K], wk[0]);
+tr_span(const float *x, const void *w, const int M, int64_t K, int64_t k0, int64_t k1,
+        const int w16, __m256 *acc) {
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    int64_t k = k0;
+    for (; k + 8 <= k1; k += 8) {
+        __m256 c[8];
+        for (int i = 0; i < 8; i += 2)
+            _mm_prefetch(BC_ROW(w, 8 + i, K, w16) + k * (w16 ? 2 : 4), _MM_HINT_T0);
+        if (w16) tr_columns_w16((const uint16_t *)w + k, K, c);
+        else tr_columns((const float *)w + k, K, c);
+        for (int j = 0; j < 8; ++j)
             for (int m = 0; m < M; ++m)
-                acc[m] = _mm256_fmadd_ps(c, _mm256_broadcast_ss(x + m * K + k), acc[m]);
+                acc[m] = _mm256_fmadd_ps(c[j], _mm256_broadcast_ss(x + m * K + k + j), acc[m]);
+    }
+    for (; k < k1; ++k) {  /* K's last few (BC_SPAN is a multiple of eight) */
+        const __m256 c = _mm256_set_ps(tr_at(w, 7, K, k, w16), tr_at(w, 6, K, k, w16),
+                                       tr_at(w, 5, K, k, w16), tr_at(w, 4, K, k, w16),
+                                       tr_at(w, 3, K, k, w16), tr_at(w, 2, K, k, w16),
+                                       tr_at(w, 1, K, k, w16), tr_at(w, 0, K, k, w16));
+        for (int m = 0; m < M; ++m)
+            acc[m] = _mm256_fmadd_ps(c, _mm256_broadcast_ss(x + m * K + k), acc[m]);
+    }
+}
+
+/* M input rows (M <= TR_MAX_ROWS, a constant: the sums stay in registers) times the eight
+ * weight rows at w (float32, or bfloat16 with w16): y[m * N + i], i < 8. A span's sums are
+ * one chain of multiply-adds a row, so one row would wait on the multiply-add's latency: SP
+ * spans run side by side (each its own sums, added to the total in order: the same bits),
+ * the CPU overlapping SP chains. */
+static inline __attribute__((always_inline)) void
+tr_block(const float *x, const void *w, const float *b, float *y, const int M, const int SP,
+         int64_t N, int64_t K, const int w16) {
+    __m256 total[TR_MAX_ROWS], acc[4][TR_MAX_ROWS];
+    for (int m = 0; m < M; ++m) total[m] = _mm256_setzero_ps();
+    int64_t k0 = 0;
+    if (SP > 1)
+        for (; k0 + SP * BC_SPAN <= K; k0 += SP * BC_SPAN) {
+            for (int m = 0; m < M; ++m)
+                for (int s = 0; s < SP; ++s) acc[s][m] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < BC_SPAN; k += 8) {
+                for (int i = 0; i < 8; i += 2)
+                    _mm_prefetch(BC_ROW(w, 8 + i, K, w16) + (k0 + k) * (w16 ? 2 : 4),
+                                 _MM_HINT_T0);
+                for (int s = 0; s < SP; ++s) {
+                    const int64_t ks = k0 + s * BC_SPAN + k;
+                    __m256 c[8];
+                    if (w16) tr_columns_w16((const uint16_t *)w + ks, K, c);
+                    else tr_columns((const float *)w + ks, K, c);
+                    for (int j = 0; j < 8; ++j)
+                        for (int m = 0; m < M; ++m)
+                            acc[s][m] = _mm256_fmadd_ps(
+                                c[j], _mm256_broadcast_ss(x + m * K + ks + j), acc[s][m]);
+                }
+            }
+            for (int s = 0; s < SP; ++s)
+                for (int m = 0; m < M; ++m) total[m] = _mm256_add_ps(total[m], acc[s][m]);
         }
-        for (int m = 0; m < M; ++m) total[m] = _mm256_add_ps(total[m], acc[m]);
+    for (; k0 < K; k0 += BC_SPAN) {
+        tr_span(x, w, M, K, k0, k0 + BC_SPAN < K ? k0 + BC_SPAN : K, w16, acc[0]);
+        for (int m = 0; m < M; ++m) total[m] = _mm256_add_ps(total[m], acc[0][m]);
     }
     const __m256 bias = b ? _mm256_loadu_ps(b) : _mm256_setzero_ps();
     for (int m = 0; m < M; ++m) _mm256_storeu_ps(y + m * N, _mm256_add_ps(total[m], bias));
 }
 
 /* One weight row (the last few of N), the same sums in scalars. */
-static void tr_row(const float *x, const float *w, const float *b, float *y, int64_t M,
-                   int64_t N, int64_t K) {
+static void tr_row(const float *x, const void *w, const float *b, float *y, int64_t M,
+                   int64_t N, int64_t K, const int w16) {
     for (int64_t m = 0; m < M; ++m) {
         float total = 0.0f;
         for (int64_t k0 = 0; k0 < K; k0 += BC_SPAN) {
             const int64_t k1 = k0 + BC_SPAN < K ? k0 + BC_SPAN : K;
             float acc = 0.0f;
-            for (int64_t k = k0; k < k1; ++k) acc = fmaf(w[k], x[m * K + k], acc);
+            for (int64_t k = k0; k < k1; ++k) acc = fmaf(tr_at(w, 0, K, k, w16), x[m * K + k], acc);
             total += acc;
         }
         y[m * N] = total + (b ? b[0] : 0.0f);
     }
 }
 
-static void invariant_transposed(const float *x, const float *w, const float *b, float *y,
-                                 int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t groups = (N + TR_GROUP - 1) / TR_GROUP;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-        const int64_t g1 = (g + 1) * TR_GROUP < N ? (g + 1) * TR_GROUP : N;
-        int64_t n = g * TR_GROUP;
-        for (; n + 8 <= g1; n += 8) {
-            const float *wn = w + n * K, *bn = b ? b + n : 0;
-            switch (M) {
-            case 1: tr_block(x, wn, bn, y + n, 1, N, K); break;
-            case 2: tr_block(x, wn, bn, y + n, 2, N, K); break;
-            case 3: tr_block(x, wn, bn, y + n, 3, N, K); break;
-            case 4: tr_block(x, wn, bn, y + n, 4, N, K); break;
-            case 5: tr_block(x, wn, bn, y + n, 5, N, K); break;
-            default: tr_block(x, wn, bn, y + n, 6, N, K); break;
-            }
-        }
-        for (; n < g1; ++n) tr_row(x, w + n * K, b ? b + n : 0, y + n, M, N, K);
+/* spans side by side for one row and for two (`tr_block`) */
+#ifndef TR_SP1
+#define TR_SP1 2
+#endif
+#ifndef TR_SP2
+#define TR_SP2 2
+#endif
+#define TR_PRODUCTS(NAME, W16)                                                                 \
+    static void NAME(const float *x, const void *w, const float *b, float *y, int64_t M,       \
+                     int64_t N, int64_t K, int threads) {                                      \
+        const int64_t groups = (N + TR_GROUP - 1) / TR_GROUP;                                  \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                      \
+        for (int64_t g = 0; g < groups; ++g) {                                                 \
+            const int64_t g1 = (g + 1) * TR_GROUP < N ? (g + 1) * TR_GROUP : N;                \
+            int64_t n = g * TR_GROUP;                                                          \
+            for (; n + 8 <= g1; n += 8) {                                                      \
+                const void *wn = BC_ROW(w, n, K, W16);                                         \
+                const float *bn = b ? b + n : 0;                                               \
+                switch (M) {                                                                   \
+                case 1: tr_block(x, wn, bn, y + n, 1, TR_SP1, N, K, W16); break;               \
+                case 2: tr_block(x, wn, bn, y + n, 2, TR_SP2, N, K, W16); break;               \
+                case 3: tr_block(x, wn, bn, y + n, 3, 1, N, K, W16); break;                    \
+                case 4: tr_block(x, wn, bn, y + n, 4, 1, N, K, W16); break;                    \
+                case 5: tr_block(x, wn, bn, y + n, 5, 1, N, K, W16); break;                    \
+                default: tr_block(x, wn, bn, y + n, 6, 1, N, K, W16); break;                   \
+                }                                                                              \
+            }                                                                                  \
+            for (; n < g1; ++n)                                                                \
+                tr_row(x, BC_ROW(w, n, K, W16), b ? b + n : 0, y + n, M, N, K, W16);           \
+        }                                                                                      \
     }
-}
+TR_PRODUCTS(invariant_transposed, 0)
+TR_PRODUCTS(transposed_w16, 1)
 
 void wb_linear_f32_invariant(const float *x, const float *w, const float *b, float *y,
                              int64_t M, int64_t N, int64_t K, int threads) {
     if (M <= TR_MAX_ROWS) invariant_transposed(x, w, b, y, M, N, K, threads);
     else if (M <= 8) invariant_avx2_8(x, w, b, y, M, N, K, threads);
     else invariant_avx2_16(x, w, b, y, M, N, K, threads);
+}
+
+/* The same products on a bfloat16 weight [N, K] (float32 input, sums and output): each
+ * weight widened exactly to the float32 it stands for as it is read (in registers for one to
+ * six rows, a tile's span of 64 at a time into L1 for more), every sum as above, so the bits
+ * are `wb_linear_f32_invariant`'s on the widened weight, for every row count: a float32 model
+ * whose checkpoint is bfloat16 keeps its projections' weights at half the bytes, read at half
+ * the bandwidth. One function for every row count, the default engine's and the
+ * batch-invariant one's. */
+void wb_linear_f32_w16(const float *x, const uint16_t *w, const float *b, float *y, int64_t M,
+                       int64_t N, int64_t K, int threads) {
+    if (M <= TR_MAX_ROWS) transposed_w16(x, w, b, y, M, N, K, threads);
+    else if (M <= 8) invariant_w16_8(x, w, b, y, M, N, K, threads);
+    else invariant_w16_16(x, w, b, y, M, N, K, threads);
 }
 
 /* Up to eight rows in AVX2's eight lanes: twice the multiply-adds a cycle of one 16-lane
