@@ -418,3 +418,20 @@ def test_the_invariant_engine_in_bfloat16_stays_close_to_transformers():
             arch_tests.PROMPTS[:1], SamplingParams(temperature=0, max_tokens=1, logprobs=5)
         )[0].outputs[0].logprobs[0]
         assert max(abs(lp.logprob - want[t].item()) for t, lp in got.items()) < 0.05, family
+
+
+@pytest.mark.parametrize("k", [576, 45, 100])
+def test_avx2s_products_on_bfloat16_weights_are_the_float32_weights_bits(k):
+    """`wb_linear_f32_w16` (a float32 model whose checkpoint is bfloat16, its weights kept as
+    they are) widens each weight exactly as it reads it and sums as the invariant products do:
+    the bits of the float32 weight it stands for, for every row count (one to six in the
+    transposed blocks, one and two rows two spans side by side; seven and more in the tiles
+    with a span's weights widened; K's tails: 45 and 100 are no multiple of the span)."""
+    fn = _invariant_function("avx2", torch.float32, "wb_linear_f32_invariant")
+    w16 = c_products.linear_w16_function()
+    gen = torch.Generator().manual_seed(k)
+    weight, bias = torch.randn(203, k, generator=gen).bfloat16(), torch.randn(203, generator=gen)
+    x = torch.randn(300, k, generator=gen)
+    full = _call(fn, x, weight.float(), bias)
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 48, 300):
+        assert torch.equal(_call(w16, x[:rows].contiguous(), weight, bias), full[:rows]), rows
