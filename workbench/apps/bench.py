@@ -321,7 +321,8 @@ def _child_load(which: str, config: BenchConfig, prompt: list[int]) -> dict[str,
     first_token_s = time.perf_counter() - start
     run(4)  # warm-up
     rate = tokens_per_second(lambda: run(config.tokens))
-    weights = weights_bytes(loaded.config, loaded.dtype, loaded.quantized) / 2**20
+    weights = weights_bytes(loaded.config, getattr(loaded, "weights_dtype", None) or loaded.dtype,
+                            loaded.quantized) / 2**20
     added = peak = float("nan")
     if before is not None and after is not None:
         added, peak = after.rss - before.rss, after.peak - before.rss
@@ -561,7 +562,7 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     loaded = side.ours.llm_engine.loaded
     # the weights as the checkpoint holds them (ours are fused, the same bytes), or the blocks
     # ours reads instead
-    model = meta_model(loaded.config, loaded.dtype)
+    model = meta_model(loaded.config, loaded.weights_dtype or loaded.dtype)
     limit = read.median * 1e9 / decode_step_bytes(model, loaded.quantized)
     return {**figures, "memory_read_gb_s": round(read.median, 2),
             "memory_read_gb_s_q1": round(read.q1, 2), "memory_read_gb_s_q3": round(read.q3, 2),

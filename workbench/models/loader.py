@@ -50,6 +50,7 @@ class LoadedModel:
     pooling: str | None = None
     normalize: bool = False
     quantized: dict[str, QuantizedWeight] | None = None
+    weights_dtype: torch.dtype | None = None  # bfloat16 where `bf16_weights` kept them so
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -67,6 +68,8 @@ class LoadedModel:
 
     def __repr__(self) -> str:
         dtype = "gguf" if self.quantized else str(self.dtype).removeprefix("torch.")
+        if self.weights_dtype is not None:
+            dtype += f" ({str(self.weights_dtype).removeprefix('torch.')} weights)"
         return (f"LoadedModel({self.served_name!r}, kind={self.kind!r}, dtype={dtype}, "
                 f"device={self.device!r}, params={self.num_parameters / 1e6:.1f}M)")
 
@@ -130,7 +133,8 @@ def load_model(model: str | Path, *, dtype: str | torch.dtype = "auto", device: 
     return LoadedModel(model=net, tokenizer=tokenizer, config=net.config, path=spec.path,
                        served_name=spec.served_name, kind=spec.kind, dtype=torch_dtype,
                        device=device, max_model_len=max_model_len_of(spec.path, net.config),
-                       pooling=pooling, normalize=normalize, quantized=quantized)
+                       pooling=pooling, normalize=normalize, quantized=quantized,
+                       weights_dtype=torch.bfloat16 if keep_bf16 else None)
 
 
 COMPUTE_DTYPE = "workbench_compute_dtype"  # a model attribute: the dtype it computes in
