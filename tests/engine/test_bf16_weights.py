@@ -111,3 +111,24 @@ def test_another_kernel_gets_the_widened_model(bf16_dir):
     llm = make_llm(str(bf16_dir), dtype="float32", kernel="torch")
     assert {p.dtype for p in llm.llm_engine.runner.model.parameters()} == {torch.float32}
     assert llm.generate([PROMPT], greedy(4))[0].outputs[0].token_ids
+
+
+@needs_avx2
+def test_a_lora_adapter_on_the_kept_weights_computes_in_float32(bf16_dir, tmp_path):
+    """The adapters' slots take the model's compute dtype (float32), not its first weight's
+    (the kept embedding's bfloat16): a request with an adapter gets the widened model's bits."""
+    from tests.lora.helpers import make_adapter
+    from workbench.lora.request import LoRARequest
+
+    net = load_model(bf16_dir, dtype="float32", progress=False).model
+    adapter = make_adapter(tmp_path / "adapter", net=net,
+                           targets=("q_proj", "v_proj", "down_proj"))
+    request = LoRARequest("a", 1, str(adapter))
+    params = greedy(8, logprobs=2)
+    outs = []
+    for loaded in (str(bf16_dir), load_model(bf16_dir, dtype="float32", progress=False)):
+        llm = make_llm(loaded, dtype="float32", enable_lora=True, max_lora_rank=8)
+        assert llm.llm_engine.lora.dtype == torch.float32
+        out = llm.generate([PROMPT], params, lora_request=request)[0].outputs[0]
+        outs.append((out.token_ids, out.cumulative_logprob))
+    assert outs[0] == outs[1]

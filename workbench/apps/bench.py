@@ -260,21 +260,37 @@ def bench_load(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     against `weights_mb`, the checkpoint's weights in that dtype) and its peak
     (`peak_load_over_weights`); and a greedy stream of `tokens` tokens on the freshly loaded
     model (`fresh_single_stream_tok_s`, `hf_fresh_single_stream_tok_s`): the figures of a
-    model too large for both sides to share one process (`--shape llama-8b`)."""
+    model too large for both sides to share one process (`--shape llama-8b`). Where
+    transformers' copy in its dtype cannot fit the memory there is (an 8B in float32 on 24 GB,
+    which ours serves from the checkpoint's bfloat16), its side is left out:
+    `hf_load_skipped` says why."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     from workbench.models.registry import resolve_model
 
     prompt = side.prompt_ids(1)[0]
     files = sorted(resolve_model(config.model).path.glob("*.safetensors"))
-    found = {}
-    for which in ("ours", "theirs"):
+    found, skipped = {}, _theirs_do_not_fit(config)
+    for which in ("ours",) if skipped else ("ours", "theirs"):
         read_through(files)  # both sides from the page cache (where it holds the files)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            found[which] = pool.submit(_child_load, which, config, prompt).result()
-    ours, theirs = found["ours"], found["theirs"]
+            try:
+                found[which] = pool.submit(_child_load, which, config, prompt).result()
+            except BrokenProcessPool as exc:
+                raise RuntimeError(f"bench_load: the child loading {which} side died (out of "
+                                   "memory?); the system log says what killed it") from exc
+    ours = found["ours"]
     weights = ours["weights_mb"]
+    mine = {"weights_mb": weights, "load_s": ours["load_s"],
+            "first_token_s": ours["first_token_s"], "resident_after_load_mb": ours["added_mb"],
+            "resident_over_weights": round(ours["added_mb"] / weights, 3),
+            "peak_load_over_weights": round(ours["peak_added_mb"] / weights, 3),
+            "fresh_single_stream_tok_s": ours["tok_s"]}
+    if skipped:
+        return {**mine, "hf_load_skipped": skipped}
+    theirs = found["theirs"]
     return {"weights_mb": weights, "load_s": ours["load_s"], "hf_load_s": theirs["load_s"],
             "load_time_ratio": round(ours["load_s"] / theirs["load_s"], 3),
             "first_token_s": ours["first_token_s"], "hf_first_token_s": theirs["first_token_s"],
@@ -285,6 +301,24 @@ def bench_load(side: Contenders, config: BenchConfig) -> dict[str, Any]:
             "hf_resident_over_weights": round(theirs["added_mb"] / theirs["weights_mb"], 3),
             "fresh_single_stream_tok_s": ours["tok_s"], "hf_fresh_single_stream_tok_s":
                 theirs["tok_s"]}
+
+
+def _theirs_do_not_fit(config: BenchConfig) -> str | None:
+    """Why transformers' copy of the model in its dtype cannot load here (None: it can): its
+    weights' bytes and a tenth beside above the memory available now."""
+    import psutil
+    from transformers import AutoConfig
+
+    from workbench.models import resolve_dtype
+    from workbench.models.registry import resolve_model
+
+    dtype = resolve_dtype(float_dtype(config.dtype))
+    need = weights_bytes(AutoConfig.from_pretrained(resolve_model(config.model).path), dtype)
+    free = psutil.virtual_memory().available
+    if 1.1 * need <= free:
+        return None
+    return (f"transformers' {str(dtype).removeprefix('torch.')} copy: {need / 1e9:.1f} GB of "
+            f"weights, {free / 1e9:.1f} GB available")
 
 
 def read_through(files: list[Path]) -> None:
@@ -321,8 +355,7 @@ def _child_load(which: str, config: BenchConfig, prompt: list[int]) -> dict[str,
     first_token_s = time.perf_counter() - start
     run(4)  # warm-up
     rate = tokens_per_second(lambda: run(config.tokens))
-    weights = weights_bytes(loaded.config, getattr(loaded, "weights_dtype", None) or loaded.dtype,
-                            loaded.quantized) / 2**20
+    weights = weights_bytes(loaded.config, kept_dtype(loaded), loaded.quantized) / 2**20
     added = peak = float("nan")
     if before is not None and after is not None:
         added, peak = after.rss - before.rss, after.peak - before.rss
@@ -337,6 +370,12 @@ def weights_bytes(config, dtype, quantized: dict | None = None) -> int:
     quantized = quantized or {}
     return sum(quantized[name].nbytes if name in quantized else p.numel() * p.element_size()
                for name, p in meta_model(config, dtype).named_parameters())
+
+
+def kept_dtype(loaded) -> Any:
+    """The dtype a loaded model's weights are kept in: bfloat16 where a float32 model keeps its
+    checkpoint's (`LoadedModel.weights_dtype`), else its dtype (the bytes a step reads)."""
+    return loaded.weights_dtype or loaded.dtype
 
 
 def meta_model(config, dtype):
@@ -360,7 +399,7 @@ def bench_stream_share(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     loaded = side.ours.llm_engine.loaded
     if side.ours.llm_engine.runner.kernel.device != "cpu":
         return {}
-    step_bytes = decode_step_bytes(meta_model(loaded.config, loaded.dtype), loaded.quantized)
+    step_bytes = decode_step_bytes(meta_model(loaded.config, kept_dtype(loaded)), loaded.quantized)
     prompts = side.prompt_ids(1)
     ours_generate(side.ours, prompts, 4, sample=False)  # warm-up
     shares, reads = [], []
@@ -562,7 +601,7 @@ def bench_machine(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     loaded = side.ours.llm_engine.loaded
     # the weights as the checkpoint holds them (ours are fused, the same bytes), or the blocks
     # ours reads instead
-    model = meta_model(loaded.config, loaded.weights_dtype or loaded.dtype)
+    model = meta_model(loaded.config, kept_dtype(loaded))
     limit = read.median * 1e9 / decode_step_bytes(model, loaded.quantized)
     return {**figures, "memory_read_gb_s": round(read.median, 2),
             "memory_read_gb_s_q1": round(read.q1, 2), "memory_read_gb_s_q3": round(read.q3, 2),

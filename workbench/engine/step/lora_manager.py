@@ -30,6 +30,7 @@ from workbench.lora.adapter import LoRAAdapter, load_adapter
 from workbench.lora.layers import TARGETS, LoRABatch, LoRALinear, LoRAState
 from workbench.lora.request import LoRARequest
 from workbench.models.architectures import architecture_of, module_at
+from workbench.models.loader import compute_dtype
 
 
 @dataclass
@@ -45,8 +46,7 @@ class LoRAManager:
 
     def __init__(self, model: Any, max_loras: int = 1, max_lora_rank: int = 16,
                  max_cpu_loras: int | None = None):
-        param = next(model.parameters())
-        self.dtype, self.device = param.dtype, param.device
+        self.dtype, self.device = compute_dtype(model), next(model.parameters()).device
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras or max_loras
