@@ -292,3 +292,17 @@ def test_the_stream_share_pairs_each_stream_with_a_read_at_the_same_moment(tiny_
     assert (figures["stream_share_of_limit_min"], figures["stream_share_of_limit_max"]) == (
         round(shares[2], 3), round(shares[0], 3))
     assert figures["stream_share_reads_gb_s"] == [10.0, 20.0, 40.0]
+
+
+def test_transformers_side_of_the_load_is_left_out_where_its_copy_cannot_fit(tiny_llama_dir,
+                                                                            monkeypatch):
+    """An 8B in float32 on 24 GB: transformers' copy (29.5 GB) cannot load, while ours keeps
+    the checkpoint's bfloat16; `bench_load` measures ours alone and says why."""
+    import psutil
+
+    config = bench.BenchConfig.quick(model=str(tiny_llama_dir), dtype="float32")
+    assert bench._theirs_do_not_fit(config) is None
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=1000))
+    reason = bench._theirs_do_not_fit(config)
+    assert reason is not None and "float32 copy" in reason and "0.0 GB available" in reason
