@@ -306,3 +306,15 @@ def test_transformers_side_of_the_load_is_left_out_where_its_copy_cannot_fit(tin
     monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=1000))
     reason = bench._theirs_do_not_fit(config)
     assert reason is not None and "float32 copy" in reason and "0.0 GB available" in reason
+
+
+def test_our_runs_compute_their_prompts_as_transformers_does(tiny_side, monkeypatch):
+    """Each of our timed runs starts with the prefix cache reset (transformers' `generate`
+    keeps no cache between calls): no run is credited with a prefill it skipped."""
+    engine = tiny_side.ours.llm_engine
+    resets = []
+    real = engine.reset_prefix_cache
+    monkeypatch.setattr(engine, "reset_prefix_cache", lambda: resets.append(1) or real())
+    config = bench.BenchConfig.quick()
+    bench.compare("single_stream", tiny_side, config, tiny_side.prompt_ids(1), sample=False)
+    assert len(resets) == 1 + config.repeats  # the warm-up and every timed run

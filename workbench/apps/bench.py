@@ -187,9 +187,14 @@ def compare(name: str, side: Contenders, config: BenchConfig, prompts: list[list
     """`NAME_tok_s`, `hf_NAME_tok_s` and `NAME_ratio` for one workload.
 
     Both sides are warmed up, then run in turn `repeats` times (so a burst of load from
-    elsewhere hits both alike); each keeps its best rate.
+    elsewhere hits both alike); each keeps its best rate. Each of our runs starts with the
+    prefix cache reset: transformers' `generate` computes the prompts every time, and so does
+    ours then.
     """
-    ours = lambda tokens: ours_generate(side.ours, prompts, tokens, sample=sample, seed=config.seed)
+    def ours(tokens: int) -> int:
+        side.ours.llm_engine.reset_prefix_cache()
+        return ours_generate(side.ours, prompts, tokens, sample=sample, seed=config.seed)
+
     theirs = lambda tokens: hf_generate(side.theirs, prompts, tokens, sample=sample, seed=config.seed)
     ours(4), theirs(4)  # warm-up: first-call allocations, lazy initialisation
     ours_rate = theirs_rate = 0.0
@@ -345,7 +350,10 @@ def _child_load(which: str, config: BenchConfig, prompt: list[int]) -> dict[str,
         llm = LLM(model=config.model, dtype=config.dtype, kernel=config.kernel, seed=config.seed,
                   **engine_extras(config))
         loaded = llm.llm_engine.loaded
-        run = lambda tokens: ours_generate(llm, [prompt], tokens, sample=False)
+
+        def run(tokens: int) -> int:  # the prompt computed every time, as transformers does
+            llm.llm_engine.reset_prefix_cache()
+            return ours_generate(llm, [prompt], tokens, sample=False)
     else:
         loaded = load_model(config.model, dtype=float_dtype(config.dtype), progress=False)
         run = lambda tokens: hf_generate(loaded, [prompt], tokens, sample=False)
@@ -624,7 +632,9 @@ def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
     `hook_resid_post` at every position, and steered (one vector added at that layer): each against the plain stream in
     turn (`inside_*_ratio` = its rate / the plain rate); with 5 logprobs a token
     (`logprobs5_ratio`, against the plain stream) and with `token_stats` beside them
-    (`token_stats_ratio`, against the 5 logprobs alone)."""
+    (`token_stats_ratio`, against the 5 logprobs alone). Every run starts with the prefix cache
+    reset: a capture computes every position of its prompt, and a cached prompt would credit
+    the plain stream with a prefill it skipped."""
     llm, prompt = side.ours, side.prompt_ids(1)[0]
     layer = llm.llm_engine.model.config.num_hidden_layers // 2
     width = llm.llm_engine.model.config.hidden_size
@@ -637,6 +647,7 @@ def bench_inside(side: Contenders, config: BenchConfig) -> dict[str, float]:
 
     def run(extra: dict[str, Any], tokens: int) -> int:
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, **extra)
+        llm.llm_engine.reset_prefix_cache()
         return len(llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids)
 
     best = dict.fromkeys(extras, 0.0)
