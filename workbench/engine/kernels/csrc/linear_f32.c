@@ -528,13 +528,9 @@ static void tr_row(const float *x, const void *w, const float *b, float *y, int6
     }
 }
 
-/* spans side by side for one row and for two (`tr_block`) */
-#ifndef TR_SP1
+/* spans side by side for one row and for two (`tr_block`; four spans were slower for one) */
 #define TR_SP1 2
-#endif
-#ifndef TR_SP2
 #define TR_SP2 2
-#endif
 #define TR_PRODUCTS(NAME, W16)                                                                 \
     static void NAME(const float *x, const void *w, const float *b, float *y, int64_t M,       \
                      int64_t N, int64_t K, int threads) {                                      \
