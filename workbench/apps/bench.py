@@ -296,16 +296,12 @@ def bench_load(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     if skipped:
         return {**mine, "hf_load_skipped": skipped}
     theirs = found["theirs"]
-    return {"weights_mb": weights, "load_s": ours["load_s"], "hf_load_s": theirs["load_s"],
+    return {**mine, "hf_load_s": theirs["load_s"],
             "load_time_ratio": round(ours["load_s"] / theirs["load_s"], 3),
-            "first_token_s": ours["first_token_s"], "hf_first_token_s": theirs["first_token_s"],
+            "hf_first_token_s": theirs["first_token_s"],
             "first_token_time_ratio": round(ours["first_token_s"] / theirs["first_token_s"], 3),
-            "resident_after_load_mb": ours["added_mb"],
-            "resident_over_weights": round(ours["added_mb"] / weights, 3),
-            "peak_load_over_weights": round(ours["peak_added_mb"] / weights, 3),
             "hf_resident_over_weights": round(theirs["added_mb"] / theirs["weights_mb"], 3),
-            "fresh_single_stream_tok_s": ours["tok_s"], "hf_fresh_single_stream_tok_s":
-                theirs["tok_s"]}
+            "hf_fresh_single_stream_tok_s": theirs["tok_s"]}
 
 
 def _theirs_do_not_fit(config: BenchConfig) -> str | None:

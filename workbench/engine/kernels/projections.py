@@ -166,9 +166,11 @@ class Avx2(LinearKernel):
         return c_products.linear_function() if rows <= self.MAX_ROWS else None
 
     def invariant_function(self, weights, dtype):
-        if dtype == torch.float32 and weights.c_weight.dtype == torch.bfloat16:
+        if dtype != torch.float32:
+            return None
+        if weights.c_weight.dtype == torch.bfloat16:  # its products are invariant for any count
             return c_products.linear_w16_function()
-        return c_products.linear_invariant_function() if dtype == torch.float32 else None
+        return c_products.linear_invariant_function()
 
 
 class OneDnn(LinearKernel):
