@@ -132,3 +132,16 @@ def test_a_lora_adapter_on_the_kept_weights_computes_in_float32(bf16_dir, tmp_pa
         out = llm.generate([PROMPT], params, lora_request=request)[0].outputs[0]
         outs.append((out.token_ids, out.cumulative_logprob))
     assert outs[0] == outs[1]
+
+
+@needs_avx2
+def test_inside_a_mixed_batch_the_kept_weights_give_transformers_greedy_tokens(bf16_dir):
+    """Prompts of different lengths in one batch (rows of several requests in each step's
+    products): each gets transformers' own greedy tokens on the widened checkpoint."""
+    reference = load_model(bf16_dir, dtype="float32", progress=False)
+    prompts = [ids_of(reference, text) for text in
+               ("Hello", PROMPT, " ".join([PROMPT] * 5), "A few more words here")]
+    expected = [hf_greedy(reference, ids, 8) for ids in prompts]
+    llm = make_llm(str(bf16_dir), dtype="float32")
+    outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], greedy(8))
+    assert [list(out.outputs[0].token_ids) for out in outs] == expected
