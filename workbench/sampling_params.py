@@ -220,6 +220,11 @@ class SamplingParams:
     interventions: list[Intervention] | None = None
     # an SAE's features to read (`FeaturesParams`: its name, top_k, indices, positions)
     features: FeaturesParams | None = None
+    # engine-level, never on the wire (TransformerLens's `stop_at_layer`): the forward ends
+    # before this layer (negative: from the end) and the request with its prompt, with no
+    # logits and no token (finish_reason 'stop_at_layer'): for what it records or changes in
+    # the layers before, at their cost only (a capture job's rows of a middle layer)
+    stop_at_layer: int | None = None
     # filled by `resolve_inside`: the three resolved for the model, which later stages read
     _inside: Inside | None = field(default=None, repr=False, compare=False)
     # filled by the engine: token-id sequences of `bad_words`, the model's extra EOS ids
@@ -369,6 +374,27 @@ class SamplingParams:
         if recording and self.n > 1:
             refuse(f"{recording[0]} records one sequence: n must be 1, got {self.n}.",
                    recording[0], self.n)
+        if self.stop_at_layer is not None:
+            self._verify_stop_at_layer()
+
+    def _verify_stop_at_layer(self) -> None:
+        """A forward that stops early computes no logits: nothing may ask for them."""
+        stop = self.stop_at_layer
+        if not isinstance(stop, int) or isinstance(stop, bool):
+            refuse(f"stop_at_layer must be an integer, got {stop!r}.", "stop_at_layer", stop)
+        if not self.wants_inside:
+            refuse("stop_at_layer ends the forward with nothing to return: give a capture, "
+                   "features, a logit lens or interventions.", "stop_at_layer", stop)
+        if self.max_tokens != 1 or self.n != 1:
+            name, value = ("max_tokens", self.max_tokens) if self.max_tokens != 1 \
+                else ("n", self.n)
+            refuse(f"stop_at_layer ends the request with its prompt, sampling no token: "
+                   f"{name} must be 1, got {value}.", name, value)
+        for name in ("logprobs", "prompt_logprobs", "logprob_token_ids", "structured_outputs"):
+            value = getattr(self, name)
+            if value is not None:
+                refuse(f"{name} needs the model's logits, which a forward that stops before "
+                       "the LM head (stop_at_layer) never computes.", name, value)
 
     def verify(self, vocab_size: int, max_logprobs: int) -> None:
         """Checks what depends on the model: vocabulary ids and the logprob cap (-1 = none)."""
@@ -417,7 +443,7 @@ class SamplingParams:
         if done is None or not done.resolved_for(shape, num_positions):
             done = self._inside = inside_resolve.resolve(
                 self.capture, self.logit_lens, self.interventions or [], shape, num_positions,
-                self.features)
+                self.features, self.stop_at_layer)
         return done
 
     @property

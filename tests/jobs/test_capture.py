@@ -106,6 +106,27 @@ def test_exact_as_one_request(done, llm):
         reader.doc("b")
 
 
+def test_without_scores_each_request_stops_after_the_deepest_layer_captured(llm, data,
+                                                                            tmp_path):
+    """No logits wanted: each document's request ends its forward after layer 0
+    (`stop_at_layer`); its rows are still the whole forward's bits (the job with scores, whose
+    requests run every layer and the LM head)."""
+    from workbench.jobs.capture import ShardComputer
+
+    spec = {"sites": ["resid_post", "mlp_out"], "layers": [0]}
+    stopped = job_of(llm, data, tmp_path / "stopped", capture=spec, scores=False)
+    whole = job_of(llm, data, tmp_path / "whole", capture=spec, scores=True)
+    stopped.run()
+    whole.run()
+    assert ShardComputer(llm, stopped.job, str(tmp_path / "stopped")).params.stop_at_layer == 1
+    assert ShardComputer(llm, whole.job, str(tmp_path / "whole")).params.stop_at_layer is None
+    for doc in ("a", "c", "d", "e"):
+        got, want = stopped.open().doc(doc), whole.open().doc(doc)
+        assert list(got) == list(want)
+        for name in got:
+            assert torch.equal(got[name], want[name]), (doc, name)
+
+
 def test_resume_and_truncated_shard(done, llm, data):
     job, _, out = done
     before = shard_hashes(out)

@@ -140,7 +140,8 @@ class Bookkeeper:
 
     def commit(self, out: SchedulerOutput, rows: LogitRows) -> Batches:
         """Commits the computed tokens and forks finished prompts' siblings; per kind, the
-        (sequence, row) pairs that completed a token (forked siblings share their parent's)."""
+        (sequence, row) pairs that completed a token (forked siblings share their parent's).
+        A request whose forward stopped early (`rows.stopped`) ends here, with its prompt."""
         batches: Batches = {"generate": [], "beam": [], "pool": []}
         for s in out.scheduled:
             seq, req = s.seq, s.seq.request
@@ -158,6 +159,9 @@ class Bookkeeper:
                 continue
             if seq.seq_id in rows.last_row:
                 batches[req.kind].append((seq, rows.last_row[seq.seq_id]))
+            elif seq.seq_id in rows.stopped:  # its forward stopped early: it ends, no token
+                seq.finish_reason = "stop_at_layer"
+                self.scheduler.finish(seq)
         return {kind: self._with_siblings(batch) for kind, batch in batches.items()}
 
     def _with_siblings(self, batch: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:

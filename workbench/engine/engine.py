@@ -430,7 +430,8 @@ class LLMEngine:
                                             rows, results)
             books.update_from_output(results)
             advanced = [seq.request for batch in batches.values() for seq, _ in batch]
-            return unique_requests(advanced + failed)
+            ended = [s.seq.request for s in out.scheduled if s.seq.seq_id in rows.stopped]
+            return unique_requests(advanced + ended + failed)
         except Exception as exc:  # noqa: BLE001 - the model (or no one request): these end
             books.fail_step(requests, exc)  # and the requests of later steps go on
             return requests

@@ -20,7 +20,7 @@ from typing import Any
 
 from workbench.errors import refuse
 from workbench.inside.positions import Positions
-from workbench.inside.sites import parse_site, site_name, split_sae_name
+from workbench.inside.sites import parse_site, site_name, split_name, split_sae_name
 from workbench.inside.spec import CaptureParams, FeaturesParams, Intervention, LogitLensParams
 from workbench.inside.vectors import to_tensor
 
@@ -158,12 +158,20 @@ class Inside:
     num_positions: int  # the longest sequence it was sized for
     nbytes: int  # what its capture and lens may record, at most
     key: str | None  # the interventions' digest (`interventions_key`); None without any
+    stop_at_layer: int | None = None  # the forward ends before this layer, in [1, num_layers]
 
     @property
     def records(self) -> bool:
         """Whether it records anything (else it only intervenes)."""
         return self.capture is not None or self.logit_lens is not None or \
             self.features is not None
+
+    @property
+    def last_layer(self) -> int | None:
+        """The deepest layer it reads or changes; None where it reads after the last layer
+        (the final norm's output): what `stop_at_layer` may end a forward after."""
+        layers = [layer for _, _, layer in _touched(self)]
+        return None if None in layers else max(layers)  # type: ignore[type-var]
 
     def resolved_for(self, shape: ModelShape, num_positions: int) -> bool:
         return self.shape is shape and self.num_positions == num_positions
@@ -189,9 +197,10 @@ class Inside:
 
 def resolve(capture: CaptureParams | None, logit_lens: LogitLensParams | None,
             interventions: list[Intervention], shape: ModelShape, num_positions: int,
-            features: FeaturesParams | None = None) -> Inside:
+            features: FeaturesParams | None = None, stop_at_layer: int | None = None) -> Inside:
     """The request's asks for this model, sequences of at most `num_positions` (see the module
-    docstring); refuses a capture and lens over `shape.max_capture_bytes` together."""
+    docstring); refuses a capture and lens over `shape.max_capture_bytes` together, and, with
+    `stop_at_layer`, anything at or after the layer the forward ends before."""
     size = 0
     resolved_capture = resolved_lens = resolved_features = None
     if features is not None:
@@ -210,8 +219,48 @@ def resolve(capture: CaptureParams | None, logit_lens: LogitLensParams | None,
                f"{shape.max_capture_bytes / 2**20:.0f} MiB (--max-capture-mb); ask for "
                "fewer sites, layers or positions, or a reduction.", name, size)
     changes = [_intervention(i, shape, index) for index, i in enumerate(interventions)]
-    return Inside(resolved_capture, resolved_lens, changes, resolved_features, shape,
-                  num_positions, size, interventions_key(changes) if changes else None)
+    inside = Inside(resolved_capture, resolved_lens, changes, resolved_features, shape,
+                    num_positions, size, interventions_key(changes) if changes else None)
+    if stop_at_layer is not None:
+        inside.stop_at_layer = _stop_at_layer(stop_at_layer, inside)
+    return inside
+
+
+def _touched(inside: Inside) -> list[tuple[str, str, int | None]]:
+    """Every (request field, site, layer) the request reads or changes; layer None: after
+    the last layer (the final norm's output)."""
+    out: list[tuple[str, str, int | None]] = []
+    if inside.capture is not None:
+        for name in inside.capture.recorded:
+            site, layer = split_name(name)
+            out.append(("capture.sites", site, layer))
+    if inside.logit_lens is not None:
+        out += [("logit_lens.layers", "resid_post", layer) for layer in inside.logit_lens.layers]
+    for index, i in enumerate(inside.interventions):
+        out.append((f"interventions[{index}]", i.site, i.layer))
+        if i.sae is not None and i.sae.transcoder:
+            out.append((f"interventions[{index}]", i.sae.site, i.sae.layer))
+    if inside.features is not None:
+        out.append(("features.sae", inside.features.site, inside.features.layer))
+        out.append(("features.sae", *inside.features.sae.writes))
+    return out
+
+
+def _stop_at_layer(stop: int, inside: Inside) -> int:
+    """`stop_at_layer` for this model, in [1, num_layers] (negative: from the end, as
+    TransformerLens's), after every layer the request reads or changes."""
+    num_layers = inside.shape.num_layers
+    resolved = stop + num_layers if stop < 0 else stop
+    if not 1 <= resolved <= num_layers:
+        refuse(f"stop_at_layer: {stop} is outside the model's {num_layers} layers (1 to "
+               f"{num_layers}, or -{num_layers - 1} to -1 from the end).", "stop_at_layer", stop)
+    for parameter, site, layer in _touched(inside):
+        if layer is None or layer >= resolved:
+            where = "after the last layer" if layer is None else f"at layer {layer}"
+            refuse(f"{parameter}: {site_name(site, layer)} is {where}, which a forward that "
+                   f"stops before layer {resolved} (stop_at_layer) never computes.",
+                   parameter, site_name(site, layer))
+    return resolved
 
 
 def _sae(name: str, shape: ModelShape, parameter: str) -> Any:

@@ -10,7 +10,9 @@
 Each document is one request, `SamplingParams(max_tokens=1, temperature=0, capture=spec,
 prompt_logprobs=0, token_stats=True)` on its token ids, so the spec is validated as a
 request's and the recorded rows are exactly what that request returns (`positions` default
-to the prompt's). Scores: the logprob of each actual next token, the entropy of the whole
+to the prompt's). Without scores no logits are needed: the request stops after the deepest
+layer it captures (`stop_at_layer`), which leaves those rows as they are and the layers after,
+the final norm and the LM head uncomputed (a middle layer's rows at about half the cost). Scores: the logprob of each actual next token, the entropy of the whole
 distribution, its rank and the top-2 margin (`token_stats` of the prompt positions, as
 `LLM.score_text`). Chat documents are rendered with the model's chat template; the
 assistant's tokens are marked (`assistant_mask`) as `score_chat` finds a turn: what rendering
@@ -136,10 +138,17 @@ class ShardComputer:
         spec = {k: v for k, v in job["capture"].items() if k != "names"}
         self.scores = bool(job["scores"])
         self.chat = job["columns"]["chat"] is not None
-        self.params = SamplingParams(max_tokens=1, temperature=0,
-                                     capture=CaptureParams.parse(spec),
-                                     prompt_logprobs=0 if self.scores else None,
-                                     token_stats=self.scores, detokenize=False)
+        asks: dict[str, Any] = dict(max_tokens=1, temperature=0, detokenize=False,
+                                    capture=CaptureParams.parse(spec),
+                                    prompt_logprobs=0 if self.scores else None,
+                                    token_stats=self.scores)
+        self.params = SamplingParams(**asks)
+        if not self.scores:  # no logits wanted: the forward ends after the deepest layer read
+            shape = llm.llm_engine.inputs.model_shape
+            inside = self.params.resolve_inside(shape, 1)  # its layers (1: sizes aside)
+            last = None if inside is None else inside.last_layer
+            if last is not None:
+                self.params = SamplingParams(**asks, stop_at_layer=last + 1)
         dtype = llm.llm_engine.loaded.dtype
         self.store_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
         self.max_len = llm.llm_engine.max_model_len

@@ -6,7 +6,8 @@ The KV tensors themselves live in the model runner; this module only hands out b
 - Prefix caching: a full block is named by a hash chained over every token before it (plus the
   request's cache salt and adapter). A new sequence reuses the longest chain of cached blocks;
   freed blocks keep their hash and are evicted least-recently-freed first. Blocks of a prompt
-  given as embeddings are never cached (its token ids are placeholders).
+  given as embeddings are never cached (its token ids are placeholders), nor those of a request
+  that stops before the last layer (`stop_at_layer`: the later layers' KV is not written).
 - Copy-on-write: forked sequences (n > 1, beams) share blocks by reference count; a sequence about
   to write into a shared, partly filled block gets its own copy first (returned as `(src, dst)`).
 - Sliding windows: where every layer of the model attends to at most the last W positions,
@@ -119,8 +120,11 @@ class BlockManager:
         return seq.num_computed_tokens
 
     def commit(self, seq: Sequence) -> None:
-        """Registers the blocks that `seq` has just filled with computed tokens."""
-        if not self.enable_prefix_caching or seq.request.prompt_embeds is not None:
+        """Registers the blocks that `seq` has just filled with computed tokens (not those of a
+        request whose forward stops early: its later layers' KV is never written)."""
+        req = seq.request
+        if (not self.enable_prefix_caching or req.prompt_embeds is not None
+                or req.stop_at_layer is not None):
             return
         num_full = seq.num_computed_tokens // self.block_size
         first_unhashed = next(

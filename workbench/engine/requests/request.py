@@ -82,6 +82,11 @@ class Request:
         with the same (None: none)."""
         return None if self.inside is None else self.inside.key
 
+    @property
+    def stop_at_layer(self) -> int | None:
+        """The layer its forward ends before (its KV after that is never written), or None."""
+        return None if self.inside is None else self.inside.stop_at_layer
+
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         if self.params.prompt_logprobs is not None:

@@ -147,15 +147,17 @@ class DecoderStack:
         return True
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 ctx: AttentionContext) -> torch.Tensor:
-        """hidden: [T, H]; cos, sin: [T, D] -> [T, H] after the last layer (before the norm)."""
+                 ctx: AttentionContext, stop: int | None = None) -> torch.Tensor:
+        """hidden: [T, H]; cos, sin: [T, D] -> [T, H] after the last layer (before the norm),
+        or with `stop`, after layer `stop - 1` (no later layer computed)."""
         t = hidden.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         c_ops = self.c_ops
         c_silu = c_ops and self.silu
         cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
         inspector = ctx.inspector  # a step that records or intervenes: `engine/step/inspection.py`
-        if c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention:
+        if c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention \
+                and stop is None:
             cuts = [] if inspector is None else self._residual_cuts(inspector)
             if cuts is not None:
                 out = self._c_segments(hidden, cos_c, sin_c, ctx, inspector, cuts)
@@ -164,7 +166,8 @@ class DecoderStack:
         cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
         add_norm = self._add_norm
         delta = None  # the last layer's MLP output, added with the next layer's input norm
-        for i, step in enumerate(self.plan):
+        plan = self.plan if stop is None else self.plan[:stop]
+        for i, step in enumerate(plan):
             (w1, eps1), (w2, eps2) = step.norm1, step.norm2
             qkv_proj, o_proj, scaling, window = step.qkv, step.o, step.scaling, step.window
             hidden, x = add_norm(hidden, delta, w1, eps1)
@@ -199,7 +202,7 @@ class DecoderStack:
                 inspector.visit("mlp_out", i, delta)
         hidden = hidden if delta is None else hidden + delta
         if inspector is not None:
-            inspector.visit("resid_post", len(self.plan) - 1, hidden)
+            inspector.visit("resid_post", len(plan) - 1, hidden)
         return hidden
 
     def _renorm(self, hidden: torch.Tensor, x: torch.Tensor, rows: list[int],

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -143,6 +143,8 @@ class LogitRows:
     last_row: dict[str, int]  # seq_id -> row of the logits of its last computed token
     prompt_rows: dict[str, tuple[int, int, int]]  # seq_id -> (first row, count, first position)
     hidden: torch.Tensor | None = None  # [R, H] final hidden states of the same rows (pooling)
+    # seq_ids whose prompt this step completed and whose forward stops early: they end, no row
+    stopped: list[str] = field(default_factory=list)
 
 
 def kv_shape(config) -> tuple[int, int]:
@@ -386,6 +388,7 @@ class ModelRunner:
         self.copy_blocks(out.block_copies)
         ordered, input_ids, pos, ctx = self._prepare(out.scheduled)
         ctx.inspector = self._inspector(ordered)
+        stop = self._stop_at_layer(ordered)
         embeds = self.embed(input_ids.unsqueeze(0))  # [1, T, H]
         self._splice_prompt_embeds(embeds, ordered)
         if self.lora is not None:  # which rows use which adapter, for the LoRA layers
@@ -394,15 +397,26 @@ class ModelRunner:
             if ctx.inspector is None:
                 hidden = self.forward(embeds, pos.unsqueeze(0), ctx)
             else:
-                hidden = self._inspected_forward(embeds, pos.unsqueeze(0), ctx, ctx.inspector)
+                hidden = self._inspected_forward(embeds, pos.unsqueeze(0), ctx, ctx.inspector,
+                                                 stop)
         finally:
             if self.lora is not None:
                 self.lora.end_step()
-        rows, last_row, prompt_rows = self._select_rows(ordered)
+        rows, last_row, prompt_rows, stopped = self._select_rows(ordered)
+        if stop is not None:  # every request of the step ends early: no row has logits
+            return LogitRows(hidden.new_empty(0, 0, dtype=torch.float32), {}, {}, None, stopped)
         hidden = hidden[0, rows]  # [R, H]
         if self.stack is not None:  # the lean loop leaves the final norm to the rows needed
             hidden = rms_norm(self.base.norm, hidden)
-        return LogitRows(self.logits(hidden), last_row, prompt_rows, hidden)
+        return LogitRows(self.logits(hidden), last_row, prompt_rows, hidden, stopped)
+
+    @staticmethod
+    def _stop_at_layer(ordered: list[ScheduledSequence]) -> int | None:
+        """The layer the step's forward can end before: where every request of the step stops
+        early (`SamplingParams.stop_at_layer`), the deepest of theirs; else None (all layers:
+        those requests' rows take no logits all the same)."""
+        stops = [s.seq.request.stop_at_layer for s in ordered]
+        return None if None in stops else max(stops)  # type: ignore[type-var]
 
     def _inspector(self, ordered: list[ScheduledSequence]) -> StepInspector | None:
         """The step's `StepInspector` when a scheduled request records or intervenes."""
@@ -420,18 +434,21 @@ class ModelRunner:
         return StepInspector(rows, self.config.num_attention_heads, kv_shape(self.config)[1])
 
     def _inspected_forward(self, embeds: torch.Tensor, pos: torch.Tensor,
-                           ctx: AttentionContext, inspector: StepInspector) -> torch.Tensor:
+                           ctx: AttentionContext, inspector: StepInspector,
+                           stop: int | None = None) -> torch.Tensor:
         """`forward` with the step's records and interventions: the lean loop calls them
         itself (never the one-call C step), transformers' layers through
-        hooks; then the final norm's rows and the logit lens."""
+        hooks; then the final norm's rows and the logit lens. With `stop`, the residual
+        stream before layer `stop`, no later layer computed."""
         if self.stack is not None:
             rope = self.base.rotary_emb(embeds, position_ids=pos)
-            hidden = self.stack(embeds[0], rope[0][0], rope[1][0], ctx).unsqueeze(0)
+            hidden = self.stack(embeds[0], rope[0][0], rope[1][0], ctx, stop).unsqueeze(0)
             if inspector.wants("normalized", None):
                 inspector.visit("normalized", None, rms_norm(self.base.norm, hidden[0]))
         else:
             with inspection.hooks(inspector, self.layers, self.base, self.sites):
-                hidden = self.forward(embeds, pos, ctx, lean=False)
+                hidden = self.forward(embeds, pos, ctx, lean=False) if stop is None \
+                    else self._forward_until(stop, embeds, pos, ctx)
         inspector.lens(self.unembed)
         inspector.features()
         return hidden
@@ -455,6 +472,25 @@ class ModelRunner:
         with attention.forward_context(ctx):
             return self.base(inputs_embeds=embeds, position_ids=pos,
                              use_cache=False).last_hidden_state
+
+    def _forward_until(self, stop: int, embeds: torch.Tensor, pos: torch.Tensor,
+                       ctx: AttentionContext) -> torch.Tensor:
+        """transformers' forward ended by layer `stop - 1`'s output (after the step's own hooks
+        on it, registered before): its hidden states [1, T, H]."""
+        class Stopped(Exception):
+            pass
+
+        def end(module, args, output) -> None:
+            raise Stopped(output[0] if isinstance(output, tuple) else output)
+
+        handle = self.layers[stop - 1].register_forward_hook(end)
+        try:
+            self.forward(embeds, pos, ctx, lean=False)
+        except Stopped as done:
+            return done.args[0]
+        finally:
+            handle.remove()
+        raise AssertionError(f"layer {stop - 1} was never reached")
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [R, H] -> float32 logits [R, V], as the family's causal LM
@@ -488,6 +524,7 @@ class ModelRunner:
         rows: list[int] = []
         last_row: dict[str, int] = {}
         prompt_rows: dict[str, tuple[int, int, int]] = {}
+        stopped: list[str] = []  # requests that end early with their prompt: no row
         start = 0
         for s in ordered:
             seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_tokens
@@ -497,8 +534,10 @@ class ModelRunner:
                 count = min(c + n, seq.num_prompt_tokens - 1) - c
                 prompt_rows[seq.seq_id] = (len(rows), count, c)
                 rows.extend(range(start, start + count))
-            if s.completes_tokens:
+            if s.completes_tokens and seq.request.stop_at_layer is not None:
+                stopped.append(seq.seq_id)
+            elif s.completes_tokens:
                 last_row[seq.seq_id] = len(rows)
                 rows.append(start + n - 1)
             start += n
-        return rows, last_row, prompt_rows
+        return rows, last_row, prompt_rows, stopped
