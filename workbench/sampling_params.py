@@ -382,9 +382,9 @@ class SamplingParams:
         stop = self.stop_at_layer
         if not isinstance(stop, int) or isinstance(stop, bool):
             refuse(f"stop_at_layer must be an integer, got {stop!r}.", "stop_at_layer", stop)
-        if not self.wants_inside:
-            refuse("stop_at_layer ends the forward with nothing to return: give a capture, "
-                   "features, a logit lens or interventions.", "stop_at_layer", stop)
+        if self.capture is None and self.logit_lens is None and self.features is None:
+            refuse("stop_at_layer ends the request with no token: without a capture, features "
+                   "or a logit lens it would return nothing.", "stop_at_layer", stop)
         if self.max_tokens != 1 or self.n != 1:
             name, value = ("max_tokens", self.max_tokens) if self.max_tokens != 1 \
                 else ("n", self.n)

@@ -834,8 +834,9 @@ def capture_corpus(count: int = 48, seed: int = 0) -> list[str]:
 
 def bench_capture(side: Contenders, config: BenchConfig) -> dict[str, Any]:
     """A capture job (one middle layer's `resid_post` at every token) with the jobs' default
-    arithmetic (a batch-invariant engine) against our plain engine's prefill of the same
-    documents (`capture_prefill_ratio`, above 1 is faster), the bytes it writes per second,
+    arithmetic (a batch-invariant engine; its requests stop after that layer: `stop_at_layer`)
+    against our plain engine's prefill of the whole model on the same documents
+    (`capture_prefill_ratio`, above 1 is faster), the bytes it writes per second,
     and, where Ray is installed, the same job on two Ray replicas of one CPU each against the
     local job (`capture_ray2_ratio`: wall-clock after `ray.init`, the replicas' start-up and
     model loads included; `capture_ray2_steady_ratio`: the rate after each job's first shard,

@@ -103,6 +103,8 @@ def test_negative_layers_count_from_the_end_and_the_lens_reads_the_layers_before
     ({"stop_at_layer": 2, "max_tokens": 1, "capture": ["blocks.0.hook_resid_post"],
       "prompt_logprobs": 0}, "prompt_logprobs"),
     ({"stop_at_layer": 2, "max_tokens": 1}, "stop_at_layer"),
+    ({"stop_at_layer": 2, "max_tokens": 1,  # it would return nothing
+      "interventions": [{"site": "blocks.0.hook_resid_post", "op": "zero"}]}, "stop_at_layer"),
     ({"stop_at_layer": True, "max_tokens": 1, "capture": ["blocks.0.hook_resid_post"]},
      "stop_at_layer"),
 ])
@@ -117,7 +119,8 @@ def test_what_needs_the_logits_is_refused_naming_the_field(kwargs, parameter):
     (2, {"capture": ["ln_final.hook_normalized"]}, "capture.sites"),
     (2, {"capture": {"sites": ["resid_post"]}}, "capture.sites"),  # every layer
     (2, {"logit_lens": {"layers": [3]}}, "logit_lens.layers"),
-    (2, {"interventions": [{"site": "blocks.3.hook_resid_post", "op": "zero"}]},
+    (2, {"capture": ["blocks.0.hook_resid_post"],
+         "interventions": [{"site": "blocks.3.hook_resid_post", "op": "zero"}]},
      "interventions[0]"),
     (0, {"capture": ["blocks.0.hook_resid_pre"]}, "stop_at_layer"),
     (5, {"capture": ["blocks.0.hook_resid_pre"]}, "stop_at_layer"),
