@@ -23,7 +23,9 @@ from workbench.jobs.capture import CaptureJob
 from workbench.jobs.reader import CaptureReader
 from workbench.jobs.sae_training import (
     SAE_NAME,
+    document_rows,
     next_token_loss,
+    split_rows,
     train_sae,
 )
 
@@ -64,6 +66,22 @@ def held_out(capture, documents=20, skip=1):
     reader = CaptureReader(capture)
     return torch.cat([reader.doc(d)[SITE][skip:]
                       for d in reader.index["doc_id"].tolist()[-documents:]])
+
+
+@pytest.mark.parametrize("skip", [0, 1, 3])
+def test_the_rows_split_a_shard_at_a_time_are_the_documents_own(capture, skip):
+    """Training and held-out rows, filled shard by shard (the split inside a shard), are the
+    documents' rows from position `skip` on, in order, in the shards' dtype."""
+    reader = CaptureReader(capture)
+    assert len(reader.shards) > 2
+    documents = document_rows(reader, SITE)
+    for held in (1, 20, len(documents) - 1):
+        train_rows, eval_rows, skipped = split_rows(reader, SITE, documents[-held][1], skip)
+        ids = reader.index["doc_id"].tolist()
+        want = [reader.doc(d)[SITE][skip:] for d in ids]
+        assert torch.equal(train_rows, torch.cat(want[:-held]))
+        assert torch.equal(eval_rows, torch.cat(want[-held:]))
+        assert skipped == sum(min(skip, len(reader.doc(d)[SITE])) for d in ids)
 
 
 def test_both_loaders_read_the_folder_and_encode_the_same(trained, capture):

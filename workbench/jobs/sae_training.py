@@ -48,6 +48,7 @@ from workbench.features.train import (
     reconstruction,
     train,
 )
+from workbench.jobs import shards as sh
 
 SAE_NAME = "trained"  # the name the loss evaluation loads the SAE under
 DEFAULT_EVAL_SHARE = 0.05  # documents held out by default: this share, at least one
@@ -261,13 +262,29 @@ def split_rows(reader: Any, site: str, split: int, skip_positions: int
                ) -> tuple[Any, Any, int]:
     """`site`'s rows before row `split` and from it on, each without the rows at positions
     below `skip_positions` in their document (copies, in the shards' dtype); and how many
-    rows were skipped."""
+    rows were skipped. Filled a shard at a time, each shard's file mapped only while it is
+    read: the rows are held once, not beside a second copy or every shard's mapping."""
     import torch
+    from safetensors import safe_open
 
-    rows = reader.site(site)
-    keep = torch.cat([reader.shard(k).get_tensor("positions") for k in reader.shards]) \
-        >= skip_positions
-    return rows[:split][keep[:split]], rows[split:][keep[split:]], int((~keep).sum())
+    keeps = [reader.shard(k).get_tensor("positions") >= skip_positions for k in reader.shards]
+    keep = torch.cat(keeps)
+    first = reader.shard(reader.shards[0]).get_slice(site)
+    sample = first[0:1]
+    width, dtype = int(first.get_shape()[1]), sample.dtype
+    parts = (torch.empty((int(keep[:split].sum()), width), dtype=dtype),
+             torch.empty((int(keep[split:].sum()), width), dtype=dtype))
+    base, filled = 0, [0, 0]
+    for k, mask in zip(reader.shards, keeps):
+        with safe_open(str(sh.shard_paths(reader.out, k)[0]), framework="pt") as f:
+            rows = f.get_tensor(site)
+        cut = min(max(split - base, 0), len(rows))
+        for i, (chunk, kept) in enumerate(((rows[:cut], mask[:cut]), (rows[cut:], mask[cut:]))):
+            chunk = chunk[kept]
+            parts[i][filled[i]:filled[i] + len(chunk)] = chunk
+            filled[i] += len(chunk)
+        base += len(rows)
+    return parts[0], parts[1], int((~keep).sum())
 
 
 def _held_out(eval_documents: int | None, documents: int) -> int:
