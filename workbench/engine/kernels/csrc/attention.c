@@ -212,9 +212,12 @@ static int wb_attend_rows(const void *q, int64_t q_stride, const void *k_cache,
 #pragma omp parallel num_threads(threads)
     {
         float *scores = (float *)__builtin_malloc(sizeof(float) * (size_t)(G * Lmax));
-#pragma omp for schedule(static)
+        /* KV head-major (a thread reads one head's keys and values over its rows, while they
+         * are in its cache) and handed out two at a time (a prefill's rows grow longer: a static
+         * split gave one thread three times the other's work) */
+#pragma omp for schedule(dynamic, 2)
         for (int64_t item = 0; item < items; ++item) {
-            const int64_t b = item / Hkv, L = lengths[b];
+            const int64_t b = item % B, L = lengths[b];
             const int64_t first = window > 0 && L > window ? L - window : 0;
             wb_score_fix at;
             if (fix) {
@@ -224,7 +227,7 @@ static int wb_attend_rows(const void *q, int64_t q_stride, const void *k_cache,
             if (scores)
                 wb_attend_one((const char *)q + b * q_stride * esize, k_cache, v_cache,
                               slots + (offsets ? offsets[b] : b * slot_stride) + first,
-                              L - first, (char *)out + b * Hq * D * esize, Hkv, item % Hkv, G,
+                              L - first, (char *)out + b * Hq * D * esize, Hkv, item / B, G,
                               D, scale, bf16, scores, fix ? &at : 0);
             else {
 #pragma omp atomic write
