@@ -334,7 +334,7 @@ def merge(out: str, tokenizer: Any) -> None:
     sample_interval = interval[cand["feature"][sampled], cand["bin"][sampled]]
     sampled = sampled[_first_of_groups([cand["hash"][sampled]], cand["feature"][sampled] *
                                        INTERVALS + sample_interval, SAMPLES)]
-    doc_ids = index.set_index("row")["doc_id"]
+    doc_ids = dict(zip(index["row"].tolist(), index["doc_id"].tolist()))
     text = _texts(tokenizer)
     records = []
     for kind, chosen in (("top", top), ("sample", sampled)):
