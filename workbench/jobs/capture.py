@@ -12,8 +12,9 @@ prompt_logprobs=0, token_stats=True)` on its token ids, so the spec is validated
 request's and the recorded rows are exactly what that request returns (`positions` default
 to the prompt's). Without scores no logits are needed: the request stops after the deepest
 layer it captures (`stop_at_layer`), which leaves those rows as they are and the layers after,
-the final norm and the LM head uncomputed (a middle layer's rows at about half the cost). Scores: the logprob of each actual next token, the entropy of the whole
-distribution, its rank and the top-2 margin (`token_stats` of the prompt positions, as
+the final norm and the LM head uncomputed (a middle layer's rows at about half the cost).
+Scores: the logprob of each actual next token, the entropy of the whole distribution, its rank
+and the top-2 margin (`token_stats` of the prompt positions, as
 `LLM.score_text`). Chat documents are rendered with the model's chat template; the
 assistant's tokens are marked (`assistant_mask`) as `score_chat` finds a turn: what rendering
 the conversation up to and including the turn adds to rendering it up to the turn with the
