@@ -336,29 +336,26 @@ def merge(out: str, tokenizer: Any) -> None:
                                        INTERVALS + sample_interval, SAMPLES)]
     doc_ids = dict(zip(index["row"].tolist(), index["doc_id"].tolist()))
     text = _texts(tokenizer)
-    records = []
-    for kind, chosen in (("top", top), ("sample", sampled)):
-        order = chosen[np.lexsort([cand["hash"][chosen], cand["position"][chosen],
-                                   cand["row"][chosen], -cand["activation"][chosen],
-                                   cand["feature"][chosen]])]
-        for c in order:
-            window = cand["window_tokens"][c]
-            kept = window >= 0
-            f = int(cand["feature"][c])
-            records.append({
-                "feature": f, "kind": kind,
-                "interval": int(interval[f, cand["bin"][c]]) if kind == "sample" else None,
-                "doc_id": str(doc_ids[int(cand["row"][c])]), "row": int(cand["row"][c]),
-                "position": int(cand["position"][c]),
-                "activation": float(cand["activation"][c]),
-                "window_start": int(cand["position"][c]) - WINDOW[0] + int(np.argmax(kept)),
-                "token_ids": window[kept].tolist(),
-                "tokens": [text(int(t)) for t in window[kept]],
-                "activations": cand["window_activations"][c][kept].tolist()})
-    contexts = pd.DataFrame.from_records(records, columns=[
-        "feature", "kind", "interval", "doc_id", "row", "position", "activation",
-        "window_start", "token_ids", "tokens", "activations"]).astype(
-        {"interval": "Int64", "kind": "string", "doc_id": "string"})
+    chosen = {kind: c[np.lexsort([cand["hash"][c], cand["position"][c], cand["row"][c],
+                                  -cand["activation"][c], cand["feature"][c]])]
+              for kind, c in (("top", top), ("sample", sampled))}
+    order = np.concatenate(list(chosen.values()))
+    is_sample = np.arange(len(order)) >= len(chosen["top"])
+    feature, row, position = (cand[n][order] for n in ("feature", "row", "position"))
+    window = cand["window_tokens"][order]  # [C, W], -1 outside the document
+    kept = window >= 0
+    counts = kept.sum(axis=1)
+    token_ids = window[kept]
+    intervals = pd.array(interval[feature, cand["bin"][order]], dtype="Int64")
+    intervals[~is_sample] = pd.NA
+    contexts = pd.DataFrame({
+        "feature": feature, "kind": np.where(is_sample, "sample", "top"),
+        "interval": intervals, "doc_id": [str(doc_ids[r]) for r in row.tolist()], "row": row,
+        "position": position, "activation": cand["activation"][order].astype(np.float64),
+        "window_start": position - WINDOW[0] + kept.argmax(axis=1),
+        "token_ids": _ragged(token_ids, counts), "tokens": _ragged(_token_texts(token_ids, text), counts),
+        "activations": _ragged(cand["window_activations"][order][kept], counts)}).astype(
+        {"kind": "string", "doc_id": "string"})
     first = shards[0]
     d_sae = hist.shape[0]
     max_activation = np.zeros(d_sae, np.float32)
@@ -367,10 +364,10 @@ def merge(out: str, tokenizer: Any) -> None:
         "feature": np.arange(d_sae), "fires": fires, "density": fires / max(tokens, 1),
         "max_activation": max_activation, "histogram": list(hist),
         "top_logit_ids": list(first["logits_up_ids"]),
-        "top_logit_tokens": [[text(int(t)) for t in r] for r in first["logits_up_ids"]],
+        "top_logit_tokens": _token_texts(first["logits_up_ids"], text).tolist(),
         "top_logits": list(first["logits_up"]),
         "bottom_logit_ids": list(first["logits_down_ids"]),
-        "bottom_logit_tokens": [[text(int(t)) for t in r] for r in first["logits_down_ids"]],
+        "bottom_logit_tokens": _token_texts(first["logits_down_ids"], text).tolist(),
         "bottom_logits": list(first["logits_down"])})
     _write_parquet(features, Path(out) / FEATURES_FILE)
     _write_parquet(contexts, Path(out) / CONTEXTS_FILE)
@@ -379,6 +376,23 @@ def merge(out: str, tokenizer: Any) -> None:
         "tokens": tokens, "documents": int(len(index)),
         "errors": int(index["error"].notna().sum()), "bin_edges": bin_edges()[:-1],
         **job["dashboards"]}, indent=1).encode())
+
+
+def _ragged(flat: Any, counts: Any) -> list[list[Any]]:
+    """`flat` cut into lists of `counts[i]` items each, in order."""
+    import numpy as np
+
+    return [part.tolist() for part in np.split(flat, np.cumsum(counts)[:-1])] \
+        if len(counts) else []
+
+
+def _token_texts(ids: Any, text: Any) -> Any:
+    """The text of each token id in `ids` (an array of any shape): an object array of its shape,
+    each distinct id decoded once."""
+    import numpy as np
+
+    unique, at = np.unique(ids, return_inverse=True)
+    return np.array([text(int(t)) for t in unique], dtype=object)[at].reshape(ids.shape)
 
 
 def _texts(tokenizer: Any) -> Any:
