@@ -353,7 +353,8 @@ def merge(out: str, tokenizer: Any) -> None:
         "interval": intervals, "doc_id": [str(doc_ids[r]) for r in row.tolist()], "row": row,
         "position": position, "activation": cand["activation"][order].astype(np.float64),
         "window_start": position - WINDOW[0] + kept.argmax(axis=1),
-        "token_ids": _ragged(token_ids, counts), "tokens": _ragged(_token_texts(token_ids, text), counts),
+        "token_ids": _ragged(token_ids, counts),
+        "tokens": _ragged(_token_texts(token_ids, text), counts),
         "activations": _ragged(cand["window_activations"][order][kept], counts)}).astype(
         {"kind": "string", "doc_id": "string"})
     first = shards[0]
