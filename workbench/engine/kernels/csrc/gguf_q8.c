@@ -383,25 +383,15 @@ WBQ_INLINE void wbq_group_avx2(const int kind, const uint8_t *wg, const uint8_t 
  * Each lane (a weight row) sums a sub-block's codes times the activation codes exactly in int32,
  * weighs the sum by its integer scale (Q6_K: the codes' -32 through the activations' sums of
  * 16), adds up the block in int32; then per block acc = fma(float(sum), fp32(d_w * d_a), acc)
- * and (Q4_K, Q5_K) acc = fnma(float(sum_j m_j * bsum_j), fp32(dmin_w * d_a), acc). The same
- * functions for both ISAs through these few vector helpers (AVX2: 8 rows, half h of a group). */
-#define WBQ_KV_avx512 __m512i
-#define WBQ_KF_avx512 __m512
-#define WBQ_KV_avx2 __m256i
-#define WBQ_KF_avx2 __m256
-#define WBQ_LANES_avx512 16
-#define WBQ_LANES_avx2 8
+ * and (Q4_K, Q5_K) acc = fnma(float(sum_j m_j * bsum_j), fp32(dmin_w * d_a), acc). AVX-512
+ * (vpdpbusd) takes a group's 16 rows at once, AVX2 (maddubs, below) its halves of 8 in turn. */
 #define WBQ_KROWS_avx512 6
 #define WBQ_KROWS_avx2 2
 WBQ_INLINE5 __m512i wbk_load_avx512(const uint8_t *p) { return _mm512_loadu_si512(p); }
-WBQ_INLINE __m256i wbk_load_avx2(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 WBQ_INLINE5 __m512i wbk_bcast_avx512(const uint8_t *p) { return _mm512_set1_epi32(wbq_word(p)); }
 WBQ_INLINE __m256i wbk_bcast_avx2(const uint8_t *p) { return _mm256_set1_epi32(wbq_word(p)); }
 WBQ_INLINE5 __m512i wbk_dot_avx512(__m512i acc, __m512i u, __m512i s) {
     return _mm512_dpbusd_epi32(acc, u, s);
-}
-WBQ_INLINE __m256i wbk_dot_avx2(__m256i acc, __m256i u, __m256i s) {  /* |pairs| <= 2*63*127 */
-    return wbq_dot2(acc, u, s);
 }
 WBQ_INLINE5 __m512i wbk_bits_avx512(__m512i v, int shift, int mask) {  /* bytes: (v >> shift) & mask */
     return _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi8((char)mask));
@@ -410,17 +400,11 @@ WBQ_INLINE __m256i wbk_bits_avx2(__m256i v, int shift, int mask) {
     return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8((char)mask));
 }
 WBQ_INLINE5 __m512i wbk_or_avx512(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
-WBQ_INLINE __m256i wbk_or_avx2(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
 WBQ_INLINE5 __m512i wbk_shl4_avx512(__m512i v) { return _mm512_slli_epi16(v, 4); }
-WBQ_INLINE __m256i wbk_shl4_avx2(__m256i v) { return _mm256_slli_epi16(v, 4); }
 WBQ_INLINE5 __m512i wbk_zero_avx512(void) { return _mm512_setzero_si512(); }
-WBQ_INLINE __m256i wbk_zero_avx2(void) { return _mm256_setzero_si256(); }
 WBQ_INLINE5 __m512i wbk_add_avx512(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
-WBQ_INLINE __m256i wbk_add_avx2(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 WBQ_INLINE5 __m512i wbk_mul_avx512(__m512i a, __m512i b) { return _mm512_mullo_epi32(a, b); }
-WBQ_INLINE __m256i wbk_mul_avx2(__m256i a, __m256i b) { return _mm256_mullo_epi32(a, b); }
 WBQ_INLINE5 __m512i wbk_set_avx512(int v) { return _mm512_set1_epi32(v); }
-WBQ_INLINE __m256i wbk_set_avx2(int v) { return _mm256_set1_epi32(v); }
 /* a plane of 16 bytes (AVX2: 8 of them, at p) as int32 lanes, unsigned or signed */
 WBQ_INLINE5 __m512i wbk_u8_avx512(const uint8_t *p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -441,7 +425,6 @@ WBQ_INLINE __m256 wbk_half_avx2(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 WBQ_INLINE5 __m512 wbk_fzero_avx512(void) { return _mm512_setzero_ps(); }
-WBQ_INLINE __m256 wbk_fzero_avx2(void) { return _mm256_setzero_ps(); }
 WBQ_INLINE5 __m512 wbk_scale_avx512(__m512 acc, __m512i sum, __m512 dw, float da) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc);
 }
@@ -462,124 +445,268 @@ WBQ_INLINE void wbk_store_avx2(float *y, __m256 v, const float *b) {
 }
 
 /* Q4_K (hb 0) or Q5_K (hb 1): input rows [0, P) of the Q8_K pack against one group of 16 weight
- * rows -> y[p][0, 16); the lanes of half h (AVX2) of the group at a time */
-#define WBQ_KGROUP45(ISA)                                                                      \
-    static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
-    wbk_group45_##ISA(const int hb, const uint8_t *wg, const uint8_t *pk, int64_t stride,     \
-                      int64_t K, const int P, const float *bias, float *y, int64_t N) {       \
-        enum { L = WBQ_LANES_##ISA };                                                          \
-        const int64_t G = K / 256, gb = 16 * (hb ? 176 : 144);                                 \
-        for (int h = 0; h < 16 / L; ++h) {                                                     \
-            WBQ_KF_##ISA acc[WBQ_KROWS_##ISA];                                                 \
-            for (int p = 0; p < P; ++p) acc[p] = wbk_fzero_##ISA();                            \
-            for (int64_t g = 0; g < G; ++g) {                                                  \
-                const uint8_t *blk = wg + g * gb, *planes = blk + 64 + L * h;                  \
-                const uint8_t *qh = blk + 256 + 4 * L * h;                                     \
-                const uint8_t *qs = blk + (hb ? 768 : 256) + 4 * L * h;                        \
-                WBQ_KV_##ISA sum[WBQ_KROWS_##ISA], mins[WBQ_KROWS_##ISA];                      \
-                for (int p = 0; p < P; ++p) sum[p] = mins[p] = wbk_zero_##ISA();               \
-                for (int j = 0; j < 8; ++j) {                                                  \
-                    const WBQ_KV_##ISA lo = wbk_u8_##ISA(planes + 16 * (j < 4 ? j : j + 4));   \
-                    const WBQ_KV_##ISA hi = wbk_u8_##ISA(planes + 16 * (j < 4 ? j + 4 : j - 4)); \
-                    WBQ_KV_##ISA sc, mn;                                                       \
-                    if (j < 4) {                                                               \
-                        sc = wbk_bits_##ISA(lo, 0, 63);                                        \
-                        mn = wbk_bits_##ISA(hi, 0, 63);                                        \
-                    } else {                                                                   \
-                        const WBQ_KV_##ISA top = wbk_u8_##ISA(planes + 16 * j);                \
-                        sc = wbk_or_##ISA(wbk_bits_##ISA(lo, 0, 15),                           \
-                                          wbk_shl4_##ISA(wbk_bits_##ISA(hi, 6, 3)));           \
-                        mn = wbk_or_##ISA(wbk_bits_##ISA(lo, 4, 15),                           \
-                                          wbk_shl4_##ISA(wbk_bits_##ISA(top, 6, 3)));          \
-                    }                                                                          \
-                    WBQ_KV_##ISA part[WBQ_KROWS_##ISA];                                        \
-                    for (int p = 0; p < P; ++p) part[p] = wbk_zero_##ISA();                    \
-                    for (int t = 0; t < 8; ++t) {                                              \
-                        WBQ_KV_##ISA c = wbk_bits_##ISA(                                       \
-                            wbk_load_##ISA(qs + 64 * (8 * (j >> 1) + t)), 4 * (j & 1), 15);    \
-                        if (hb)                                                                \
-                            c = wbk_or_##ISA(c, wbk_shl4_##ISA(wbk_bits_##ISA(                 \
-                                                   wbk_load_##ISA(qh + 64 * t), j, 1)));       \
-                        for (int p = 0; p < P; ++p)                                            \
-                            part[p] = wbk_dot_##ISA(part[p], c, wbk_bcast_##ISA(               \
-                                pk + p * stride + g * 292 + 4 + 32 * j + 4 * t));              \
-                    }                                                                          \
-                    for (int p = 0; p < P; ++p) {                                              \
-                        const int16_t *bs = (const int16_t *)(pk + p * stride + g * 292 + 260); \
-                        sum[p] = wbk_add_##ISA(sum[p], wbk_mul_##ISA(part[p], sc));            \
-                        mins[p] = wbk_add_##ISA(mins[p], wbk_mul_##ISA(                        \
-                            mn, wbk_set_##ISA(bs[2 * j] + bs[2 * j + 1])));                    \
-                    }                                                                          \
-                }                                                                              \
-                const WBQ_KF_##ISA dw = wbk_half_##ISA(blk + 2 * L * h);                       \
-                const WBQ_KF_##ISA dm = wbk_half_##ISA(blk + 32 + 2 * L * h);                  \
-                for (int p = 0; p < P; ++p) {                                                  \
-                    float da;                                                                  \
-                    memcpy(&da, pk + p * stride + g * 292, 4);                                 \
-                    acc[p] = wbk_scale_##ISA(acc[p], sum[p], dw, da);                          \
-                    acc[p] = wbk_unscale_##ISA(acc[p], mins[p], dm, da);                       \
-                }                                                                              \
-            }                                                                                  \
-            for (int p = 0; p < P; ++p)                                                        \
-                wbk_store_##ISA(y + p * N + L * h, acc[p], bias ? bias + L * h : 0);           \
-        }                                                                                      \
+ * rows -> y[p][0, 16) */
+static inline __attribute__((always_inline, target(WBQ_TARGET_avx512))) void
+wbk_group45_avx512(const int hb, const uint8_t *wg, const uint8_t *pk, int64_t stride,
+              int64_t K, const int P, const float *bias, float *y, int64_t N) {
+    const int64_t G = K / 256, gb = 16 * (hb ? 176 : 144);
+    __m512 acc[WBQ_KROWS_avx512];
+    for (int p = 0; p < P; ++p) acc[p] = wbk_fzero_avx512();
+    for (int64_t g = 0; g < G; ++g) {
+        const uint8_t *blk = wg + g * gb, *planes = blk + 64;
+        const uint8_t *qh = blk + 256;
+        const uint8_t *qs = blk + (hb ? 768 : 256);
+        __m512i sum[WBQ_KROWS_avx512], mins[WBQ_KROWS_avx512];
+        for (int p = 0; p < P; ++p) sum[p] = mins[p] = wbk_zero_avx512();
+        for (int j = 0; j < 8; ++j) {
+            const __m512i lo = wbk_u8_avx512(planes + 16 * (j < 4 ? j : j + 4));
+            const __m512i hi = wbk_u8_avx512(planes + 16 * (j < 4 ? j + 4 : j - 4));
+            __m512i sc, mn;
+            if (j < 4) {
+                sc = wbk_bits_avx512(lo, 0, 63);
+                mn = wbk_bits_avx512(hi, 0, 63);
+            } else {
+                const __m512i top = wbk_u8_avx512(planes + 16 * j);
+                sc = wbk_or_avx512(wbk_bits_avx512(lo, 0, 15),
+                                  wbk_shl4_avx512(wbk_bits_avx512(hi, 6, 3)));
+                mn = wbk_or_avx512(wbk_bits_avx512(lo, 4, 15),
+                                  wbk_shl4_avx512(wbk_bits_avx512(top, 6, 3)));
+            }
+            __m512i part[WBQ_KROWS_avx512];
+            for (int p = 0; p < P; ++p) part[p] = wbk_zero_avx512();
+            for (int t = 0; t < 8; ++t) {
+                __m512i c = wbk_bits_avx512(
+                    wbk_load_avx512(qs + 64 * (8 * (j >> 1) + t)), 4 * (j & 1), 15);
+                if (hb)
+                    c = wbk_or_avx512(c, wbk_shl4_avx512(wbk_bits_avx512(
+                                           wbk_load_avx512(qh + 64 * t), j, 1)));
+                for (int p = 0; p < P; ++p)
+                    part[p] = wbk_dot_avx512(part[p], c, wbk_bcast_avx512(
+                        pk + p * stride + g * 292 + 4 + 32 * j + 4 * t));
+            }
+            for (int p = 0; p < P; ++p) {
+                const int16_t *bs = (const int16_t *)(pk + p * stride + g * 292 + 260);
+                sum[p] = wbk_add_avx512(sum[p], wbk_mul_avx512(part[p], sc));
+                mins[p] = wbk_add_avx512(mins[p], wbk_mul_avx512(
+                    mn, wbk_set_avx512(bs[2 * j] + bs[2 * j + 1])));
+            }
+        }
+        const __m512 dw = wbk_half_avx512(blk);
+        const __m512 dm = wbk_half_avx512(blk + 32);
+        for (int p = 0; p < P; ++p) {
+            float da;
+            memcpy(&da, pk + p * stride + g * 292, 4);
+            acc[p] = wbk_scale_avx512(acc[p], sum[p], dw, da);
+            acc[p] = wbk_unscale_avx512(acc[p], mins[p], dm, da);
+        }
     }
+    for (int p = 0; p < P; ++p)
+        wbk_store_avx512(y + p * N, acc[p], bias);
+}
 
 /* Q6_K: 16 sub-blocks of 16 values; sub-block s = 8n + 2 part + half: its codes are nibble
  * (part >> 1) of low words 16n + 8 (part & 1) + 4 half + t and bits 2 part of high words
  * 8n + 4 half + t (t < 4), its scale plane s, its activations' sum bsums[s] */
-#define WBQ_KGROUP6(ISA)                                                                       \
-    static inline __attribute__((always_inline, target(WBQ_TARGET_##ISA))) void               \
-    wbk_group6_##ISA(const int hb, const uint8_t *wg, const uint8_t *pk, int64_t stride,      \
-                     int64_t K, const int P, const float *bias, float *y, int64_t N) {        \
-        enum { L = WBQ_LANES_##ISA };                                                          \
-        (void)hb;                                                                              \
-        const int64_t G = K / 256, gb = 16 * 210;                                              \
-        for (int h = 0; h < 16 / L; ++h) {                                                     \
-            WBQ_KF_##ISA acc[WBQ_KROWS_##ISA];                                                 \
-            for (int p = 0; p < P; ++p) acc[p] = wbk_fzero_##ISA();                            \
-            for (int64_t g = 0; g < G; ++g) {                                                  \
-                const uint8_t *blk = wg + g * gb, *ql = blk + 4 * L * h;                       \
-                const uint8_t *qh = blk + 2048 + 4 * L * h, *planes = blk + 3072 + L * h;      \
-                WBQ_KV_##ISA sum[WBQ_KROWS_##ISA];                                             \
-                for (int p = 0; p < P; ++p) sum[p] = wbk_zero_##ISA();                         \
-                for (int s = 0; s < 16; ++s) {                                                 \
-                    const int n = s >> 3, part = (s >> 1) & 3, half = s & 1;                   \
-                    const WBQ_KV_##ISA sc = wbk_i8_##ISA(planes + 16 * s);                     \
-                    WBQ_KV_##ISA sub[WBQ_KROWS_##ISA];                                         \
-                    for (int p = 0; p < P; ++p) {                                              \
-                        const int16_t *bs = (const int16_t *)(pk + p * stride + g * 292 + 260); \
-                        sub[p] = wbk_set_##ISA(-32 * bs[s]);                                   \
-                    }                                                                          \
-                    for (int t = 0; t < 4; ++t) {                                              \
-                        const int lw = 16 * n + 8 * (part & 1) + 4 * half + t;                 \
-                        const int hw = 8 * n + 4 * half + t;                                   \
-                        const WBQ_KV_##ISA c = wbk_or_##ISA(                                   \
-                            wbk_bits_##ISA(wbk_load_##ISA(ql + 64 * lw), 4 * (part >> 1), 15), \
-                            wbk_shl4_##ISA(wbk_bits_##ISA(wbk_load_##ISA(qh + 64 * hw),        \
-                                                          2 * part, 3)));                      \
-                        for (int p = 0; p < P; ++p)                                            \
-                            sub[p] = wbk_dot_##ISA(sub[p], c, wbk_bcast_##ISA(                 \
-                                pk + p * stride + g * 292 + 4 + 16 * s + 4 * t));              \
-                    }                                                                          \
-                    for (int p = 0; p < P; ++p)                                                \
-                        sum[p] = wbk_add_##ISA(sum[p], wbk_mul_##ISA(sub[p], sc));             \
-                }                                                                              \
-                const WBQ_KF_##ISA dw = wbk_half_##ISA(blk + 3328 + 2 * L * h);                \
-                for (int p = 0; p < P; ++p) {                                                  \
-                    float da;                                                                  \
-                    memcpy(&da, pk + p * stride + g * 292, 4);                                 \
-                    acc[p] = wbk_scale_##ISA(acc[p], sum[p], dw, da);                          \
-                }                                                                              \
-            }                                                                                  \
-            for (int p = 0; p < P; ++p)                                                        \
-                wbk_store_##ISA(y + p * N + L * h, acc[p], bias ? bias + L * h : 0);           \
-        }                                                                                      \
+static inline __attribute__((always_inline, target(WBQ_TARGET_avx512))) void
+wbk_group6_avx512(const int hb, const uint8_t *wg, const uint8_t *pk, int64_t stride,
+             int64_t K, const int P, const float *bias, float *y, int64_t N) {
+    (void)hb;
+    const int64_t G = K / 256, gb = 16 * 210;
+    __m512 acc[WBQ_KROWS_avx512];
+    for (int p = 0; p < P; ++p) acc[p] = wbk_fzero_avx512();
+    for (int64_t g = 0; g < G; ++g) {
+        const uint8_t *blk = wg + g * gb, *ql = blk;
+        const uint8_t *qh = blk + 2048, *planes = blk + 3072;
+        __m512i sum[WBQ_KROWS_avx512];
+        for (int p = 0; p < P; ++p) sum[p] = wbk_zero_avx512();
+        for (int s = 0; s < 16; ++s) {
+            const int n = s >> 3, part = (s >> 1) & 3, half = s & 1;
+            const __m512i sc = wbk_i8_avx512(planes + 16 * s);
+            __m512i sub[WBQ_KROWS_avx512];
+            for (int p = 0; p < P; ++p) {
+                const int16_t *bs = (const int16_t *)(pk + p * stride + g * 292 + 260);
+                sub[p] = wbk_set_avx512(-32 * bs[s]);
+            }
+            for (int t = 0; t < 4; ++t) {
+                const int lw = 16 * n + 8 * (part & 1) + 4 * half + t;
+                const int hw = 8 * n + 4 * half + t;
+                const __m512i c = wbk_or_avx512(
+                    wbk_bits_avx512(wbk_load_avx512(ql + 64 * lw), 4 * (part >> 1), 15),
+                    wbk_shl4_avx512(wbk_bits_avx512(wbk_load_avx512(qh + 64 * hw),
+                                                  2 * part, 3)));
+                for (int p = 0; p < P; ++p)
+                    sub[p] = wbk_dot_avx512(sub[p], c, wbk_bcast_avx512(
+                        pk + p * stride + g * 292 + 4 + 16 * s + 4 * t));
+            }
+            for (int p = 0; p < P; ++p)
+                sum[p] = wbk_add_avx512(sum[p], wbk_mul_avx512(sub[p], sc));
+        }
+        const __m512 dw = wbk_half_avx512(blk + 3328);
+        for (int p = 0; p < P; ++p) {
+            float da;
+            memcpy(&da, pk + p * stride + g * 292, 4);
+            acc[p] = wbk_scale_avx512(acc[p], sum[p], dw, da);
+        }
     }
-WBQ_KGROUP45(avx2)
-WBQ_KGROUP45(avx512)
-WBQ_KGROUP6(avx2)
-WBQ_KGROUP6(avx512)
+    for (int p = 0; p < P; ++p)
+        wbk_store_avx512(y + p * N, acc[p], bias);
+}
+
+/* AVX2 has no vpdpbusd: maddubs leaves pairs of products in int16, so a sub-block's codes are
+ * summed in int16 first (as many maddubs as cannot overflow: Q4_K 8, Q5_K 4, Q6_K 2) and the
+ * int16 sums weighed by the sub-block's scale in one madd (each lane's scale in both halves of
+ * its int32): the same exact int32 sum as the VNNI functions', fewer instructions. */
+
+/* (v, v) as the int16 halves of each int32 lane (v in [-32768, 32767]) */
+WBQ_INLINE __m256i wbk2_dup(__m256i v) {
+    return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xAA);
+}
+
+/* the int16 pair sums t weighed by the lanes' scales sc16, added to sum; t cleared */
+WBQ_INLINE void wbk2_flush(__m256i *sum, __m256i *t, __m256i sc16) {
+    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(*t, sc16));
+    *t = _mm256_setzero_si256();
+}
+
+/* Q4_K (hb 0) or Q5_K (hb 1) on AVX2: as wbk_group45_avx512, 8 weight rows (half h) at a time */
+WBQ_INLINE void wbk_group45_avx2(const int hb, const uint8_t *wg, const uint8_t *pk,
+                                 int64_t stride, int64_t K, const int P, const float *bias,
+                                 float *y, int64_t N) {
+    const int64_t G = K / 256, gb = 16 * (hb ? 176 : 144);
+    const __m256i low4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);
+    for (int h = 0; h < 2; ++h) {
+        __m256 acc[WBQ_KROWS_avx2];
+        for (int p = 0; p < P; ++p) acc[p] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; ++g) {
+            const uint8_t *blk = wg + g * gb, *planes = blk + 64 + 8 * h;
+            const uint8_t *qh = blk + 256 + 32 * h, *qs = blk + (hb ? 768 : 256) + 32 * h;
+            __m256i sum[WBQ_KROWS_avx2], mins[WBQ_KROWS_avx2];
+            for (int p = 0; p < P; ++p) sum[p] = mins[p] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int w = 0; w < 4; ++w) {  /* sub-blocks 2w (low nibbles) and 2w + 1 (high) */
+                __m256i sc16[2], mn[2];
+                for (int e = 0; e < 2; ++e) {
+                    const int j = 2 * w + e;
+                    const __m256i lo = wbk_u8_avx2(planes + 16 * (j < 4 ? j : j + 4));
+                    const __m256i hi = wbk_u8_avx2(planes + 16 * (j < 4 ? j + 4 : j - 4));
+                    __m256i sc;
+                    if (j < 4) {
+                        sc = wbk_bits_avx2(lo, 0, 63);
+                        mn[e] = wbk_bits_avx2(hi, 0, 63);
+                    } else {
+                        const __m256i top = wbk_u8_avx2(planes + 16 * j);
+                        sc = _mm256_or_si256(wbk_bits_avx2(lo, 0, 15),
+                                             _mm256_slli_epi16(wbk_bits_avx2(hi, 6, 3), 4));
+                        mn[e] = _mm256_or_si256(wbk_bits_avx2(lo, 4, 15),
+                                                _mm256_slli_epi16(wbk_bits_avx2(top, 6, 3), 4));
+                    }
+                    sc16[e] = wbk2_dup(sc);
+                }
+                __m256i t[2][WBQ_KROWS_avx2];
+                for (int p = 0; p < P; ++p) t[0][p] = t[1][p] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; ++u) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * w + u)));
+                    __m256i c[2] = {_mm256_and_si256(raw, low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4)};
+                    if (hb) {
+                        const __m256i bits = _mm256_loadu_si256((const __m256i *)(qh + 64 * u));
+                        for (int e = 0; e < 2; ++e)  /* bit j = 2w + e of each byte to bit 4 */
+                            c[e] = _mm256_or_si256(c[e], _mm256_and_si256(
+                                2 * w + e <= 4 ? _mm256_slli_epi16(bits, 4 - 2 * w - e)
+                                               : _mm256_srli_epi16(bits, 2 * w + e - 4), bit4));
+                    }
+                    for (int e = 0; e < 2; ++e)
+                        for (int p = 0; p < P; ++p)
+                            t[e][p] = _mm256_add_epi16(t[e][p], _mm256_maddubs_epi16(c[e],
+                                wbk_bcast_avx2(pk + p * stride + g * 292 + 4 + 32 * (2 * w + e) + 4 * u)));
+                    if (u == 7 || (hb && u == 3))  /* |t| <= 8 (Q5_K: 4) * 2 * 15 (31) * 127 */
+                        for (int e = 0; e < 2; ++e)
+                            for (int p = 0; p < P; ++p) wbk2_flush(&sum[p], &t[e][p], sc16[e]);
+                }
+                for (int p = 0; p < P; ++p) {
+                    const int16_t *bs = (const int16_t *)(pk + p * stride + g * 292 + 260) + 4 * w;
+                    for (int e = 0; e < 2; ++e)
+                        mins[p] = _mm256_add_epi32(mins[p], _mm256_mullo_epi32(
+                            mn[e], _mm256_set1_epi32(bs[2 * e] + bs[2 * e + 1])));
+                }
+            }
+            const __m256 dw = wbk_half_avx2(blk + 16 * h), dm = wbk_half_avx2(blk + 32 + 16 * h);
+            for (int p = 0; p < P; ++p) {
+                float da;
+                memcpy(&da, pk + p * stride + g * 292, 4);
+                acc[p] = wbk_scale_avx2(acc[p], sum[p], dw, da);
+                acc[p] = wbk_unscale_avx2(acc[p], mins[p], dm, da);
+            }
+        }
+        for (int p = 0; p < P; ++p) wbk_store_avx2(y + p * N + 8 * h, acc[p], bias ? bias + 8 * h : 0);
+    }
+}
+
+/* Q6_K on AVX2: as wbk_group6_avx512, 8 weight rows (half h) at a time; the codes' -32 as
+ * -32 * sum_s sc_s * bsums_s, two sub-blocks a madd */
+WBQ_INLINE void wbk_group6_avx2(const int hb, const uint8_t *wg, const uint8_t *pk,
+                                int64_t stride, int64_t K, const int P, const float *bias,
+                                float *y, int64_t N) {
+    (void)hb;
+    const int64_t G = K / 256, gb = 16 * 210;
+    const __m256i low4 = _mm256_set1_epi8(15), high2 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+        __m256 acc[WBQ_KROWS_avx2];
+        for (int p = 0; p < P; ++p) acc[p] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; ++g) {
+            const uint8_t *blk = wg + g * gb, *ql = blk + 32 * h;
+            const uint8_t *qh = blk + 2048 + 32 * h, *planes = blk + 3072 + 8 * h;
+            __m256i sum[WBQ_KROWS_avx2], offs[WBQ_KROWS_avx2];
+            for (int p = 0; p < P; ++p) sum[p] = offs[p] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int s2 = 0; s2 < 8; ++s2) {  /* sub-blocks s = 2 s2 + half */
+                const __m256i sc0 = wbk_i8_avx2(planes + 32 * s2);
+                const __m256i sc1 = wbk_i8_avx2(planes + 32 * s2 + 16);
+                const __m256i pair = _mm256_blend_epi16(sc0, _mm256_slli_epi32(sc1, 16), 0xAA);
+                for (int p = 0; p < P; ++p) {  /* sc_s * bsums_s + sc_s+1 * bsums_s+1 */
+                    const uint8_t *bs = pk + p * stride + g * 292 + 260 + 4 * s2;
+                    offs[p] = _mm256_add_epi32(offs[p], _mm256_madd_epi16(pair, wbk_bcast_avx2(bs)));
+                }
+                const int n = s2 >> 2, part = s2 & 3;
+#pragma GCC unroll 2
+                for (int half = 0; half < 2; ++half) {
+                    const int s = 2 * s2 + half;
+                    const __m256i sc16 = wbk2_dup(half ? sc1 : sc0);
+                    __m256i t[WBQ_KROWS_avx2];
+                    for (int p = 0; p < P; ++p) t[p] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; ++u) {
+                        const int lw = 16 * n + 8 * (part & 1) + 4 * half + u;
+                        const int hw = 8 * n + 4 * half + u;
+                        const __m256i lo = _mm256_loadu_si256((const __m256i *)(ql + 64 * lw));
+                        const __m256i hi = _mm256_loadu_si256((const __m256i *)(qh + 64 * hw));
+                        const __m256i l4 = part >> 1 ? _mm256_srli_epi16(lo, 4) : lo;
+                        /* qh's bits 2 part, 2 part + 1 to bits 4, 5 */
+                        const __m256i h2 = part == 0 ? _mm256_slli_epi16(hi, 4)
+                                         : part == 1 ? _mm256_slli_epi16(hi, 2)
+                                         : part == 2 ? hi : _mm256_srli_epi16(hi, 2);
+                        const __m256i c = _mm256_or_si256(_mm256_and_si256(l4, low4),
+                                                          _mm256_and_si256(h2, high2));
+                        for (int p = 0; p < P; ++p)
+                            t[p] = _mm256_add_epi16(t[p], _mm256_maddubs_epi16(c,
+                                wbk_bcast_avx2(pk + p * stride + g * 292 + 4 + 16 * s + 4 * u)));
+                        if (u & 1)  /* |t| <= 2 * 2 * 63 * 127 */
+                            for (int p = 0; p < P; ++p) wbk2_flush(&sum[p], &t[p], sc16);
+                    }
+                }
+            }
+            const __m256 dw = wbk_half_avx2(blk + 3328 + 16 * h);
+            for (int p = 0; p < P; ++p) {
+                float da;
+                memcpy(&da, pk + p * stride + g * 292, 4);
+                sum[p] = _mm256_sub_epi32(sum[p], _mm256_slli_epi32(offs[p], 5));
+                acc[p] = wbk_scale_avx2(acc[p], sum[p], dw, da);
+            }
+        }
+        for (int p = 0; p < P; ++p) wbk_store_avx2(y + p * N + 8 * h, acc[p], bias ? bias + 8 * h : 0);
+    }
+}
 
 /* ---- the products: y [M, N] = x [M, K] w^T (+ b), w in the rows16 layout ----
  * The rows are quantized to the partner type, then each thread takes a contiguous range of
