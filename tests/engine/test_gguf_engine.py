@@ -156,9 +156,9 @@ def test_a_gguf_file_of_another_family_serves_from_its_blocks(tmp_path, arch, ki
     assert_close_logprobs(got, want, 2e-4)
 
 
-def test_mixed_block_kinds_in_one_group_stay_apart():
-    """Q/K/V of different kinds cannot be one row-stacked weight: each multiplies its own
-    blocks (transformers' layers then), still the dequantized model's tokens."""
+def mixed_pair():
+    """`quantized_pair("Q8_0")` with every V projection in Q4_0 blocks (as llama.cpp's mixes
+    keep some V and down projections in another type than the rest: Q4_K_M's Q6_K)."""
     loaded, reference = quantized_pair("Q8_0")
     for name in list(loaded.quantized):
         if name.endswith("self_attn.v_proj.weight"):
@@ -167,11 +167,57 @@ def test_mixed_block_kinds_in_one_group_stay_apart():
             with torch.no_grad():
                 reference.model.get_parameter(name).copy_(loaded.quantized[name].dequantize())
                 loaded.model.get_parameter(name).copy_(loaded.quantized[name].dequantize())
+    return loaded, reference
+
+
+@pytest.mark.parametrize("kernel", ["gguf", "gguf_q8"])
+def test_a_projection_of_parts_in_other_block_types_is_the_parts_apart(kernel):
+    """Q/K/V whose V is another block type: one projection of three parts (each multiplied on
+    its own blocks into its columns), bit for bit the parts' own products, bias and all."""
+    if projections.TABLE[kernel].missing(torch.float32, cpu_features()) is not None:
+        pytest.skip(f"the {kernel} kernel does not run here")
+    gen = torch.Generator().manual_seed(0)
+    sizes = ((48, "Q8_0"), (16, "Q8_0"), (40, "Q4_0"))  # a part not a multiple of 16 rows too
+    parts = [QuantizedWeight.quantize(torch.randn(n, 64, generator=gen), kind)
+             for n, kind in sizes]
+    bias = torch.randn(sum(n for n, _ in sizes), generator=gen)
+    # the kernel takes its blocks over ("gguf_q8" interleaves them in place): copies for each
+    apart = [FastLinear(QuantizedWeight(p.kind, *p.shape, p.data.clone()), None, kernel)
+             for p in parts]
+    fused = FastLinear(parts, bias, kernel)
+    assert [part.blocks.kind for part in fused.weights.parts] == ["Q8_0", "Q8_0", "Q4_0"]
+    assert fused.c_function(1, torch.float32) is not None  # what a one-call step runs
+    for rows in (1, 3):
+        x = torch.randn(rows, 64, generator=gen)
+        want = torch.cat([linear(x) for linear in apart], dim=-1) + bias
+        assert torch.equal(fused(x), want)
+
+
+@pytest.mark.parametrize("kernel", ["gguf", "gguf_q8"])
+def test_mixed_block_kinds_in_one_group_are_parts_of_one_projection(kernel):
+    """Q/K/V of different kinds are one fused projection of parts, so the lean loop and the
+    one-call decode step serve the model (as for one kind); each member's blocks in
+    `quantized` are the part's; still the dequantized model's tokens."""
+    if projections.TABLE[kernel].missing(torch.float32, cpu_features()) is not None:
+        pytest.skip(f"the {kernel} kernel does not run here")
+    loaded, reference = mixed_pair()
     params = greedy(8, logprobs=2, ignore_eos=True)
-    ours = make_llm(loaded)
-    attn = ours.llm_engine.runner.layers[0].self_attn
-    assert attn.v_proj.weights.blocks.kind == "Q4_0" and attn.q_proj.weights.blocks.kind == "Q8_0"
-    assert_close_logprobs(outputs(ours, params), outputs(make_llm(reference), params), 2e-4)
+    ours = make_llm(loaded, dtype="gguf",
+                    gguf_activations="q8" if kernel == "gguf_q8" else "float32")
+    runner = ours.llm_engine.runner
+    group = runner.layers[0].self_attn.q_proj.group
+    assert [part.blocks.kind for part in group.linear.weights.parts] == ["Q8_0", "Q8_0", "Q4_0"]
+    assert runner.stack is not None and runner.stack.c_layers is not None
+    quantized = ours.llm_engine.loaded.quantized
+    name = next(n for n in quantized if n.endswith("layers.0.self_attn.v_proj.weight"))
+    assert quantized[name] is group.linear.weights.parts[2].blocks
+    got, want = outputs(ours, params), outputs(make_llm(reference), params)
+    if kernel == "gguf":
+        assert_close_logprobs(got, want, 2e-4)
+    else:  # the first token: the activations' int8 quantization (~0.5% a product) apart
+        for g, w in zip(got, want, strict=True):
+            top = next(iter(w.logprobs[0]))
+            assert abs(g.logprobs[0][top].logprob - w.logprobs[0][top].logprob) < 0.05
 
 
 def test_batch_invariant_with_blocks():

@@ -1,9 +1,9 @@
 """The C library: the kernels' sources in `csrc/`, compiled once per machine and loaded.
 
 The C sources ship beside this module in `csrc/`, one file per kind of kernel: `linear_f32.c`,
-`linear_bf16.c`, `linear_amx.c`, `gguf.c`, `gguf_q8.c` (the products), `attention.c`, `layer_ops.c` (norms,
-rotary, SiLU), `decode_stack.c` (a decode step through every layer in one call), `wb.h` (what
-they share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`)
+`linear_bf16.c`, `linear_amx.c`, `gguf.c`, `gguf_q8.c` (the products), `linear_parts.c` (a
+projection of parts in different layouts), `attention.c`, `layer_ops.c` (norms, rotary, SiLU),
+`decode_stack.c` (a decode step through every layer in one call), `wb.h` (what they share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`)
 into one library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the
 sources, the flags and the compiler, so a change of any of them builds a new one; the build
 takes about ten seconds (most of it `gguf.c`'s functions, one per block type and ISA) and
@@ -87,6 +87,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # the C functions: arguments,
     "wb_rope_write_kv": ([_P, _I64] + [_P] * 6 + [_I64] * 4 + [_INT, _INT], _INT),
     "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
     "wb_ranks_top_k": ([_P, _P] + [_I64] * 3 + [_P] * 3, _INT),
+    "wb_linear_parts": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_decode_stack": ([_P, _P, _I64] + [_P] * 6 + [_I64, _P] + [_I64] * 7
                         + [_F32, _INT, _INT], _INT),
     **{f"wb_linear_{kind.lower()}_{isa}": ([_P] * 4 + [_I64] * 3 + [_INT], None)  # csrc/gguf.c

@@ -57,6 +57,7 @@ a test product), never a CPU vendor. On CUDA the kernel is always "torch" (cuBLA
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -64,7 +65,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from workbench.engine.kernels import c_products, gguf_products, gguf_q8
+from workbench.engine.kernels import c_library, c_products, gguf_products, gguf_q8
 from workbench.errors import ValidationError
 from workbench.models.cpu import CpuFeatures, cpu_features
 from workbench.models.gguf_blocks import QuantizedWeight
@@ -82,6 +83,8 @@ class LinearWeights:
     c_weight: Any = None  # what the kernel's C products read (a tensor's memory), or None
     blocks: QuantizedWeight | None = None  # a GGUF weight's blocks ("gguf")
     function: Any = None  # the C product function, where the kernel fixes it at prepare time
+    # a GGUF projection of parts in other block types ("gguf": `c_weight` is their table)
+    parts: tuple[LinearWeights, ...] = ()
 
 
 class LinearKernel:
@@ -275,11 +278,28 @@ class Gguf(LinearKernel):
         return None
 
     def prepare(self, weight, bias):
+        """`weight`: a `QuantizedWeight`, or a list of them, each of its own block type, whose
+        rows are stacked (a fused Q/K/V whose V the file quantized otherwise): each part's
+        product into its columns (`csrc/linear_parts.c`), the bits of the parts apart."""
+        bias = None if bias is None else bias.detach().float()
+        if isinstance(weight, QuantizedWeight):
+            return self._blocks(weight, bias)
+        parts = tuple(self._blocks(part, None) for part in weight)
+        if len({part.in_features for part in parts}) != 1:
+            raise ValueError("the parts of a projection read the same input: one in_features")
+        table = torch.tensor([len(parts), *(value for part in parts for value in (
+            ctypes.cast(part.function, ctypes.c_void_p).value, part.c_weight.data_ptr(),
+            part.out_features))], dtype=torch.int64)
+        return LinearWeights(sum(part.out_features for part in parts), parts[0].in_features,
+                             bias, c_weight=table, parts=parts,
+                             function=c_library.function("wb_linear_parts"))
+
+    def _blocks(self, weight, bias) -> LinearWeights:
+        """One `QuantizedWeight`'s weights, its blocks as this kernel's functions read them."""
         if not isinstance(weight, QuantizedWeight) or weight.layout != "ggml":
             raise TypeError(f"the gguf kernel multiplies GGUF blocks in GGML's layout, got "
                             f"{getattr(weight, 'layout', type(weight))}")
-        return LinearWeights(weight.out_features, weight.in_features,
-                             None if bias is None else bias.detach().float(),
+        return LinearWeights(weight.out_features, weight.in_features, bias,
                              c_weight=weight.data, blocks=weight,
                              function=gguf_products.linear_function(weight.kind))
 
@@ -305,8 +325,8 @@ class GgufQ8(Gguf):
             return "a C compiler to build it (set CC or install gcc; the log says what failed)"
         return None
 
-    def prepare(self, weight, bias):
-        weights = super().prepare(weight, bias)
+    def _blocks(self, weight, bias):
+        weights = super()._blocks(weight, bias)
         # its functions read the blocks interleaved by 16 rows: rearranged in place, taken over
         weights.blocks = weight.interleaved(in_place=True)
         weights.function = gguf_q8.linear_function(weight.kind)

@@ -74,18 +74,21 @@ class FastLinear(nn.Module):
 
     tile_rows: int = 0  # 0: the rows as they come
 
-    def __init__(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None,
-                 kernel: str | LinearKernel, sources: tuple[torch.Tensor, ...] = ()):
-        """`sources`: the model's weights that `weight` was made of (a fused group's, the
-        float weight a GGUF block stands for); once the kernel has its layout, the pages of
-        a checkpoint's file under them and under `weight` that it did not keep are given back
-        (`memory.release`): one copy of each weight stays resident."""
+    def __init__(self, weight: torch.Tensor | QuantizedWeight | list[QuantizedWeight],
+                 bias: torch.Tensor | None, kernel: str | LinearKernel,
+                 sources: tuple[torch.Tensor, ...] = ()):
+        """`weight`: a tensor, GGUF blocks, or parts in blocks of several types (the "gguf"
+        kernels' `prepare`). `sources`: the model's weights that `weight` was made of (a fused
+        group's, the float weight a GGUF block stands for); once the kernel has its layout,
+        the pages of a checkpoint's file under them and under `weight` that it did not keep
+        are given back (`memory.release`): one copy of each weight stays resident."""
         super().__init__()
         self.register_state_dict_pre_hook(_taken_over)
         self.kernel = projections.get(kernel)
         self.weights = self.kernel.prepare(weight, bias)
         self.out_features, self.in_features = self.weights.out_features, self.weights.in_features
-        kept = (self.weights.plain, self.weights.packed, self.weights.c_weight)
+        kept = (self.weights.plain, self.weights.packed, self.weights.c_weight,
+                *(part.c_weight for part in self.weights.parts))
         memory.release(*sources, *([weight] if isinstance(weight, torch.Tensor) else []),
                        keep=kept)
 
@@ -201,8 +204,9 @@ class FusedPart(nn.Module):
 def _fused(linears: list[nn.Linear], blocks: list[QuantizedWeight | None], kernel: str,
            fallback: str) -> FastLinear | None:
     """One `FastLinear` for `linears` stacked by rows: their GGUF blocks on "gguf" where each
-    has blocks of one kind, their float weights on `fallback` where none has any; None where
-    some have blocks and some not (or of other kinds): they stay apart."""
+    has blocks (one copy where all are of one kind; else each part in its own, the kernel's
+    parts), their float weights on `fallback` where none has any; None where some have blocks
+    and some not: they stay apart."""
     biases = [lin.bias for lin in linears]
     bias = torch.cat([b.detach() for b in biases]) if all(
         b is not None for b in biases) else None
@@ -210,11 +214,12 @@ def _fused(linears: list[nn.Linear], blocks: list[QuantizedWeight | None], kerne
     if all(b is None for b in blocks):
         weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
         return FastLinear(weight, bias, fallback, sources)
-    kinds = {None if b is None else b.kind for b in blocks}
-    if len(kinds) != 1:
+    present = [b for b in blocks if b is not None]
+    if len(present) != len(blocks):
         return None
-    return FastLinear(QuantizedWeight.cat([b for b in blocks if b is not None]), None
-                      if bias is None else bias.float(), kernel, sources)
+    blocks_or_parts = QuantizedWeight.cat(present) if len({b.kind for b in present}) == 1 \
+        else present
+    return FastLinear(blocks_or_parts, None if bias is None else bias.float(), kernel, sources)
 
 
 def fuse_projections(model: Any, kernel: str | None = None, layers: Any = None,
@@ -270,13 +275,16 @@ def _fuse_layers(model, kernel, layers, quantized, names, blocks_of, fast, fallb
                 if linear is None:
                     continue
                 group = FusedGroup(linear, [lin.out_features for lin in linears])
-                blocks = linear.weights.blocks
+                blocks, parts = linear.weights.blocks, linear.weights.parts
                 if blocks is not None:  # the members' blocks: views of the fused copy
                     start = 0
                     for lin in linears:
                         stop = start + lin.out_features
                         quantized[f"{names[id(lin)]}.weight"] = blocks.rows(start, stop)
                         start = stop
+                for lin, part in zip(linears, parts):  # or each the part the kernel keeps
+                    assert part.blocks is not None  # a part is a block kernel's
+                    quantized[f"{names[id(lin)]}.weight"] = part.blocks
                 for i, name in enumerate(group_names):
                     setattr(owner, name, FusedPart(group, i, linears[i].in_features))
                 fused += 1
