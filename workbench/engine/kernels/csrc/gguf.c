@@ -307,6 +307,13 @@ WB_INLINE void wb_w256_q6_k(const uint8_t *row, int64_t g, __m256 w[4]) {
 #define WB_GROUP4_q4_k 72
 #define WB_GROUP4_q5_k 88
 #define WB_GROUP4_q6_k 105
+/* 32-weight groups a block */
+#define WB_GROUPS_q4_0 1
+#define WB_GROUPS_q4_1 1
+#define WB_GROUPS_q8_0 1
+#define WB_GROUPS_q4_k 8
+#define WB_GROUPS_q5_k 8
+#define WB_GROUPS_q6_k 8
 
 static inline float wb_hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -389,15 +396,19 @@ static inline float wb_hsum256(__m256 v) {
         for (int p = 0; p < P; ++p)                                                            \
             for (int i = 0; i < 4; ++i) acc[p][i] = _mm256_setzero_ps();                       \
         const int64_t G = K / 32;                                                              \
-        for (int64_t g = 0; g < G; ++g) {                                                      \
-            if (next) /* one row's group a step */                                             \
-                _mm_prefetch((const char *)(next + g * WB_GROUP4_##T / 4), _MM_HINT_T0);       \
-            __m256 u[4];                                                                       \
-            wb_w256_##T(w, g, u);                                                              \
-            for (int p = 0; p < P; ++p)                                                        \
-                for (int i = 0; i < 4; ++i)                                                    \
-                    acc[p][i] = _mm256_fmadd_ps(                                               \
-                        u[i], _mm256_loadu_ps(x + p * K + 32 * g + 8 * i), acc[p][i]);        \
+        /* a block's groups unrolled (K-quants: 8): its scales read and converted once */      \
+        for (int64_t g0 = 0; g0 < G; g0 += WB_GROUPS_##T) {                                    \
+            _Pragma("GCC unroll 8")                                                            \
+            for (int64_t g = g0; g < g0 + WB_GROUPS_##T; ++g) {                                \
+                if (next) /* one row's group a step */                                         \
+                    _mm_prefetch((const char *)(next + g * WB_GROUP4_##T / 4), _MM_HINT_T0);   \
+                __m256 u[4];                                                                   \
+                wb_w256_##T(w, g, u);                                                          \
+                for (int p = 0; p < P; ++p)                                                    \
+                    for (int i = 0; i < 4; ++i)                                                \
+                        acc[p][i] = _mm256_fmadd_ps(                                           \
+                            u[i], _mm256_loadu_ps(x + p * K + 32 * g + 8 * i), acc[p][i]);    \
+            }                                                                                  \
         }                                                                                      \
         for (int p = 0; p < P; ++p)                                                            \
             out[p] = wb_hsum256(_mm256_add_ps(_mm256_add_ps(acc[p][0], acc[p][1]),             \
