@@ -3,8 +3,9 @@
 The C sources ship beside this module in `csrc/`, one file per kind of kernel: `linear_f32.c`,
 `linear_bf16.c`, `linear_amx.c`, `gguf.c`, `gguf_q8.c` (the products), `linear_parts.c` (a
 projection of parts in different layouts), `attention.c`, `layer_ops.c` (norms, rotary, SiLU),
-`decode_stack.c` (a decode step through every layer in one call), `wb.h` (what they share). `library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`)
-into one library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the
+`decode_stack.c` (a decode step through every layer in one call), `wb.h` (what they share).
+`library()` compiles them with the system's C compiler (`$CC`, else `cc`/`gcc`) into one
+library in the workbench cache (`$WORKBENCH_CACHE/kernels/`), named by a hash of the
 sources, the flags and the compiler, so a change of any of them builds a new one; the build
 takes about ten seconds (most of it `gguf.c`'s functions, one per block type and ISA) and
 happens at most once per machine (`make install` does it ahead). `function(name)` is one of its
