@@ -92,6 +92,7 @@ def write_checkpoint(config, target: Path, log=None) -> None:
     one tensor in memory at a time; `config.json` and `generation_config.json` beside them."""
     import torch
     from safetensors.torch import save_file
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     params = parameters_of(config)
     total = sum(2 * torch.Size(shape).numel() for _, shape in params)
@@ -117,6 +118,9 @@ def write_checkpoint(config, target: Path, log=None) -> None:
             log(f"wrote {file}")
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (target / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    # the class a checkpoint names, as `save_pretrained` of a model writes it: what vLLM and
+    # llama.cpp's `convert_hf_to_gguf.py` read to pick the architecture
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     config.save_pretrained(target)
     (target / "generation_config.json").write_text(json.dumps({
         "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
