@@ -275,3 +275,14 @@ def test_smollm2_from_its_own_blocks():
     del ours
     want = outputs(LLM(model="smollm2-135m-instruct", dtype="float32", max_model_len=256), params)
     assert_close_logprobs(got, want, 2e-3)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_1"])
+def test_k_quants_in_float32_activations_name_the_faster_arithmetic(kind, caplog):
+    """A file of K-quants served in float32 activations (the default) says, once at start,
+    that `gguf_activations="q8"` runs them about twice as fast; other block types do not."""
+    loaded, _ = quantized_pair(kind)
+    with caplog.at_level("INFO", logger="workbench.engine.step.runner"):
+        make_llm(loaded)
+    hinted = any("--gguf-activations q8" in r.getMessage() for r in caplog.records)
+    assert hinted == (kind == "Q4_K")

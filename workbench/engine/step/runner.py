@@ -235,6 +235,12 @@ class ModelRunner:
         if projections.emulated(dtype, weight.device.type):
             logger.warning("%s is emulated on this CPU (no AVX-512 BF16 or AMX): float32 "
                            "(dtype='auto') runs faster here", dtype)
+        k_quants = sorted({w.kind for w in (quantized or {}).values() if w.kind.endswith("_K")})
+        if self.kernel.kernel == "gguf" and k_quants:
+            logger.info("the %s blocks meet float32 activations (exact to the dequantized "
+                        "model); llama.cpp's arithmetic, gguf_activations='q8' "
+                        "(--gguf-activations q8), runs K-quants about twice as fast",
+                        "/".join(k_quants))
         self.layers = module_at(model, self.arch.layers)
         fuse_projections(model, self.kernel.kernel, self.layers, quantized)
         self.batch_invariant = batch_invariant
