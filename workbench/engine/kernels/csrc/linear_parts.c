@@ -16,7 +16,8 @@ void wb_linear_parts(const void *x, const void *w, const void *b, void *y, int64
         int64_t widest = 0;
         for (int64_t i = 0; i < count; ++i)
             widest = table[3 + 3 * i] > widest ? table[3 + 3 * i] : widest;
-        part_out = malloc((size_t)(M * widest) * sizeof(float));
+        /* this thread's scratch, kept between calls (the parts' GGUF functions use none) */
+        part_out = wb_scratch(M * widest * (int64_t)sizeof(float));
         if (!part_out) {
             for (int64_t i = 0; i < M * N; ++i) out[i] = NAN;
             return;
@@ -32,5 +33,4 @@ void wb_linear_parts(const void *x, const void *w, const void *b, void *y, int64
             for (int64_t m = 0; m < M; ++m)
                 memcpy(out + m * N + at, part_out + m * rows, (size_t)rows * sizeof(float));
     }
-    free(part_out);
 }
