@@ -122,6 +122,14 @@ def write_checkpoint(config, target: Path, log=None) -> None:
     # llama.cpp's `convert_hf_to_gguf.py` read to pick the architecture
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     config.save_pretrained(target)
+    # transformers 5 writes the rotary base inside `rope_parameters` only; published
+    # checkpoints (and llama.cpp's converter, which reads nothing else) have it top-level too
+    path = target / "config.json"
+    fields = json.loads(path.read_text())
+    theta = (fields.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in fields:
+        path.write_text(json.dumps({**fields, "rope_theta": theta}, indent=2,
+                                   sort_keys=True) + "\n")
     (target / "generation_config.json").write_text(json.dumps({
         "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id}, indent=2) + "\n")
