@@ -6,6 +6,7 @@ import copy
 import dataclasses
 
 import pytest
+import torch
 
 from tests.engine.helpers import make_llm
 from workbench.models import tiny_model
@@ -33,7 +34,7 @@ def _pair(arch: str, dtype: str):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma2"])
 def test_lean_loop_is_bit_identical_to_the_layers(arch, dtype):
     """Chunked prefill, a prefix-cache hit, mixed prefill and decode steps, n > 1 forks: every
     token and every logprob (sampled, top-3 and prompt) is the same bit for bit."""
@@ -51,3 +52,32 @@ def test_lean_loop_is_bit_identical_to_the_layers(arch, dtype):
     assert lean == layers
 
 
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gemma2s_sandwich_layers_capture_and_steer_as_the_layers_do(dtype):
+    """Gemma 2's layers in the loop (each branch between two norms of its own): every hook
+    point captured, and steering where its hook points sit between those norms (attn_out,
+    resid_mid, mlp_out) and a head ablated, the same bits as transformers' layers under the engine's hooks."""
+    sites = ["resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post", "pattern"]
+    results = []
+    for llm in _pair("gemma2", dtype):
+        width = llm.llm_engine.model.config.hidden_size
+        steer = [{"site": site, "layer": 1, "op": "add", "vector": [0.25] * width, "scale": 2.0,
+                  "positions": "all"} for site in ("attn_out", "resid_mid", "mlp_out")]
+        steer.append({"site": "z", "layer": 0, "op": "zero", "heads": [0]})
+        params = [SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True,
+                                 capture={"sites": sites}, interventions=steer),
+                  SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True,
+                                 capture={"sites": sites})]
+        outs = llm.generate(PROMPTS[2:], params)
+        results.append([(list(o.outputs[0].token_ids), o.outputs[0].logprobs,
+                         {name: value.clone() for name, value in o.activations.items()})
+                        for o in outs])
+    lean, layers = results
+    assert lean[0][0] != lean[1][0] or lean[0][1] != lean[1][1]  # the steering changed it
+    for (tokens, logprobs, acts), (tokens_ref, logprobs_ref, acts_ref) in zip(lean, layers):
+        assert (tokens, logprobs) == (tokens_ref, logprobs_ref)
+        assert acts.keys() == acts_ref.keys() and len(acts) >= len(sites)
+        for name, value in acts.items():
+            assert torch.equal(value, acts_ref[name]), name

@@ -242,7 +242,7 @@ def _hook_reference(ref, ids: list[int], hooks, tokens: int) -> tuple[list[int],
                                                   for s in gen.logits]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma2"])
 def test_an_intervened_request_equals_transformers_with_a_hook_and_its_neighbours_are_untouched(
         family):
     """Steering (a vector added to layer 0's resid_post, scaled) and head ablation (head 0's z

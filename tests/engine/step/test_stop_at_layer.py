@@ -24,17 +24,16 @@ def capture(stop: int | None = None, **extra) -> SamplingParams:
                           **extra)
 
 
-# llama and qwen2 run the engine's own layer loop, gpt2 and gemma2 transformers' layers
-# through hooks
-@pytest.mark.parametrize("family, lean", [("llama", True), ("qwen2", True), ("gpt2", False),
-                                          ("gemma2", False)])
+# llama, qwen2 and gemma2 run the engine's own layer loop, gpt2 and granite transformers'
+# layers through hooks
+@pytest.mark.parametrize("family, lean", [("llama", True), ("qwen2", True), ("gemma2", True),
+                                          ("gpt2", False), ("granite", False)])
 def test_a_stopped_forward_records_the_whole_forwards_bits_and_computes_nothing_after(
         family, lean, monkeypatch):
     loaded = tiny_model(family, num_hidden_layers=4)
     llm = make_llm(loaded)
     runner = llm.llm_engine.runner
-    if not lean:  # (llama and qwen2 take the loop wherever it matches transformers)
-        assert runner.stack is None
+    assert (runner.stack is not None) == lean
     whole = llm.generate([PROMPT], capture())[0]
     llm.llm_engine.block_manager.reset_prefix_cache()
     for k, v in runner.kv_caches:

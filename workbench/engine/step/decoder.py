@@ -12,7 +12,8 @@ with the norm after it, rotary embedding with the KV write, SiLU gating; the nor
 within the last bit of torch's, `tests/engine/kernels/test_c_ops.py`).
 
 It is used in every dtype once `engine/step/fusion.py` has fused Q/K/V and gate/up, for models whose
-layers have the modules of pre-norm attention + gated MLP (`supports`) and compute with them
+layers have the modules of pre-norm attention + gated MLP, or Gemma 2's with a norm before and
+after each branch (`supports`; `_sandwich_layers`, its norms in torch's ops), and compute with them
 what the loop computes: the runner's probe step at start-up (`runner.probe`) runs a few tokens
 both ways and keeps the loop only where the final hidden states are equal bit for bit (Granite,
 say, has Llama's modules but scales its residuals; Gemma scales its embeddings). Anything else
@@ -34,8 +35,11 @@ from workbench.engine.step.fusion import C_KERNELS, FastLinear, FusedPart
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """transformers' Llama-family `RMSNorm` module `norm` applied to `x` with torch's fused
-    kernel: the same ops in the same dtypes (normalise in float32, cast back, then scale),
-    bit-identical (`tests/engine/step/test_decoder.py`) in about a third of the time."""
+    kernel: the same ops in the same dtypes (normalise in float32, cast back, then scale; a
+    Gemma norm: scale by 1 + w in float32, then cast), bit-identical
+    (`tests/engine/step/test_decoder.py`) in about a third of the time."""
+    if _is_gemma_norm(norm):
+        return _gemma_norm(x, gemma_norm_terms(norm))
     return _rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
@@ -46,6 +50,24 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 def _is_rms_norm(norm) -> bool:
     return type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon")
+
+
+def _is_gemma_norm(norm) -> bool:
+    """Gemma's and Gemma 2's RMSNorm: x normalised and scaled by (1 + w) in float32, then cast
+    (Llama's casts first and scales by w)."""
+    return type(norm).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm") and hasattr(norm, "eps")
+
+
+def gemma_norm_terms(norm) -> tuple[torch.Tensor, float]:
+    """A Gemma norm's (1 + w in float32, epsilon): what `_gemma_norm` takes, computed once."""
+    return 1.0 + norm.weight.float(), norm.eps
+
+
+def _gemma_norm(x: torch.Tensor, terms: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """transformers' `Gemma2RMSNorm` on x with torch's fused kernel: the same ops in the same
+    dtypes (normalise in float32, times 1 + w in float32, cast back), bit-identical."""
+    scale, eps = terms
+    return (torch.rms_norm(x.float(), scale.shape, None, eps) * scale).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -77,6 +99,10 @@ class LayerStep:
     act: Any
     scaling: float
     window: int | None
+    softcap: float | None = None  # the attention scores' (Gemma 2's)
+    # Gemma 2's sandwich norms, each `gemma_norm_terms`: (input, after attention, before the
+    # MLP, after it); None in a pre-norm layer (norm1, norm2 are its two)
+    sandwich: tuple[tuple[torch.Tensor, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +157,8 @@ class DecoderStack:
         Q/K/V and equal gate and up, no QK norms), and the base model a rotary embedding and an
         RMSNorm last (whether they compute what the loop does, the probe step tells)."""
         base = getattr(model, "model", None)
-        if not (_is_rms_norm(getattr(base, "norm", None)) and hasattr(base, "rotary_emb")
+        final = getattr(base, "norm", None)
+        if not ((_is_rms_norm(final) or _is_gemma_norm(final)) and hasattr(base, "rotary_emb")
                 and id(getattr(base, "layers", None)) == id(layers)):
             return False
         for layer in layers:
@@ -139,10 +166,14 @@ class DecoderStack:
             if any(hasattr(attn, name) for name in ("q_norm", "k_norm", "q_layernorm")):
                 return False
             gate = getattr(mlp, "gate_proj", None)
+            norms = _sandwich_norms(layer) or (
+                getattr(layer, "input_layernorm", None),
+                getattr(layer, "post_attention_layernorm", None))
             if not (isinstance(getattr(attn, "q_proj", None), FusedPart)
                     and isinstance(gate, FusedPart) and len(set(gate.group.sizes)) == 1
-                    and hasattr(mlp, "act_fn") and _is_rms_norm(layer.input_layernorm)
-                    and _is_rms_norm(getattr(layer, "post_attention_layernorm", None))):
+                    and hasattr(mlp, "act_fn") and all(
+                        _is_gemma_norm(norm) if len(norms) == 4 else _is_rms_norm(norm)
+                        for norm in norms)):
                 return False
         return True
 
@@ -156,6 +187,8 @@ class DecoderStack:
         c_silu = c_ops and self.silu
         cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
         inspector = ctx.inspector  # a step that records or intervenes: `engine/step/inspection.py`
+        if self.plan and self.plan[0].sandwich is not None:
+            return self._sandwich_layers(hidden, cos_c, sin_c, ctx, stop)
         if c_ops and self.c_layers is not None and ctx.num_decode == t and ctx.c_attention \
                 and stop is None:
             cuts = [] if inspector is None else self._residual_cuts(inspector)
@@ -201,6 +234,54 @@ class DecoderStack:
             if inspector is not None:
                 inspector.visit("mlp_out", i, delta)
         hidden = hidden if delta is None else hidden + delta
+        if inspector is not None:
+            inspector.visit("resid_post", len(plan) - 1, hidden)
+        return hidden
+
+    def _sandwich_layers(self, hidden: torch.Tensor, cos_c: torch.Tensor,
+                         sin_c: torch.Tensor, ctx: AttentionContext, stop: int | None
+                         ) -> torch.Tensor:
+        """`__call__` for Gemma 2's layers: each branch between two norms of its own (attention
+        in `input_layernorm` .. `post_attention_layernorm`, the MLP in `pre_feedforward_layernorm`
+        .. `post_feedforward_layernorm`), its output added to the residual stream. The hook
+        points where transformers' modules have them (`Sites` of gemma2: `attn_out` and
+        `mlp_out` the post-norms' outputs, `resid_mid` the pre-MLP norm's input), visited
+        before what reads them, so that a change made there is what the rest computes on."""
+        t = hidden.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
+        inspector = ctx.inspector
+        plan = self.plan if stop is None else self.plan[:stop]
+        for i, step in enumerate(plan):
+            assert step.sandwich is not None
+            norm_in, norm_attn, norm_pre, norm_post = step.sandwich
+            if inspector is not None:  # hidden is layer i - 1's resid_post and i's resid_pre
+                if i:
+                    inspector.visit("resid_post", i - 1, hidden)
+                inspector.visit("resid_pre", i, hidden)
+            qkv = step.qkv(_gemma_norm(hidden, norm_in))  # [T, (Hq + 2Hkv) D]
+            q = c_layer_ops.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping,
+                                          *ctx.kv_caches[i], hq, hkv) if self.c_ops else None
+            if q is not None:  # K/V rotated and written in C
+                out = attend(ctx, i, q, None, None, step.scaling, step.window, step.softcap)
+            else:
+                qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
+                v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+                out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, step.scaling, step.window,
+                             step.softcap)
+            if inspector is not None:
+                inspector.visit("z", i, out)
+            attn = _gemma_norm(step.o(out.reshape(t, hq * d)), norm_attn)
+            if inspector is not None:
+                inspector.visit("attn_out", i, attn)
+            hidden = hidden + attn
+            if inspector is not None:
+                inspector.visit("resid_mid", i, hidden)
+            gate, up = step.gate_up(_gemma_norm(hidden, norm_pre)).chunk(2, dim=-1)
+            mlp = _gemma_norm(step.down(step.act(gate) * up), norm_post)
+            if inspector is not None:
+                inspector.visit("mlp_out", i, mlp)
+            hidden = hidden + mlp
         if inspector is not None:
             inspector.visit("resid_post", len(plan) - 1, hidden)
         return hidden
@@ -311,7 +392,7 @@ class DecoderStack:
         the step takes), one scaling, no sliding window (the C attention reads whole
         contexts); else None."""
         if not (self.c_ops and self.silu) or any(
-                w is not None for w in self.windows):
+                w is not None for w in self.windows) or self.plan[0].sandwich is not None:
             return None
         layers: list[CLayer] = []
         for layer in self.layers:
@@ -339,10 +420,27 @@ class DecoderStack:
         plan = []
         for layer, window in zip(self.layers, self.windows):
             attn, mlp = layer.self_attn, layer.mlp
-            norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-            plan.append(LayerStep((norm1.weight, norm1.variance_epsilon),
-                                  attn.q_proj.group.linear.forward, attn.o_proj.forward,
-                                  (norm2.weight, norm2.variance_epsilon),
-                                  mlp.gate_proj.group.linear.forward, mlp.down_proj.forward,
-                                  mlp.act_fn.forward, attn.scaling, window))
+            sandwich = _sandwich_norms(layer)
+            if sandwich is not None:  # Gemma 2's: the four norms carry the layer
+                terms = tuple(gemma_norm_terms(norm) for norm in sandwich)
+                norm1, norm2 = terms[0], terms[2]  # the norms its branches read
+            else:
+                a, b = layer.input_layernorm, layer.post_attention_layernorm
+                norm1, norm2 = (a.weight, a.variance_epsilon), (b.weight, b.variance_epsilon)
+            plan.append(LayerStep(norm1, attn.q_proj.group.linear.forward, attn.o_proj.forward,
+                                  norm2, mlp.gate_proj.group.linear.forward,
+                                  mlp.down_proj.forward, mlp.act_fn.forward, attn.scaling,
+                                  window, getattr(attn, "attn_logit_softcapping", None),
+                                  None if sandwich is None else terms))
         return plan
+
+
+def _sandwich_norms(layer) -> tuple[Any, Any, Any, Any] | None:
+    """Gemma 2's four norms of a layer (input, after attention, before and after the MLP), or
+    None where the layer has no norm after its MLP (a pre-norm layer)."""
+    post = getattr(layer, "post_feedforward_layernorm", None)
+    if post is None:
+        return None
+    return (getattr(layer, "input_layernorm", None),
+            getattr(layer, "post_attention_layernorm", None),
+            getattr(layer, "pre_feedforward_layernorm", None), post)
