@@ -34,7 +34,7 @@ def _pair(arch: str, dtype: str):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma", "gemma2"])
 def test_lean_loop_is_bit_identical_to_the_layers(arch, dtype):
     """Chunked prefill, a prefix-cache hit, mixed prefill and decode steps, n > 1 forks: every
     token and every logprob (sampled, top-3 and prompt) is the same bit for bit."""

@@ -242,7 +242,7 @@ def _hook_reference(ref, ids: list[int], hooks, tokens: int) -> tuple[list[int],
                                                   for s in gen.logits]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma", "gemma2"])
 def test_an_intervened_request_equals_transformers_with_a_hook_and_its_neighbours_are_untouched(
         family):
     """Steering (a vector added to layer 0's resid_post, scaled) and head ablation (head 0's z
@@ -267,7 +267,7 @@ def test_an_intervened_request_equals_transformers_with_a_hook_and_its_neighbour
     arch = architecture_of(cfg)
     sites, _ = sites_of(arch, cfg)
     layers = module_at(ref.model, arch.layers)
-    head = cfg.hidden_size // cfg.num_attention_heads
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def steer(module, args, out):
         (out[0] if isinstance(out, tuple) else out).add_(3.0 * vector)

@@ -12,12 +12,13 @@ with the norm after it, rotary embedding with the KV write, SiLU gating; the nor
 within the last bit of torch's, `tests/engine/kernels/test_c_ops.py`).
 
 It is used in every dtype once `engine/step/fusion.py` has fused Q/K/V and gate/up, for models whose
-layers have the modules of pre-norm attention + gated MLP, or Gemma 2's with a norm before and
-after each branch (`supports`; `_sandwich_layers`, its norms in torch's ops), and compute with them
+layers have the modules of pre-norm attention + gated MLP (Llama's RMSNorms, or Gemma's (1 + w)
+ones in torch's ops), or Gemma 2's with a norm before and after each branch (`supports`;
+`_sandwich_layers`), and compute with them
 what the loop computes: the runner's probe step at start-up (`runner.probe`) runs a few tokens
 both ways and keeps the loop only where the final hidden states are equal bit for bit (Granite,
-say, has Llama's modules but scales its residuals; Gemma scales its embeddings). Anything else
-goes through transformers' layers.
+say, has Llama's modules but scales its residuals). Anything else goes through transformers'
+layers.
 Projections are looked up per call, so LoRA wrappers (`workbench/lora/layers.py`) apply.
 """
 
@@ -130,6 +131,7 @@ class DecoderStack:
     _c_tables: tuple[Any, Any]
 
     windows: list[int | None]  # each layer's sliding window (the runner's probe says)
+    gemma_norms: bool = False  # pre-norm layers with Gemma's norms (`_plan` says)
 
     def __init__(self, model, layers, c_ops: bool = False, one_call_rows: int | None = None):
         self.layers = list(layers)
@@ -171,9 +173,9 @@ class DecoderStack:
                 getattr(layer, "post_attention_layernorm", None))
             if not (isinstance(getattr(attn, "q_proj", None), FusedPart)
                     and isinstance(gate, FusedPart) and len(set(gate.group.sizes)) == 1
-                    and hasattr(mlp, "act_fn") and all(
-                        _is_gemma_norm(norm) if len(norms) == 4 else _is_rms_norm(norm)
-                        for norm in norms)):
+                    and hasattr(mlp, "act_fn") and (
+                        all(map(_is_gemma_norm, norms)) or
+                        len(norms) == 2 and all(map(_is_rms_norm, norms)))):
                 return False
         return True
 
@@ -340,7 +342,12 @@ class DecoderStack:
     def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden + delta, its RMSNorm): in C in one pass when `c_ops` (and the C function
-        takes the shape), else torch's ops, bit-identical to the layers'."""
+        takes the shape), else torch's ops, bit-identical to the layers'. Gemma's norms (the
+        plan's `gemma_norms`: `weight` is 1 + w in float32) in torch's ops."""
+        if self.gemma_norms:
+            if delta is not None:
+                hidden = hidden + delta
+            return hidden, _gemma_norm(hidden, (weight, eps))
         if self.c_ops:
             both = c_layer_ops.add_rms_norm(hidden, delta, weight, eps)
             if both is not None:
@@ -392,7 +399,8 @@ class DecoderStack:
         the step takes), one scaling, no sliding window (the C attention reads whole
         contexts); else None."""
         if not (self.c_ops and self.silu) or any(
-                w is not None for w in self.windows) or self.plan[0].sandwich is not None:
+                w is not None for w in self.windows) or self.gemma_norms \
+                or self.plan[0].sandwich is not None:
             return None
         layers: list[CLayer] = []
         for layer in self.layers:
@@ -418,14 +426,19 @@ class DecoderStack:
         """Per layer, the norms' weights and the forward methods the loop calls, looked up
         once (module attribute lookups cost more than the small ops between them)."""
         plan = []
+        # Gemma's pre-norm layers: its (1 + w) norms, (1 + w, eps) in norm1 and norm2
+        self.gemma_norms = _is_gemma_norm(self.layers[0].input_layernorm) and \
+            _sandwich_norms(self.layers[0]) is None
         for layer, window in zip(self.layers, self.windows):
             attn, mlp = layer.self_attn, layer.mlp
             sandwich = _sandwich_norms(layer)
+            a, b = layer.input_layernorm, layer.post_attention_layernorm
             if sandwich is not None:  # Gemma 2's: the four norms carry the layer
                 terms = tuple(gemma_norm_terms(norm) for norm in sandwich)
                 norm1, norm2 = terms[0], terms[2]  # the norms its branches read
+            elif self.gemma_norms:
+                norm1, norm2 = gemma_norm_terms(a), gemma_norm_terms(b)
             else:
-                a, b = layer.input_layernorm, layer.post_attention_layernorm
                 norm1, norm2 = (a.weight, a.variance_epsilon), (b.weight, b.variance_epsilon)
             plan.append(LayerStep(norm1, attn.q_proj.group.linear.forward, attn.o_proj.forward,
                                   norm2, mlp.gate_proj.group.linear.forward,
