@@ -112,6 +112,28 @@ def test_sliding_windows_on_prompts_longer_than_the_window(family, overrides):
     assert_exact(llm.generate(LONG, greedy(24)), expected)
 
 
+@pytest.mark.parametrize("family, overrides", [("mistral", dict(sliding_window=8)),
+                                              ("gemma2", {}), ("bloom", {})])
+def test_windowed_soft_capped_and_alibi_decodes_read_their_slots_in_c(family, overrides,
+                                                                     monkeypatch):
+    """Where the ops are C, decodes under a window (Mistral's), soft-capping and local layers
+    (Gemma 2's) or ALiBi (BLOOM's) are attended in C through their cache slots, never a
+    gathered copy of their contexts through torch's ops; still transformers' tokens."""
+    from workbench.engine.step import attention
+
+    loaded, ref = pristine(family, **overrides)
+    expected = reference(ref, LONG, 12)
+    llm = make_llm(loaded, block_size=4)
+    if llm.llm_engine.runner.kernel.ops != "c":
+        pytest.skip(f"no C ops here ({llm.llm_engine.runner.kernel})")
+
+    def gathered(*args, **kwargs):
+        raise AssertionError("a decode gathered its context")
+
+    monkeypatch.setattr(attention, "_attend_decodes_masked", gathered)
+    assert_exact(llm.generate(LONG, greedy(12)), expected)
+
+
 def test_blocks_out_of_every_window_are_released():
     """Mistral's window holds every layer to the last 8 positions: a 60-token request keeps
     about 8 + a block of tokens' KV, not 60, with the same tokens as transformers."""
