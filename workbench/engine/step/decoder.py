@@ -155,9 +155,10 @@ class DecoderStack:
 
     @staticmethod
     def supports(model, layers: Any) -> bool:
-        """Whether every layer has the modules of the plain pre-norm layer (RMSNorms, fused
-        Q/K/V and equal gate and up, no QK norms), and the base model a rotary embedding and an
-        RMSNorm last (whether they compute what the loop does, the probe step tells)."""
+        """Whether every layer has the modules of the plain pre-norm layer (Llama's RMSNorms
+        or Gemma's, fused Q/K/V and equal gate and up, no QK norms) or Gemma 2's (four of its
+        norms), and the base model a rotary embedding and such a norm last (whether they
+        compute what the loop does, the probe step tells)."""
         base = getattr(model, "model", None)
         final = getattr(base, "norm", None)
         if not ((_is_rms_norm(final) or _is_gemma_norm(final)) and hasattr(base, "rotary_emb")
@@ -184,7 +185,7 @@ class DecoderStack:
         """hidden: [T, H]; cos, sin: [T, D] -> [T, H] after the last layer (before the norm),
         or with `stop`, after layer `stop - 1` (no later layer computed)."""
         t = hidden.shape[0]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        hq, d = self.num_heads, self.head_dim
         c_ops = self.c_ops
         c_silu = c_ops and self.silu
         cos_c, sin_c = cos, _signed_sin(sin)  # [T, D], as the C function takes them
@@ -204,21 +205,13 @@ class DecoderStack:
         plan = self.plan if stop is None else self.plan[:stop]
         for i, step in enumerate(plan):
             (w1, eps1), (w2, eps2) = step.norm1, step.norm2
-            qkv_proj, o_proj, scaling, window = step.qkv, step.o, step.scaling, step.window
+            o_proj = step.o
             hidden, x = add_norm(hidden, delta, w1, eps1)
             if inspector is not None:  # hidden is layer i - 1's resid_post and i's resid_pre
                 changed = inspector.visit("resid_post", i - 1, hidden) if i else []
                 x = self._renorm(hidden, x, changed + inspector.visit("resid_pre", i, hidden),
                                  w1, eps1)
-            qkv = qkv_proj(x)  # [T, (Hq + 2Hkv) D]
-            q = c_layer_ops.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping, *ctx.kv_caches[i],
-                                   hq, hkv) if c_ops else None
-            if q is not None:  # K/V rotated and written in C
-                out = attend(ctx, i, q, None, None, scaling, window)  # [T, Hq, D]
-            else:
-                qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
-                v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
-                out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, scaling, window)
+            out = self._attend(ctx, i, step, step.qkv(x), cos_c, sin_c, cos, sin)
             if inspector is not None:
                 inspector.visit("z", i, out)
                 attn = o_proj(out.reshape(t, hq * d))
@@ -250,7 +243,7 @@ class DecoderStack:
         `mlp_out` the post-norms' outputs, `resid_mid` the pre-MLP norm's input), visited
         before what reads them, so that a change made there is what the rest computes on."""
         t = hidden.shape[0]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        hq, d = self.num_heads, self.head_dim
         cos, sin = cos_c.unsqueeze(1), sin_c.unsqueeze(1)  # [T, 1, D]
         inspector = ctx.inspector
         plan = self.plan if stop is None else self.plan[:stop]
@@ -261,16 +254,8 @@ class DecoderStack:
                 if i:
                     inspector.visit("resid_post", i - 1, hidden)
                 inspector.visit("resid_pre", i, hidden)
-            qkv = step.qkv(_gemma_norm(hidden, norm_in))  # [T, (Hq + 2Hkv) D]
-            q = c_layer_ops.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping,
-                                          *ctx.kv_caches[i], hq, hkv) if self.c_ops else None
-            if q is not None:  # K/V rotated and written in C
-                out = attend(ctx, i, q, None, None, step.scaling, step.window, step.softcap)
-            else:
-                qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
-                v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
-                out = attend(ctx, i, qk[:, :hq], qk[:, hq:], v, step.scaling, step.window,
-                             step.softcap)
+            out = self._attend(ctx, i, step, step.qkv(_gemma_norm(hidden, norm_in)), cos_c,
+                               sin_c, cos, sin)
             if inspector is not None:
                 inspector.visit("z", i, out)
             attn = _gemma_norm(step.o(out.reshape(t, hq * d)), norm_attn)
@@ -287,6 +272,23 @@ class DecoderStack:
         if inspector is not None:
             inspector.visit("resid_post", len(plan) - 1, hidden)
         return hidden
+
+    def _attend(self, ctx: AttentionContext, i: int, step: LayerStep, qkv: torch.Tensor,
+                cos_c: torch.Tensor, sin_c: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
+        """Layer i's attention of its fused Q/K/V rows qkv [T, (Hq + 2Hkv) D]: queries and
+        keys rotated, K/V written to the cache (in C with `c_ops`: `cos_c`, `sin_c` [T, D]; else
+        torch's, `cos`, `sin` [T, 1, D]), each query attended -> [T, Hq, D]."""
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q = c_layer_ops.rope_write_kv(qkv, cos_c, sin_c, ctx.slot_mapping, *ctx.kv_caches[i],
+                                      hq, hkv) if self.c_ops else None
+        if q is not None:  # K/V rotated and written in C
+            return attend(ctx, i, q, None, None, step.scaling, step.window, step.softcap)
+        t = qkv.shape[0]
+        qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+        return attend(ctx, i, qk[:, :hq], qk[:, hq:], v, step.scaling, step.window,
+                      step.softcap)
 
     def _renorm(self, hidden: torch.Tensor, x: torch.Tensor, rows: list[int],
                 weight: torch.Tensor, eps: float) -> torch.Tensor:
