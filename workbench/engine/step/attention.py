@@ -23,6 +23,7 @@ works with `generate`.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -90,6 +91,14 @@ class AttentionContext:
         self.decode_flat_slots = None if self.decode_slots is None else \
             self.decode_slots.flatten()
         self.longest_context = max((c.slots.shape[0] for c in self.prefills), default=0)
+
+    @functools.cached_property
+    def decode_offsets(self) -> torch.Tensor:
+        """[B] int64: where each decode's context starts in `decode_flat_slots` (b * Lmax),
+        as `c_attention.paged_attention` takes it; once a step, for every layer."""
+        assert self.decode_slots is not None
+        b, lmax = self.decode_slots.shape
+        return torch.arange(0, b * lmax, lmax, device=self.decode_slots.device)
 
 
 # what transformers' layers pass beside the tensors that the paged attention has no use for:
@@ -292,12 +301,10 @@ def _attend_decodes(ctx: AttentionContext, qd: torch.Tensor, k_cache: torch.Tens
     scale = scaling or qd.shape[-1] ** -0.5
     if window is not None or softcap is not None or alibi is not None:
         if ctx.c_attention and ctx.decode_lengths is not None:  # each decode in C, in place
-            b, lmax = ctx.decode_slots.shape
             out = c_attention.paged_attention(
-                qd, k_cache, v_cache, ctx.decode_flat_slots,
-                torch.arange(0, b * lmax, lmax, device=qd.device), ctx.decode_lengths, lmax,
-                scale, window, softcap, None if alibi is None else alibi.slopes,
-                1.0 if alibi is None else alibi.scale)
+                qd, k_cache, v_cache, ctx.decode_flat_slots, ctx.decode_offsets,
+                ctx.decode_lengths, ctx.decode_slots.shape[1], scale, window, softcap,
+                None if alibi is None else alibi.slopes, 1.0 if alibi is None else alibi.scale)
             if out is not None:
                 return out
         return _attend_decodes_masked(ctx, qd, k_cache, v_cache, scale, window, softcap, alibi)
