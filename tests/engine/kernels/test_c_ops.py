@@ -307,3 +307,31 @@ def test_ranks_and_top_k_keep_ties_in_index_order_and_leave_nan_to_torch():
     logprobs[0, 9] = float("nan")
     assert c_layer_ops.ranks_and_top_k(logprobs, torch.tensor([3]), 3) is None
     assert c_layer_ops.ranks_and_top_k(logprobs, torch.tensor([3]), 65) is None
+
+
+@needs_c
+@pytest.mark.parametrize("vocab", [5, 37, 49152])
+def test_entropy_in_one_pass_is_the_distributions_and_a_rows_alone(vocab):
+    """`c_layer_ops.entropy`: -sum p log p of each row within float32's terms of the float64
+    reference, masked (-inf) tokens adding nothing, a row's bits the same alone, in a batch and
+    on one thread; a NaN or +inf leaves it to torch (None)."""
+    gen = torch.Generator().manual_seed(vocab)
+    logprobs = torch.randn(5, vocab, generator=gen).mul(3)
+    logprobs[1, : vocab // 2] = float("-inf")
+    logprobs = logprobs.log_softmax(-1)
+    exact = logprobs.double()
+    want = -(exact.exp() * exact).nan_to_num(nan=0.0).sum(-1)
+    got = c_layer_ops.entropy(logprobs)
+    assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=0, atol=1e-6)
+    assert all(torch.equal(c_layer_ops.entropy(logprobs[i:i + 1].contiguous()), got[i:i + 1])
+               for i in range(5))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(c_layer_ops.entropy(logprobs), got)
+    finally:
+        torch.set_num_threads(threads)
+    for bad in (float("nan"), float("inf")):
+        spoiled = logprobs.clone()
+        spoiled[3, 2] = bad
+        assert c_layer_ops.entropy(spoiled) is None

@@ -88,6 +88,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {  # the C functions: arguments,
     "wb_rope_write_kv": ([_P, _I64] + [_P] * 6 + [_I64] * 4 + [_INT, _INT], _INT),
     "wb_silu_mul": ([_P] * 2 + [_I64] * 2 + [_INT, _INT], _INT),
     "wb_ranks_top_k": ([_P, _P] + [_I64] * 3 + [_P] * 3, _INT),
+    "wb_entropy": ([_P, _I64, _I64, _P, _INT], _INT),
     "wb_linear_parts": ([_P] * 4 + [_I64] * 3 + [_INT], None),
     "wb_decode_stack": ([_P, _P, _I64] + [_P] * 6 + [_I64, _P] + [_I64] * 7
                         + [_F32, _INT, _INT], _INT),

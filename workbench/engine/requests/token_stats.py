@@ -7,6 +7,8 @@ margin are those of the model's distribution whatever top-k the request returns.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -14,23 +16,25 @@ from workbench.engine.requests.outputs import TokenStats
 
 
 def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int],
-                top: torch.Tensor | None = None) -> list[TokenStats]:
+                top: torch.Tensor | None = None, entropy: torch.Tensor | None = None
+                ) -> list[TokenStats]:
     """One `TokenStats` per row of `logprobs` [R, V] (log_softmax over the whole vocabulary):
     `ranks` [R] are the rows' tokens' ranks, `ks` each row's returned top-k count; `top` the
     rows' largest logprobs, best first, at least `max(ks)` and 2 of them where the caller has
-    them already (the sampler's), else taken here."""
-    # p log p in place; 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy (their
-    # 0 * -inf is NaN, set to 0)
-    entropy = -row_sums(logprobs.exp().mul_(logprobs).nan_to_num_(nan=0.0))
+    them already (the sampler's), else taken here; `entropy` [R] where the caller computed it
+    (the sampler, in C: `c_layer_ops.entropy`), else here in torch."""
+    if entropy is None:
+        # p log p in place; 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy
+        # (their 0 * -inf is NaN, set to 0)
+        entropy = -row_sums(logprobs.exp().mul_(logprobs).nan_to_num_(nan=0.0))
     width = min(max(max(ks, default=0), 2), logprobs.shape[1])
     top = logprobs.topk(width, dim=-1).values if top is None or top.shape[1] < width \
         else top[:, :width]  # [R, width], best first
-    margin = top[:, 0] - top[:, 1] if width > 1 else torch.full_like(entropy, float("inf"))
-    mass = top.exp().cumsum(-1)  # [R, width]: the mass of the top 1, 2, ...
-    at_k = mass.gather(1, (torch.tensor(ks, device=mass.device) - 1).clamp(min=0).unsqueeze(1))
-    columns = zip(entropy.tolist(), ranks.tolist(), margin.tolist(), at_k.squeeze(1).tolist(), ks)
-    return [TokenStats(entropy=e, rank=int(r), margin=m, top_k_mass=k_mass if k > 0 else 0.0)
-            for e, r, m, k_mass, k in columns]  # one transfer per column, not per number
+    rows = top.tolist()  # one transfer; the few numbers a row needs are then Python's
+    columns = zip(entropy.tolist(), ranks.tolist(), rows, ks)
+    return [TokenStats(entropy=e, rank=int(r), margin=row[0] - row[1] if width > 1 else math.inf,
+                       top_k_mass=math.fsum(map(math.exp, row[:k])))
+            for e, r, row, k in columns]
 
 
 def row_sums(x: torch.Tensor) -> torch.Tensor:

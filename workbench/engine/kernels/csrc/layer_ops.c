@@ -157,3 +157,44 @@ int wb_ranks_top_k(const float *lp, const int64_t *chosen, int64_t R, int64_t V,
     }
     return 0;
 }
+
+/* The entropy of each row of float32 logprobs lp [R, V] (log_softmax over the whole vocabulary),
+ * -sum exp(l) * l in nats, into out [R] as float64: each term in float32 (`wb_exp8`, within two
+ * ulp of torch's exp), masked tokens (-inf) adding nothing, the terms summed in float64 in four
+ * lanes per half-vector, in one order whatever the row count or thread count (a row alone and in
+ * a batch: the same bits; rows shared out between the threads). -1 where a row holds a NaN or
+ * +inf (the caller then uses torch). */
+static int wb_entropy_row(const float *row, int64_t V, double *out) {
+    const __m256 minus_inf = _mm256_set1_ps(-INFINITY), plus_inf = _mm256_set1_ps(INFINITY);
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    int bad = 0;
+    for (int64_t i = 0; i < V; i += 8) {
+        float tail[8];
+        const float *at = row + i;
+        if (i + 8 > V) {  /* the last few, padded with masked tokens */
+            for (int j = 0; j < 8; ++j) tail[j] = i + j < V ? row[i + j] : -INFINITY;
+            at = tail;
+        }
+        const __m256 x = _mm256_loadu_ps(at);
+        bad |= _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q),
+                                               _mm256_cmp_ps(x, plus_inf, _CMP_EQ_OQ)));
+        const __m256 term = _mm256_and_ps(_mm256_mul_ps(wb_exp8(x), x),
+                                          _mm256_cmp_ps(x, minus_inf, _CMP_NEQ_OQ));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(term)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(term, 1)));
+    }
+    double lanes[8];
+    _mm256_storeu_pd(lanes, lo);
+    _mm256_storeu_pd(lanes + 4, hi);
+    double sum = 0.0;
+    for (int j = 0; j < 8; ++j) sum += lanes[j];
+    *out = -sum;
+    return bad;
+}
+
+int wb_entropy(const float *lp, int64_t R, int64_t V, double *out, int threads) {
+    int bad = 0;
+#pragma omp parallel for num_threads(R > 1 ? threads : 1) schedule(static) reduction(| : bad)
+    for (int64_t r = 0; r < R; ++r) bad |= wb_entropy_row(lp + r * V, V, out + r);
+    return bad ? -1 : 0;
+}
