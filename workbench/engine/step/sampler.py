@@ -252,10 +252,10 @@ class Sampler:
             return None
         ks = [rows[i].params.num_logprobs(self.vocab_size) or 0 for i in asked]
         index = torch.tensor(asked, device=logprobs.device)
-        chosen = logprobs.index_select(0, index)
-        found = token_stats(chosen, ranks.index_select(0, index), ks,
+        asked_logprobs = logprobs.index_select(0, index)
+        found = token_stats(asked_logprobs, ranks.index_select(0, index), ks,
                             None if top is None else top.index_select(0, index),
-                            c_layer_ops.entropy(chosen))
+                            c_layer_ops.entropy(asked_logprobs))
         stats: list[TokenStats | None] = [None] * len(rows)
         for i, one in zip(asked, found):
             stats[i] = one
