@@ -60,11 +60,18 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports pyproject.toml importlinter-runtime.toml
 
+# The tests and the notebooks in TEST_WORKERS processes (pytest-xdist), each taking a whole test
+# file or notebook at a time (`--dist loadfile`: a module's fixtures and a notebook's cells stay in
+# one process, in order), with OpenMP's idle threads asleep (OMP_WAIT_POLICY=PASSIVE) so that the
+# processes' torch threads do not spin against each other. `make test TEST_WORKERS=0`: one process.
+TEST_WORKERS ?= 2
+PYTEST := OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: install lint
 	$(MKDOCS) build --strict --site-dir site
-	$(BIN)/pytest tests
+	$(PYTEST) tests
 ifneq ($(NOTEBOOKS),)
-	$(BIN)/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/
+	$(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/
 endif
 
 # The engine tests on every other kernel path this CPU can run, under torch's, oneDNN's and MKL's
