@@ -30,6 +30,7 @@ from workbench.engine.handlers import (
     KindHandler,
     PoolingHandler,
 )
+from workbench.engine.kernels import c_layer_ops
 from workbench.engine.kernels.projections import reads_bf16_weights
 from workbench.engine.model_thread import jobs_waiting, on_model_thread
 from workbench.engine.requests.beam_search import BeamSearchOutput
@@ -134,7 +135,8 @@ class LLMEngine:
                                      model_limits.extra_eos_ids(gen, eos),
                                      hidden_size=hf.hidden_size,
                                      model_shape=self._model_shape(hf))
-        self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len, self.vocab_size)
+        self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len, self.vocab_size,
+                                       entropy=c_layer_ops.entropy)
         self.books = Bookkeeper(self.scheduler, self.block_manager, self.outputs)
         self._init_handlers(hf)
         self.requests: dict[str, Request] = {}

@@ -1,12 +1,16 @@
 """`token_stats`: entropy, rank, top-2 margin and top-k mass of the whole distribution at each
 position, against a softmax of transformers' own logits on the tiny llama; the same numbers
-whatever `logprobs` k is; prompt positions; a request without it unchanged."""
+whatever `logprobs` k is; prompt positions, the same bits as when generated; a request without
+it unchanged."""
 
 import pytest
 import torch
 
 from tests.engine.helpers import greedy, make_llm
+from workbench.engine.kernels import c_products
 from workbench.errors import ValidationError
+from workbench.models import tiny_model
+from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
 
 PROMPT = "The quick brown fox jumps over the lazy dog because"
@@ -135,3 +139,18 @@ def test_a_prompt_computed_in_chunks_gives_the_same_numbers(llm, tiny_llama):
             (b.entropy, b.margin, b.top_k_mass), abs=1e-5)
     assert [s.rank for s in parts.outputs[0].token_stats] == \
         [s.rank for s in whole.outputs[0].token_stats]
+
+
+@pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and c_products.available()),
+                    reason="batch invariance needs the C products")
+def test_a_prompt_position_has_the_bits_it_has_when_generated():
+    # batch-invariant products: a position's logits are the same bits in a prefill and in a
+    # decode step, so its whole token_stats must be too (one entropy sum for both paths)
+    llm = make_llm(tiny_model("llama", seed=0, dtype="float32"), batch_invariant=True)
+    generated = llm.generate(PROMPT, greedy(4, logprobs=1, token_stats=True))[0]
+    ids, completion = generated.prompt_token_ids, generated.outputs[0]
+    again = llm.generate({"prompt_token_ids": ids + completion.token_ids},
+                         greedy(1, prompt_logprobs=1, token_stats=True))[0]
+    for i, token in enumerate(completion.token_ids):
+        assert again.prompt_logprobs[len(ids) + i][token] == completion.logprobs[i][token]
+        assert again.prompt_token_stats[len(ids) + i] == completion.token_stats[i]

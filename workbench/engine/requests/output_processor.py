@@ -9,6 +9,7 @@ A stop token's text is left out of `text` unless `include_stop_str_in_output`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,8 +66,13 @@ def _rows(chunks: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
 class OutputProcessor:
     """Per-token bookkeeping of sequences and the outputs handed back to callers."""
 
-    def __init__(self, tokenizer, eos_token_id: int | None, max_model_len: int, vocab_size: int):
+    def __init__(self, tokenizer, eos_token_id: int | None, max_model_len: int, vocab_size: int,
+                 entropy: Callable[[torch.Tensor], torch.Tensor | None] | None = None):
+        """`entropy`: the rows' entropies of logprobs [R, V] (None where it cannot), the
+        sampler's own (the engine passes the C pass), so that a prompt position's `token_stats`
+        are the bits the same position has when generated; else `token_stats`'s torch sum."""
         self.tokenizer = tokenizer
+        self.entropy = entropy
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -149,7 +155,8 @@ class OutputProcessor:
                 int(targets[i]), float(chosen[i]), int(ranks[i]), top_ids[i].tolist(),
                 top_lp[i].tolist(), k, self.texts))
         if req.prompt_token_stats is not None:
-            req.prompt_token_stats += token_stats(lps, ranks, [k] * len(lps), top_lp)
+            req.prompt_token_stats += token_stats(lps, ranks, [k] * len(lps), top_lp,
+                                                  self.entropy(lps) if self.entropy else None)
         start = req.params.prompt_distributions_from
         if req.prompt_distributions is not None and start is not None:
             # row i predicts prompt token first_pos + 1 + i: keep those from `start` on

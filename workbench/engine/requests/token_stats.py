@@ -22,7 +22,8 @@ def token_stats(logprobs: torch.Tensor, ranks: torch.Tensor, ks: list[int],
     `ranks` [R] are the rows' tokens' ranks, `ks` each row's returned top-k count; `top` the
     rows' largest logprobs, best first, at least `max(ks)` and 2 of them where the caller has
     them already (the sampler's), else taken here; `entropy` [R] where the caller computed it
-    (the sampler, in C: `c_layer_ops.entropy`), else here in torch."""
+    (the sampler and the prompt positions' path, in C: `c_layer_ops.entropy`, float64 sums),
+    else here in torch (float32 terms and sums)."""
     if entropy is None:
         # p log p in place; 0 * log 0 = 0: masked (-inf) tokens add nothing to the entropy
         # (their 0 * -inf is NaN, set to 0)
