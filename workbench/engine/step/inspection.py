@@ -361,11 +361,15 @@ def _read_features(sae: Any, x: torch.Tensor, k: int, out: torch.Tensor) -> _Rea
     if sae.architecture == "topk" and k <= sae.k:
         ids, values = sae.encode_top(x, linear)  # [n, sae.k]
         top_values, where = values.topk(k, dim=-1)
+
+        def named(a: int, b: int, features: list[int]) -> torch.Tensor:
+            if not features:  # most requests name none: no search a step
+                return values.new_empty(b - a, 0)
+            return torch.where(ids[a:b, :, None] == torch.tensor(features, dtype=torch.long),
+                               values[a:b, :, None], 0.0).sum(dim=1)
+
         return _Read(ids.gather(-1, where), top_values, (values > 0).sum(-1).tolist(),
-                     (out - sae.decode_top(ids, values, x)).norm(dim=-1).tolist(),
-                     lambda a, b, features: torch.where(
-                         ids[a:b, :, None] == torch.tensor(features, dtype=torch.long),
-                         values[a:b, :, None], 0.0).sum(dim=1))
+                     (out - sae.decode_top(ids, values, x)).norm(dim=-1).tolist(), named)
     acts = sae.encode(x, linear)  # [n, d_sae]
     top = acts.topk(k, dim=-1)  # once for all: each request takes its first top_k
     return _Read(top.indices, top.values, torch.count_nonzero(acts, dim=-1).tolist(),
