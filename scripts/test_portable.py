@@ -53,6 +53,9 @@ class Run:
         workers = [] if self.prefix else WORKERS
         return [*self.prefix, sys.executable, "-m", "pytest", "-q", *workers, *self.tests]
 
+    def environ(self) -> dict[str, str]:
+        return {**os.environ, **({} if self.prefix else WORKERS_ENV), **self.env}
+
 
 def runs() -> list[Run]:
     """The runs beyond `make test`'s."""
@@ -86,8 +89,7 @@ def main() -> int:
     for run in runs():
         shown = " ".join([*(f"{k}={v}" for k, v in run.env.items()), *run.prefix])
         print(f"== engine tests, {run.title}: {shown}", flush=True)
-        env = {**os.environ, **({} if run.prefix else WORKERS_ENV), **run.env}
-        if subprocess.call(run.command(), env=env):
+        if subprocess.call(run.command(), env=run.environ()):
             failed.append(run.title)
     print("portable runs failed: " + ", ".join(failed) if failed else "portable runs passed")
     return 1 if failed else 0

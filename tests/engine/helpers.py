@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
+from workbench.engine.kernels import c_products
 from workbench.engine.requests.request import Request, Sequence
 from workbench.llm import LLM
+from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
 
 # "cuda", or "cpu" where `WORKBENCH_GPU_TESTS_ON_CPU=1` (scripts/gpu_check.py's dry run: the GPU
 # tests' code paths on a machine without one; tests/conftest.py then skips none of them)
 GPU_TEST_DEVICE = "cpu" if os.environ.get("WORKBENCH_GPU_TESTS_ON_CPU") == "1" else "cuda"
+
+# the C kernels (batch invariance among them) run where the CPU has AVX2 and FMA and a C
+# compiler built the library
+needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and c_products.available()),
+                             reason="the C kernels need AVX2, FMA and a C compiler")
 
 
 def make_llm(loaded, **kwargs) -> LLM:

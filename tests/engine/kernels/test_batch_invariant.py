@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from tests.engine.helpers import make_llm
+from tests.engine.helpers import make_llm, needs_c
 from tests.engine.step import test_architectures as arch_tests
 from tests.engine.step import test_inspection as inspection_tests
 from workbench.engine.kernels import c_attention, c_products, projections
@@ -29,9 +29,6 @@ from workbench.models.architectures import supported_types
 from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
 
-needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and c_products.available()),
-                             reason="the batch-invariant attention needs AVX2, FMA and a C "
-                                    "compiler")
 EXPERTS = ("mixtral", "qwen2_moe")
 FAMILIES = [f for f in supported_types() if f not in EXPERTS]
 DTYPES = [torch.float32, torch.bfloat16]

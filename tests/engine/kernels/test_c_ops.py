@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.engine.helpers import make_llm
+from tests.engine.helpers import make_llm, needs_c
 from tests.engine.kernels.test_kernels import every_build, simulated  # noqa: F401 (a fixture)
 from workbench.engine.kernels import (
     c_attention,
@@ -24,11 +24,7 @@ from workbench.engine.kernels import (
 from workbench.engine.step.attention import decode_attention
 from workbench.engine.step.decoder import _rms_norm, _rotate, _signed_sin
 from workbench.models import tiny_model
-from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
-
-needs_c = pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and c_products.available()),
-                             reason="the C kernels need AVX2, FMA and a C compiler")
 
 
 def case(dtype, batch=5, hq=9, hkv=3, d=64, lengths=(1, 5, 17, 70, 33), seed=0):

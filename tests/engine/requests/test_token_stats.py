@@ -6,11 +6,9 @@ it unchanged."""
 import pytest
 import torch
 
-from tests.engine.helpers import greedy, make_llm
-from workbench.engine.kernels import c_products
+from tests.engine.helpers import greedy, make_llm, needs_c
 from workbench.errors import ValidationError
 from workbench.models import tiny_model
-from workbench.models.cpu import cpu_features
 from workbench.sampling_params import SamplingParams
 
 PROMPT = "The quick brown fox jumps over the lazy dog because"
@@ -141,8 +139,7 @@ def test_a_prompt_computed_in_chunks_gives_the_same_numbers(llm, tiny_llama):
         [s.rank for s in whole.outputs[0].token_stats]
 
 
-@pytest.mark.skipif(not (cpu_features().has("avx2", "fma") and c_products.available()),
-                    reason="batch invariance needs the C products")
+@needs_c
 def test_a_prompt_position_has_the_bits_it_has_when_generated():
     # batch-invariant products: a position's logits are the same bits in a prefill and in a
     # decode step, so its whole token_stats must be too (one entropy sum for both paths)
